@@ -1,0 +1,120 @@
+"""vllm-cluster: a multi-node vLLM inference service on AWS.
+
+Reads the stack's config once into a validated spec (nothing is declared when it
+is bad), builds the components and exports what users need to reach the service.
+"""
+
+import pulumi
+
+from components import ports
+from components.compute import GpuNodes, GpuNodesArgs
+from components.credentials import Credentials, CredentialsArgs
+from components.gateway import Gateway, GatewayArgs
+from components.network import Network, NetworkArgs
+from components.security import SecurityArgs, SecurityGroups
+from components.spec import CONFIG_KEYS, NAMESPACE, SpecError, load_spec
+from components.storage import ModelStorage, ModelStorageArgs
+from components.topology import topology_summary
+
+
+def secret_config_keys() -> set[str]:
+    """Which `vllm-cluster:*` keys the stack holds encrypted (set with --secret).
+    The language host names them in PULUMI_CONFIG_SECRET_KEYS; the mock runtime
+    answers is_config_secret."""
+    prefix = f"{NAMESPACE}:"
+    from_env = {key[len(prefix):] for key in pulumi.runtime.get_config_secret_keys_env() if key.startswith(prefix)}
+    in_process = {key.name for key in CONFIG_KEYS if pulumi.runtime.is_config_secret(prefix + key.name)}
+    return from_env | in_process
+
+
+def read_stack_config() -> dict:
+    """Every `vllm-cluster:*` value of the stack, namespace stripped. Read as a whole
+    (not key by key) so that a misspelt key is reported instead of ignored. The
+    language host passes config in PULUMI_CONFIG; the mock runtime sets it in-process."""
+    values = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+    prefix = f"{NAMESPACE}:"
+    return {key[len(prefix):]: value for key, value in values.items() if key.startswith(prefix)}
+
+
+try:
+    spec = load_spec(
+        read_stack_config(),
+        stack=pulumi.get_stack(),
+        region=pulumi.Config("aws").get("region"),
+        secret_keys=secret_config_keys(),
+    )
+except SpecError as error:
+    # RunError: a clean message, no traceback, and no resource declared.
+    raise pulumi.RunError(str(error)) from None
+
+for warning in spec.warnings:
+    pulumi.log.warn(warning)
+
+name = "vllm"
+credentials = Credentials(name, CredentialsArgs(api_key=spec.api_key))
+network = Network(
+    name,
+    NetworkArgs(
+        vpc_cidr=spec.vpc_cidr,
+        instance_type=spec.instance_type,
+        availability_zone=spec.availability_zone,
+        existing=spec.existing_network,
+    ),
+)
+security = SecurityGroups(
+    name,
+    SecurityArgs(vpc_id=network.vpc_id, api_allowed_cidrs=spec.api_allowed_cidrs, admin_cidrs=spec.admin_cidrs),
+)
+storage = ModelStorage(
+    name,
+    ModelStorageArgs(
+        subnet_id=network.private_subnet_id,
+        efs_group_id=security.efs_group_id,
+        retain_on_destroy=spec.retain_model_cache,
+    ),
+)
+nodes = GpuNodes(
+    name,
+    GpuNodesArgs(
+        spec=spec,
+        subnet_id=network.private_subnet_id,
+        cluster_group_id=security.cluster_group_id,
+        nodes_group_id=security.nodes_group_id,
+        key_pair_name=credentials.key_pair_name,
+        model_cache_arn=storage.file_system_arn,
+    ),
+)
+gateway = Gateway(
+    name,
+    GatewayArgs(
+        instance_type=spec.gateway_instance_type,
+        subnet_id=network.public_subnet_id,
+        gateway_group_id=security.gateway_group_id,
+        key_pair_name=credentials.key_pair_name,
+    ),
+)
+
+key_file = f"vllm-cluster-{pulumi.get_stack()}.pem"
+pulumi.export("endpoint", pulumi.Output.concat("https://", gateway.public_ip, "/v1"))
+pulumi.export("dashboardUrl", pulumi.Output.concat("https://", gateway.public_ip, f":{ports.DASHBOARD_HTTPS}/"))
+pulumi.export("gatewayPublicIp", gateway.public_ip)
+pulumi.export("headPrivateIp", nodes.head_private_ip)
+pulumi.export("workerPrivateIps", nodes.worker_private_ips)
+pulumi.export(
+    "sshCommand",
+    pulumi.Output.concat(
+        f"pulumi stack output --show-secrets sshPrivateKey > {key_file} && chmod 600 {key_file} && ",
+        f"ssh -i {key_file} -o ProxyCommand='ssh -i {key_file} -W %h:%p ubuntu@",
+        gateway.public_ip,
+        "' ubuntu@",
+        nodes.head_private_ip,
+    ),
+)
+pulumi.export("sshPrivateKey", credentials.ssh_private_key)
+pulumi.export("apiKey", credentials.api_key)
+pulumi.export("modelCacheFileSystemId", storage.file_system_id)
+pulumi.export("availabilityZone", network.availability_zone)
+pulumi.export(
+    "topology",
+    topology_summary(spec.nodes, spec.gpus_per_node, spec.tensor_parallel_size, spec.pipeline_parallel_size),
+)

@@ -1,0 +1,214 @@
+"""The GPU nodes: a cluster placement group, an instance role, one launch template
+and the head plus nodes - 1 workers, all in the private subnet without public IPs.
+
+The launch template carries what every node shares: the Deep Learning Base AMI
+(NVIDIA driver and EFA software preinstalled, so nothing compiles at boot), IMDSv2
+only, an encrypted gp3 root volume, and the network interfaces laid out per
+network card for EFA (components/topology.py). Security groups are set on each
+interface: launch templates with interfaces reject top-level groups.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pulumi
+import pulumi_aws as aws
+
+from components.spec import ClusterSpec
+from components.tagging import tags
+from components.topology import interface_layout, node_name, node_role
+
+# AWS Deep Learning Base OSS Nvidia Driver GPU AMI: Ubuntu with the NVIDIA driver,
+# CUDA, EFA installer and aws-ofi-nccl. Published by Amazon; the newest is used.
+DLAMI_OWNER = "amazon"
+DLAMI_NAME_PATTERN = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
+
+# Called with (node index, the head's private IP or None for the head) and returns
+# the node's user data. The node bootstrap plugs in here.
+UserDataFor = Callable[[int, Optional[pulumi.Output]], Optional[pulumi.Input[str]]]
+
+
+@dataclass
+class GpuNodesArgs:
+    spec: ClusterSpec
+    subnet_id: pulumi.Input[str]
+    cluster_group_id: pulumi.Input[str]
+    nodes_group_id: pulumi.Input[str]
+    key_pair_name: pulumi.Input[str]
+    model_cache_arn: pulumi.Input[str]
+    user_data_for: UserDataFor | None = None
+
+
+def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
+    """The configured AMI, or the newest Deep Learning Base AMI. Looked up either
+    way because the root volume's device name comes from the image."""
+    if ami_id is not None:
+        filters = [{"name": "image-id", "values": [ami_id]}]
+        owners = None
+    else:
+        filters = [
+            {"name": "name", "values": [DLAMI_NAME_PATTERN]},
+            {"name": "architecture", "values": ["x86_64"]},
+            {"name": "state", "values": ["available"]},
+        ]
+        owners = [DLAMI_OWNER]
+    return aws.ec2.get_ami_output(most_recent=True, owners=owners, filters=filters, opts=opts)
+
+
+def efs_client_policy(file_system_arn: str) -> str:
+    """Mount and write this one file system; nothing else on EFS."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "ModelCacheClient",
+                    "Effect": "Allow",
+                    "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+                    "Resource": file_system_arn,
+                }
+            ],
+        },
+        sort_keys=True,
+    )
+
+
+class GpuNodes(pulumi.ComponentResource):
+    head: aws.ec2.Instance
+    workers: list[aws.ec2.Instance]
+    head_private_ip: pulumi.Output[str]
+    worker_private_ips: pulumi.Output[list]
+
+    def __init__(self, name: str, args: GpuNodesArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("vllm-cluster:index:GpuNodes", name, None, opts)
+        spec = args.spec
+        child = pulumi.ResourceOptions(parent=self)
+
+        placement_group = None
+        if spec.needs_placement_group:
+            # "cluster": all nodes on one low-latency network spine in one zone, which EFA requires.
+            placement_group = aws.ec2.PlacementGroup(
+                f"{name}-placement", strategy="cluster", tags=tags(f"{name}-placement"), opts=child
+            )
+
+        profile = self._instance_profile(name, args.model_cache_arn, child)
+        image = node_image(spec.ami_id, pulumi.InvokeOptions(parent=self))
+
+        interfaces = []
+        for slot in interface_layout(spec.instance, spec.efa):
+            interface = {
+                "device_index": slot.device_index,
+                "network_card_index": slot.network_card_index,
+                "interface_type": slot.interface_type,
+                "subnet_id": args.subnet_id,
+                "delete_on_termination": "true",
+                # Every interface is in the EFA group; only the primary, which carries
+                # the node's IP, also admits the gateway.
+                "security_groups": (
+                    [args.cluster_group_id, args.nodes_group_id] if slot.is_primary else [args.cluster_group_id]
+                ),
+            }
+            if slot.is_primary:
+                interface["associate_public_ip_address"] = "false"
+            interfaces.append(interface)
+
+        template = aws.ec2.LaunchTemplate(
+            f"{name}-template",
+            image_id=image.id,
+            instance_type=spec.instance_type,
+            key_name=args.key_pair_name,
+            iam_instance_profile={"arn": profile.arn},
+            metadata_options={
+                "http_endpoint": "enabled",
+                # IMDSv2 only, one hop: a container on the node cannot reach the role's credentials.
+                "http_tokens": "required",
+                "http_put_response_hop_limit": 1,
+            },
+            block_device_mappings=[
+                {
+                    "device_name": image.root_device_name,
+                    "ebs": {
+                        "volume_type": "gp3",
+                        "volume_size": spec.root_volume_gib,
+                        "encrypted": "true",
+                        "delete_on_termination": "true",
+                    },
+                }
+            ],
+            network_interfaces=interfaces,
+            placement={"group_name": placement_group.name} if placement_group is not None else None,
+            tag_specifications=[
+                {"resource_type": "volume", "tags": tags(f"{name}-volume")},
+                {"resource_type": "network-interface", "tags": tags(f"{name}-interface")},
+            ],
+            tags=tags(f"{name}-template"),
+            opts=child,
+        )
+
+        self.head = self._node(name, 0, template, args, None)
+        head_ip = self.head.private_ip
+        self.workers = [self._node(name, index, template, args, head_ip) for index in range(1, spec.nodes)]
+
+        self.head_private_ip = head_ip
+        self.worker_private_ips = pulumi.Output.all(*[w.private_ip for w in self.workers])
+        self.launch_template_id = template.id
+        self.placement_group_name = placement_group.name if placement_group is not None else None
+        self.register_outputs(
+            {
+                "headPrivateIp": self.head_private_ip,
+                "workerPrivateIps": self.worker_private_ips,
+                "launchTemplateId": template.id,
+            }
+        )
+
+    def _instance_profile(self, name: str, model_cache_arn, child) -> aws.iam.InstanceProfile:
+        role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "ec2.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+            description="vllm-cluster GPU nodes: SSM Session Manager and the model cache, nothing else",
+            tags=tags(f"{name}-role"),
+            opts=child,
+        )
+        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
+        # SSM core: Session Manager as a second way in when SSH is unreachable.
+        aws.iam.RolePolicyAttachment(
+            f"{name}-ssm",
+            role=role.name,
+            policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/AmazonSSMManagedInstanceCore"),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-model-cache",
+            role=role.id,
+            policy=pulumi.Output.from_input(model_cache_arn).apply(efs_client_policy),
+            opts=child,
+        )
+        return aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags(f"{name}-profile"), opts=child)
+
+    def _node(self, name: str, index: int, template, args: GpuNodesArgs, head_ip) -> aws.ec2.Instance:
+        role = node_role(index)
+        user_data = args.user_data_for(index, head_ip) if args.user_data_for is not None else None
+        return aws.ec2.Instance(
+            f"{name}-{node_name(index)}",
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            user_data=user_data,
+            tags=tags(
+                f"{name}-{node_name(index)}",
+                **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )

@@ -1,0 +1,56 @@
+"""Credentials generated in the stack: the SSH key pair that the gateway and the
+GPU nodes trust, and the API key clients present to the gateway.
+
+Both live only in Pulumi state, where they are secrets (encrypted by the stack's
+secrets provider), and leave it only as secret outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_random as random
+import pulumi_tls as tls
+
+from components.spec import Secret
+from components.tagging import tags
+
+API_KEY_LENGTH = 48
+
+
+@dataclass
+class CredentialsArgs:
+    # The stack's apiKey when the user set one; None to generate it.
+    api_key: Secret | None
+
+
+class Credentials(pulumi.ComponentResource):
+    ssh_private_key: pulumi.Output[str]
+    key_pair_name: pulumi.Output[str]
+    api_key: pulumi.Output[str]
+
+    def __init__(self, name: str, args: CredentialsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("vllm-cluster:index:Credentials", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        # Ed25519: short keys, fast handshakes, and supported by EC2 key pairs and OpenSSH.
+        ssh_key = tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
+        key_pair = aws.ec2.KeyPair(
+            f"{name}-ssh",
+            public_key=ssh_key.public_key_openssh,
+            tags=tags(f"{name}-ssh"),
+            opts=child,
+        )
+        self.ssh_private_key = pulumi.Output.secret(ssh_key.private_key_openssh)
+        self.key_pair_name = key_pair.key_name
+
+        if args.api_key is not None:
+            self.api_key = pulumi.Output.secret(args.api_key.reveal())
+        else:
+            # Letters and digits only: the key travels in an HTTP header and an env file.
+            generated = random.RandomPassword(f"{name}-api-key", length=API_KEY_LENGTH, special=False, opts=child)
+            self.api_key = pulumi.Output.secret(generated.result)
+
+        self.register_outputs({"keyPairName": self.key_pair_name})

@@ -1,0 +1,79 @@
+"""The gateway: a small instance in the public subnet with an Elastic IP, the one
+host reachable from outside. It terminates TLS for the API and the dashboard and
+is the SSH jump host to the GPU nodes (the proxy itself is set up by the node
+bootstrap)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components.tagging import tags
+
+CANONICAL_OWNER = "099720109477"
+UBUNTU_NAME_PATTERN = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-{arch}-server-*"
+GATEWAY_ROOT_GIB = 20
+
+
+def gateway_architecture(instance_type: str) -> str:
+    """Graviton families carry a 'g' among the letters after the generation digit
+    (t4g, m7g, c7gn); everything else on offer for a gateway is x86_64."""
+    family = instance_type.split(".", 1)[0]
+    match = re.match(r"^[a-z]+\d+([a-z-]*)$", family)
+    return "arm64" if match and "g" in match.group(1) else "amd64"
+
+
+@dataclass
+class GatewayArgs:
+    instance_type: str
+    subnet_id: pulumi.Input[str]
+    gateway_group_id: pulumi.Input[str]
+    key_pair_name: pulumi.Input[str]
+    user_data: pulumi.Input[str] | None = None
+
+
+class Gateway(pulumi.ComponentResource):
+    public_ip: pulumi.Output[str]
+    private_ip: pulumi.Output[str]
+    instance_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("vllm-cluster:index:Gateway", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        image = aws.ec2.get_ami_output(
+            most_recent=True,
+            owners=[CANONICAL_OWNER],
+            filters=[
+                {"name": "name", "values": [UBUNTU_NAME_PATTERN.format(arch=gateway_architecture(args.instance_type))]},
+                {"name": "state", "values": ["available"]},
+            ],
+            opts=pulumi.InvokeOptions(parent=self),
+        )
+        instance = aws.ec2.Instance(
+            f"{name}-host",
+            ami=image.id,
+            instance_type=args.instance_type,
+            subnet_id=args.subnet_id,
+            vpc_security_group_ids=[args.gateway_group_id],
+            key_name=args.key_pair_name,
+            # A public IP at boot lets cloud-init reach the package mirrors before the
+            # Elastic IP is attached; the Elastic IP then replaces it.
+            associate_public_ip_address=True,
+            metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
+            root_block_device={"volume_type": "gp3", "volume_size": GATEWAY_ROOT_GIB, "encrypted": True},
+            user_data=args.user_data,
+            tags=tags(f"{name}-host", **{"vllm-cluster:role": "gateway"}),
+            opts=child,
+        )
+        address = aws.ec2.Eip(
+            f"{name}-ip", domain="vpc", instance=instance.id, tags=tags(f"{name}-ip"), opts=child
+        )
+
+        self.public_ip = address.public_ip
+        self.private_ip = instance.private_ip
+        self.instance_id = instance.id
+        self.register_outputs({"publicIp": address.public_ip, "privateIp": instance.private_ip})

@@ -1,0 +1,147 @@
+"""The network: a VPC with, in one Availability Zone, a public subnet (gateway and
+NAT gateway) and a private subnet that holds every GPU node; or an existing VPC
+and subnets named in config.
+
+One AZ on purpose: EFA and cluster placement groups do not span zones, and the
+EFS mount target the nodes use lives in the same zone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components.spec import ExistingNetwork
+from components.tagging import tags
+from components.topology import plan_subnets
+
+
+@dataclass
+class NetworkArgs:
+    vpc_cidr: str
+    instance_type: str
+    # The zone from config, or None to pick the first zone that offers instance_type.
+    availability_zone: str | None
+    existing: ExistingNetwork | None
+
+
+def _first_zone_offering(instance_type: str) -> pulumi.Output[str]:
+    offerings = aws.ec2.get_instance_type_offerings_output(
+        location_type="availability-zone",
+        filters=[{"name": "instance-type", "values": [instance_type]}],
+    )
+
+    def first(locations: list[str]) -> str:
+        if not locations:
+            raise pulumi.RunError(
+                f"no Availability Zone of this region offers {instance_type}; "
+                "set vllm-cluster:availabilityZone or aws:region to one that does"
+            )
+        # Sorted so the choice is stable from one run to the next.
+        return sorted(locations)[0]
+
+    return offerings.locations.apply(first)
+
+
+class Network(pulumi.ComponentResource):
+    vpc_id: pulumi.Output[str]
+    public_subnet_id: pulumi.Output[str]
+    private_subnet_id: pulumi.Output[str]
+    availability_zone: pulumi.Output[str]
+
+    def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("vllm-cluster:index:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        if args.existing is not None:
+            self._use_existing(args.existing)
+        else:
+            self._create(name, args, child)
+
+        self.register_outputs(
+            {
+                "vpcId": self.vpc_id,
+                "publicSubnetId": self.public_subnet_id,
+                "privateSubnetId": self.private_subnet_id,
+                "availabilityZone": self.availability_zone,
+            }
+        )
+
+    def _use_existing(self, existing: ExistingNetwork) -> None:
+        # The nodes go where the private subnet is: its zone decides the placement.
+        private = aws.ec2.get_subnet_output(id=existing.private_subnet_id)
+        self.vpc_id = pulumi.Output.from_input(existing.vpc_id)
+        self.public_subnet_id = pulumi.Output.from_input(existing.public_subnet_id)
+        self.private_subnet_id = pulumi.Output.from_input(existing.private_subnet_id)
+        self.availability_zone = private.availability_zone
+
+    def _create(self, name: str, args: NetworkArgs, child: pulumi.ResourceOptions) -> None:
+        subnets = plan_subnets(args.vpc_cidr)
+        zone = args.availability_zone or _first_zone_offering(args.instance_type)
+
+        vpc = aws.ec2.Vpc(
+            f"{name}-vpc",
+            cidr_block=args.vpc_cidr,
+            # The EFS mount target is reached by its DNS name.
+            enable_dns_support=True,
+            enable_dns_hostnames=True,
+            tags=tags(f"{name}-vpc"),
+            opts=child,
+        )
+        public = aws.ec2.Subnet(
+            f"{name}-public",
+            vpc_id=vpc.id,
+            cidr_block=subnets.public,
+            availability_zone=zone,
+            # Nothing gets a public IP by accident: the gateway asks for one explicitly.
+            map_public_ip_on_launch=False,
+            tags=tags(f"{name}-public", **{"vllm-cluster:tier": "public"}),
+            opts=child,
+        )
+        private = aws.ec2.Subnet(
+            f"{name}-private",
+            vpc_id=vpc.id,
+            cidr_block=subnets.private,
+            availability_zone=zone,
+            map_public_ip_on_launch=False,
+            tags=tags(f"{name}-private", **{"vllm-cluster:tier": "private"}),
+            opts=child,
+        )
+        igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tags(f"{name}-igw"), opts=child)
+        nat_ip = aws.ec2.Eip(f"{name}-nat-ip", domain="vpc", tags=tags(f"{name}-nat-ip"), opts=child)
+        # The GPU nodes have no public IP; they reach the package index and Hugging
+        # Face through this NAT gateway, which needs the internet gateway first.
+        nat = aws.ec2.NatGateway(
+            f"{name}-nat",
+            allocation_id=nat_ip.allocation_id,
+            subnet_id=public.id,
+            tags=tags(f"{name}-nat"),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
+        )
+
+        public_routes = aws.ec2.RouteTable(f"{name}-public", vpc_id=vpc.id, tags=tags(f"{name}-public"), opts=child)
+        aws.ec2.Route(
+            f"{name}-public-default",
+            route_table_id=public_routes.id,
+            destination_cidr_block="0.0.0.0/0",
+            gateway_id=igw.id,
+            opts=child,
+        )
+        aws.ec2.RouteTableAssociation(f"{name}-public", subnet_id=public.id, route_table_id=public_routes.id, opts=child)
+
+        private_routes = aws.ec2.RouteTable(f"{name}-private", vpc_id=vpc.id, tags=tags(f"{name}-private"), opts=child)
+        aws.ec2.Route(
+            f"{name}-private-default",
+            route_table_id=private_routes.id,
+            destination_cidr_block="0.0.0.0/0",
+            nat_gateway_id=nat.id,
+            opts=child,
+        )
+        aws.ec2.RouteTableAssociation(f"{name}-private", subnet_id=private.id, route_table_id=private_routes.id, opts=child)
+
+        self.vpc_id = vpc.id
+        self.public_subnet_id = public.id
+        self.private_subnet_id = private.id
+        self.availability_zone = public.availability_zone

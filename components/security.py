@@ -1,0 +1,168 @@
+"""Security groups: who may talk to whom, and why.
+
+- gateway: the only thing reachable from outside. HTTPS API from apiAllowedCidrs;
+  SSH and the dashboard proxy from adminCidrs only.
+- nodes: on every GPU node's primary interface. Admits the gateway only on the
+  ports it proxies and on SSH (the gateway is the SSH jump host).
+- cluster: on every interface of every GPU node, EFA ones included. All traffic
+  to and from itself, inbound and outbound: EFA drops traffic without both rules,
+  and Ray and vLLM use random ports between nodes.
+- efs: the model cache's mount target. NFS from the cluster group only.
+
+Rules are separate resources (not inline) so each carries its own description
+and a change to one rule does not rewrite the group.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components import ports
+from components.tagging import tags
+
+ALL_TRAFFIC = "-1"
+
+
+@dataclass
+class SecurityArgs:
+    vpc_id: pulumi.Input[str]
+    api_allowed_cidrs: tuple[str, ...]
+    admin_cidrs: tuple[str, ...]
+
+
+def _cidr_args(cidr: str) -> dict[str, str]:
+    family = ipaddress.ip_network(cidr).version
+    return {"cidr_ipv4": cidr} if family == 4 else {"cidr_ipv6": cidr}
+
+
+def _slug(cidr: str) -> str:
+    return cidr.replace("/", "-").replace(":", "-").replace(".", "-")
+
+
+class SecurityGroups(pulumi.ComponentResource):
+    gateway_group_id: pulumi.Output[str]
+    nodes_group_id: pulumi.Output[str]
+    cluster_group_id: pulumi.Output[str]
+    efs_group_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SecurityArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("vllm-cluster:index:SecurityGroups", name, None, opts)
+        self._name = name
+        self._child = pulumi.ResourceOptions(parent=self)
+
+        gateway = self._group("gateway", args.vpc_id, "vllm-cluster gateway: TLS API for clients, SSH and dashboard for admins")
+        nodes = self._group("nodes", args.vpc_id, "vllm-cluster GPU nodes: reachable from the gateway only")
+        cluster = self._group("cluster", args.vpc_id, "vllm-cluster GPU nodes among themselves: EFA, Ray, NCCL")
+        efs = self._group("efs", args.vpc_id, "vllm-cluster model cache (EFS mount target)")
+
+        # --- gateway: the only group with rules that name outside addresses ---------
+        for cidr in args.api_allowed_cidrs:
+            self._ingress(f"gateway-api-{_slug(cidr)}", gateway, ports.API_HTTPS, cidr=cidr,
+                          why=f"OpenAI-compatible API over TLS for allowed clients {cidr} (apiAllowedCidrs)")
+        for cidr in args.admin_cidrs:
+            self._ingress(f"gateway-ssh-{_slug(cidr)}", gateway, ports.SSH, cidr=cidr,
+                          why=f"SSH for admins {cidr} (adminCidrs); the gateway is the jump host to the GPU nodes")
+            self._ingress(f"gateway-dashboard-{_slug(cidr)}", gateway, ports.DASHBOARD_HTTPS, cidr=cidr,
+                          why=f"Ray dashboard over TLS for admins {cidr} (adminCidrs) only: it can run any code")
+        self._egress("gateway-to-vllm", gateway, ports.VLLM_API, group=nodes,
+                     why="Proxy API requests to vLLM on the head node")
+        self._egress("gateway-to-dashboard", gateway, ports.RAY_DASHBOARD, group=nodes,
+                     why="Proxy the Ray dashboard on the head node for admins")
+        self._egress("gateway-to-ssh", gateway, ports.SSH, group=nodes,
+                     why="SSH jump from the gateway to the GPU nodes (remote commands, admins)")
+        self._egress("gateway-https-out", gateway, 443, cidr="0.0.0.0/0",
+                     why="Package installs over HTTPS (nginx) and AWS APIs")
+        self._egress("gateway-http-out", gateway, 80, cidr="0.0.0.0/0",
+                     why="Ubuntu package mirrors over HTTP (apt checks signatures)")
+
+        # --- nodes: the gateway in, the internet out through the NAT ---------------
+        self._ingress("nodes-vllm-from-gateway", nodes, ports.VLLM_API, group=gateway,
+                      why="vLLM API, proxied by the gateway only")
+        self._ingress("nodes-dashboard-from-gateway", nodes, ports.RAY_DASHBOARD, group=gateway,
+                      why="Ray dashboard, proxied by the gateway for admins only")
+        self._ingress("nodes-ssh-from-gateway", nodes, ports.SSH, group=gateway,
+                      why="SSH through the gateway as jump host")
+        self._egress("nodes-https-out", nodes, 443, cidr="0.0.0.0/0",
+                     why="Model downloads from Hugging Face and pip installs, through the NAT gateway")
+        self._egress("nodes-http-out", nodes, 80, cidr="0.0.0.0/0",
+                     why="Ubuntu package mirrors over HTTP (apt checks signatures), through the NAT gateway")
+        self._egress("nodes-nfs-out", nodes, ports.NFS, group=efs,
+                     why="Mount the EFS model cache (NFS over TLS)")
+
+        # --- cluster: the EFA rule, both directions, to and from itself -------------
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-cluster-self-in",
+            security_group_id=cluster.id,
+            ip_protocol=ALL_TRAFFIC,
+            referenced_security_group_id=cluster.id,
+            description="EFA requires all traffic from this group itself; Ray and NCCL use random ports between nodes",
+            opts=self._child,
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-cluster-self-out",
+            security_group_id=cluster.id,
+            ip_protocol=ALL_TRAFFIC,
+            referenced_security_group_id=cluster.id,
+            description="EFA requires all traffic to this group itself; Ray and NCCL use random ports between nodes",
+            opts=self._child,
+        )
+
+        # --- efs: NFS from the cluster only -----------------------------------------
+        self._ingress("efs-nfs-from-cluster", efs, ports.NFS, group=cluster,
+                      why="NFS to the model cache, from the GPU nodes only")
+
+        self.gateway_group_id = gateway.id
+        self.nodes_group_id = nodes.id
+        self.cluster_group_id = cluster.id
+        self.efs_group_id = efs.id
+        self.register_outputs(
+            {
+                "gatewayGroupId": gateway.id,
+                "nodesGroupId": nodes.id,
+                "clusterGroupId": cluster.id,
+                "efsGroupId": efs.id,
+            }
+        )
+
+    def _group(self, role: str, vpc_id: pulumi.Input[str], description: str) -> aws.ec2.SecurityGroup:
+        # No inline rules: the provider then also removes AWS's default allow-all egress.
+        return aws.ec2.SecurityGroup(
+            f"{self._name}-{role}",
+            vpc_id=vpc_id,
+            description=description,
+            tags=tags(f"{self._name}-{role}"),
+            opts=self._child,
+        )
+
+    def _peer(self, cidr: str | None, group: aws.ec2.SecurityGroup | None) -> dict:
+        if (cidr is None) == (group is None):
+            raise ValueError("a rule names exactly one peer: a CIDR or a security group")
+        return _cidr_args(cidr) if cidr is not None else {"referenced_security_group_id": group.id}
+
+    def _ingress(self, rule: str, target, port: int, why: str, cidr: str | None = None, group=None) -> None:
+        aws.vpc.SecurityGroupIngressRule(
+            f"{self._name}-{rule}",
+            security_group_id=target.id,
+            ip_protocol="tcp",
+            from_port=port,
+            to_port=port,
+            description=why,
+            **self._peer(cidr, group),
+            opts=self._child,
+        )
+
+    def _egress(self, rule: str, target, port: int, why: str, cidr: str | None = None, group=None) -> None:
+        aws.vpc.SecurityGroupEgressRule(
+            f"{self._name}-{rule}",
+            security_group_id=target.id,
+            ip_protocol="tcp",
+            from_port=port,
+            to_port=port,
+            description=why,
+            **self._peer(cidr, group),
+            opts=self._child,
+        )

@@ -1,0 +1,680 @@
+"""The stack's config, read once into a frozen, validated ClusterSpec.
+
+Pure Python, no cloud calls: `load_spec` either returns a spec that every
+component can trust, or raises SpecError listing every problem at once. Each
+problem names the config key, the value it had and what to do, so a bad config
+is fixed in one round and never reaches AWS.
+
+CONFIG_KEYS is the contract (namespace `vllm-cluster`). Pulumi.yaml and the
+README's config reference are checked against it by tests.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from components import catalog, versions
+from components.catalog import InstanceType
+
+NAMESPACE = "vllm-cluster"
+
+DEFAULT_VPC_CIDR = "10.42.0.0/16"
+DEFAULT_ROOT_VOLUME_GIB = 200
+# The Deep Learning Base AMI's own snapshot is about 100 GiB; the virtualenv with
+# vLLM and its CUDA wheels adds about 10 GiB more.
+MIN_ROOT_VOLUME_GIB = 150
+MAX_ROOT_VOLUME_GIB = 16384
+DEFAULT_GATEWAY_INSTANCE_TYPE = "t3.small"
+MIN_API_KEY_LENGTH = 32
+
+# Flags the program sets itself from dedicated keys; letting vllmExtraArgs set them
+# too would make two sources of truth (and --api-key would put the key on a command line).
+MANAGED_VLLM_FLAGS = {
+    "--tensor-parallel-size": "tensorParallelSize",
+    "-tp": "tensorParallelSize",
+    "--pipeline-parallel-size": "pipelineParallelSize",
+    "-pp": "pipelineParallelSize",
+    "--distributed-executor-backend": "(set by the program: always ray)",
+    "--max-model-len": "maxModelLen",
+    "--gpu-memory-utilization": "gpuMemoryUtilization",
+    "--served-model-name": "servedModelName",
+    "--api-key": "apiKey (it is passed through a root-only env file, never a command line)",
+    "--host": "(set by the program: the head's primary IP)",
+    "--port": "(set by the program)",
+    "--model": "model",
+}
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One config key as Pulumi.yaml declares it.
+
+    Pulumi makes every declared key without a default required, and refuses a
+    plaintext default on a key declared `secret: true`. So optional keys carry a
+    default that means "not set" (`auto`): "" for strings, 0 for numbers, "auto"
+    for efa; the program derives the real value. The two secrets (hfToken,
+    apiKey) are declared as plain optional strings, and the program itself
+    refuses them unless they were set with --secret.
+    """
+
+    name: str
+    type: str  # Pulumi.yaml config type: string, integer, boolean or array (of strings)
+    description: str
+    default: Any = None  # the Pulumi.yaml default; None for a required key
+    auto: bool = False  # the default means "derive it", as the description says
+    secret: bool = False  # must be set with `pulumi config set --secret`
+
+    @property
+    def required(self) -> bool:
+        return self.default is None
+
+
+CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("model", "string", "Hugging Face repo id of the model to serve, e.g. Qwen/Qwen2.5-1.5B-Instruct."),
+    ConfigKey("instanceType", "string", "GPU instance type for every node; one of the catalog's types."),
+    ConfigKey("nodes", "integer", "Number of GPU nodes: one head plus nodes - 1 workers.", default=1),
+    ConfigKey("tensorParallelSize", "integer", "Tensor-parallel size; stays inside one node. 0: the GPUs of one node.", default=0, auto=True),
+    ConfigKey("pipelineParallelSize", "integer", "Pipeline-parallel size; stages span nodes. 0: the number of nodes.", default=0, auto=True),
+    ConfigKey("efa", "string", "EFA interfaces: true, false, or auto (on when the type supports EFA and nodes > 1).", default="auto", auto=True),
+    ConfigKey("apiAllowedCidrs", "array", "CIDRs that may call the HTTPS API on the gateway."),
+    ConfigKey("adminCidrs", "array", "CIDRs that may SSH to the gateway and reach the Ray dashboard. Never 0.0.0.0/0."),
+    ConfigKey("allowPublicApi", "boolean", "Must be true to put 0.0.0.0/0 or ::/0 in apiAllowedCidrs.", default=False),
+    ConfigKey("hfToken", "string", "Hugging Face token for gated models. Secret: set it with --secret. Empty: none.", default="", auto=True, secret=True),
+    ConfigKey("apiKey", "string", "API key clients send as a Bearer token, 32+ characters. Secret: set it with --secret. Empty: generated.", default="", auto=True, secret=True),
+    ConfigKey("vllmVersion", "string", f"vLLM version on every node (floor {versions.VLLM_MIN_VERSION}). Empty: the pinned {versions.VLLM_VERSION}.", default="", auto=True),
+    ConfigKey("rayVersion", "string", f"Ray version on every node (floor {versions.RAY_MIN_VERSION}). Empty: the pinned {versions.RAY_VERSION}.", default="", auto=True),
+    ConfigKey("maxModelLen", "integer", "vLLM --max-model-len. 0: the model's own context length.", default=0, auto=True),
+    ConfigKey("gpuMemoryUtilization", "string", "vLLM --gpu-memory-utilization, a number in (0, 1] such as 0.90. Empty: vLLM's default.", default="", auto=True),
+    ConfigKey("servedModelName", "string", "Model name clients send. Empty: the model id.", default="", auto=True),
+    ConfigKey("vllmExtraArgs", "array", "Further vllm serve arguments, one array item per word.", default=[]),
+    ConfigKey("availabilityZone", "string", "Zone for every node. Empty: the first zone of the region that offers instanceType.", default="", auto=True),
+    ConfigKey("vpcCidr", "string", "CIDR of the new VPC, /16 to /24.", default=DEFAULT_VPC_CIDR),
+    ConfigKey("vpcId", "string", "Existing VPC to deploy into, with publicSubnetId and privateSubnetId. Empty: a new VPC.", default="", auto=True),
+    ConfigKey("publicSubnetId", "string", "Existing public subnet (route to an internet gateway) for the gateway.", default="", auto=True),
+    ConfigKey("privateSubnetId", "string", "Existing private subnet (route to a NAT) for the GPU nodes.", default="", auto=True),
+    ConfigKey("amiId", "string", "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04).", default="", auto=True),
+    ConfigKey("rootVolumeGiB", "integer", "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),
+    ConfigKey("retainModelCache", "boolean", "Keep the EFS model cache (and the models on it) on pulumi destroy.", default=False),
+    ConfigKey("gatewayInstanceType", "string", "Instance type of the gateway (no GPU).", default=DEFAULT_GATEWAY_INSTANCE_TYPE),
+)
+
+KEYS_BY_NAME = {key.name: key for key in CONFIG_KEYS}
+
+
+class Secret:
+    """A config value that must never be printed: repr and str hide it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str):
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret(<{len(self._value)} characters>)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+@dataclass(frozen=True)
+class ExistingNetwork:
+    vpc_id: str
+    public_subnet_id: str
+    private_subnet_id: str
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    stack: str
+    model: str
+    instance: InstanceType
+    nodes: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    efa: bool
+    api_allowed_cidrs: tuple[str, ...]
+    admin_cidrs: tuple[str, ...]
+    allow_public_api: bool
+    hf_token: Secret | None
+    api_key: Secret | None
+    vllm_version: str
+    ray_version: str
+    max_model_len: int | None
+    gpu_memory_utilization: float | None
+    served_model_name: str | None
+    vllm_extra_args: tuple[str, ...]
+    availability_zone: str | None
+    vpc_cidr: str
+    existing_network: ExistingNetwork | None
+    ami_id: str | None
+    root_volume_gib: int
+    retain_model_cache: bool
+    gateway_instance_type: str
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def instance_type(self) -> str:
+        return self.instance.name
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.instance.gpus
+
+    @property
+    def worker_count(self) -> int:
+        return self.nodes - 1
+
+    @property
+    def needs_placement_group(self) -> bool:
+        # A cluster placement group keeps the nodes on one low-latency network
+        # spine; EFA requires it, and multi-node NCCL over TCP benefits too.
+        return self.nodes > 1 or self.efa
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    value: str  # already rendered for display; secrets are never shown
+    message: str
+
+    def __str__(self) -> str:
+        return f"{NAMESPACE}:{self.key} = {self.value}: {self.message}"
+
+
+class SpecError(Exception):
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        lines = [f"the stack's config has {len(problems)} problem(s); no resource was created:"]
+        lines += [f"  - {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+    @property
+    def keys(self) -> list[str]:
+        return [p.key for p in self.problems]
+
+
+# Characters that would let a value escape into a shell: ; $ ` ' " | & < > ( ) \ { } * ? ! # ~,
+# whitespace and control characters. Model ids, names and vLLM words never need them.
+_HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+_SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9._:/=,@+%-]+$")
+_SHELL_META = set(";$`'\"|&<>()\\{}*?!#~") | {" ", "\t", "\n", "\r"}
+_TOKEN_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
+_AZ = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d[a-z]$")
+_AMI = re.compile(r"^ami-[0-9a-f]{8,17}$")
+_VPC = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+_EC2_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+
+
+def _show(key: str, raw: Any) -> str:
+    """How a value appears in an error: quoted, and never the value of a secret."""
+    if raw is None:
+        return "(not set)"
+    if KEYS_BY_NAME.get(key) and KEYS_BY_NAME[key].secret:
+        return f"<secret, {len(str(raw))} characters>"
+    text = raw if isinstance(raw, str) else json.dumps(raw)
+    return json.dumps(text) if isinstance(raw, str) else text
+
+
+def _shell_meta_in(text: str) -> str:
+    found = sorted({ch for ch in text if ch in _SHELL_META or not ch.isprintable()})
+    return " ".join(repr(ch) for ch in found)
+
+
+class _Reader:
+    """Parses raw config values (strings as Pulumi passes them, or native YAML
+    values) into typed values, recording a Problem instead of raising."""
+
+    def __init__(self, raw: Mapping[str, Any]):
+        self.raw = raw
+        self.problems: list[Problem] = []
+
+    def fail(self, key: str, message: str, raw: Any = ...) -> None:
+        value = self.raw.get(key) if raw is ... else raw
+        self.problems.append(Problem(key, _show(key, value), message))
+
+    def present(self, key: str) -> bool:
+        """Set to something other than "not set": absent, empty, or the key's
+        auto default (which Pulumi fills in from Pulumi.yaml) all mean unset."""
+        value = self.raw.get(key)
+        if value is None or (isinstance(value, str) and value.strip() == ""):
+            return False
+        definition = KEYS_BY_NAME.get(key)
+        if definition is not None and definition.auto and str(value).strip().lower() == str(definition.default).lower():
+            return False
+        return True
+
+    def default(self, key: str) -> Any:
+        definition = KEYS_BY_NAME[key]
+        return None if definition.auto else definition.default
+
+    def string(self, key: str) -> str | None:
+        if not self.present(key):
+            if KEYS_BY_NAME[key].required:
+                self.fail(key, f"is required. Fix: pulumi config set {NAMESPACE}:{key} VALUE")
+            return self.default(key)
+        value = self.raw[key]
+        if not isinstance(value, str):
+            self.fail(key, "must be a string")
+            return None
+        return value
+
+    def integer(self, key: str) -> int | None:
+        if not self.present(key):
+            return self.default(key)
+        value = self.raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            self.fail(key, "must be a whole number")
+            return None
+        if isinstance(value, str):
+            if not re.fullmatch(r"-?\d+", value.strip()):
+                self.fail(key, "must be a whole number, e.g. 2")
+                return None
+            value = int(value)
+        return value
+
+    def number(self, key: str) -> float | None:
+        """A decimal number. Pulumi.yaml has no number type, so the key is declared
+        a string and YAML may hand us either a float or its text."""
+        if not self.present(key):
+            return self.default(key)
+        value = self.raw[key]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            self.fail(key, "must be a number such as 0.90")
+            return None
+
+    def boolean(self, key: str) -> bool | None:
+        if not self.present(key):
+            return self.default(key)
+        value = self.raw[key]
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        self.fail(key, "must be true or false" + (" (or auto)" if KEYS_BY_NAME[key].auto else ""))
+        return None
+
+    def string_list(self, key: str) -> list[str] | None:
+        if not self.present(key):
+            if KEYS_BY_NAME[key].required:
+                self.fail(
+                    key,
+                    f"is required: a list of CIDRs. Fix: pulumi config set --path '{NAMESPACE}:{key}[0]' 203.0.113.0/24",
+                )
+                return None
+            default = self.default(key)
+            return list(default) if default is not None else None
+        value = self.raw[key]
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                self.fail(key, f"must be a list, e.g. [\"{'203.0.113.0/24' if 'Cidr' in key else '--enforce-eager'}\"]")
+                return None
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            self.fail(key, "must be a list of strings")
+            return None
+        return value
+
+
+def _check_cidrs(reader: _Reader, key: str, cidrs: list[str], world_allowed: bool, world_fix: str) -> tuple[str, ...]:
+    checked = []
+    if not cidrs:
+        reader.fail(key, "must name at least one CIDR; an empty list would leave the path closed to everyone")
+    for cidr in cidrs:
+        try:
+            network = ipaddress.ip_network(cidr, strict=True)
+        except ValueError:
+            try:
+                loose = ipaddress.ip_network(cidr, strict=False)
+                hint = f"host bits are set; did you mean {loose}?"
+            except ValueError:
+                hint = "is not a CIDR such as 203.0.113.0/24 or 2001:db8::/48"
+            reader.fail(key, f"item {json.dumps(cidr)} {hint}")
+            continue
+        if network.prefixlen == 0 and not world_allowed:
+            reader.fail(key, f"item {cidr} opens this path to the whole internet. Fix: {world_fix}")
+            continue
+        checked.append(str(network))
+    return tuple(checked)
+
+
+def _check_release(reader: _Reader, key: str, value: str, floor: str, pinned: str) -> None:
+    try:
+        parsed = versions.parse_version(value)
+    except ValueError as error:
+        reader.fail(key, f"{error}, e.g. {pinned}")
+        return
+    if parsed < versions.parse_version(floor):
+        reader.fail(
+            key,
+            f"is below the security floor {floor} (see README, 'Node software'). "
+            f"Fix: pulumi config set {NAMESPACE}:{key} {pinned}",
+        )
+
+
+def _check_secret_token(reader: _Reader, key: str, value: str | None, min_length: int = 1) -> Secret | None:
+    if value is None:
+        return None
+    if len(value) < min_length:
+        reader.fail(
+            key,
+            f"is shorter than {min_length} characters. Fix: leave it unset to have one generated, "
+            f"or pulumi config set --secret {NAMESPACE}:{key} \"$(openssl rand -hex 24)\"",
+        )
+        return None
+    if not _TOKEN_CHARS.match(value):
+        reader.fail(
+            key,
+            "may only hold letters, digits and . _ ~ + / = - (it is written to an env file on the nodes). "
+            f"Fix: pulumi config set --secret {NAMESPACE}:{key} NEW_VALUE",
+        )
+        return None
+    return Secret(value)
+
+
+def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
+    return sorted(set(raw) - set(KEYS_BY_NAME))
+
+
+def _closest_key(name: str) -> str | None:
+    lowered = name.lower()
+    for key in KEYS_BY_NAME:
+        if key.lower() == lowered:
+            return key
+    matches = difflib.get_close_matches(name, list(KEYS_BY_NAME), n=1)
+    return matches[0] if matches else None
+
+
+def load_spec(
+    raw: Mapping[str, Any],
+    *,
+    stack: str,
+    region: str | None = None,
+    secret_keys: set[str] | None = None,
+) -> ClusterSpec:
+    """Validate `raw` (config key without namespace -> value) and return the spec.
+
+    `secret_keys` names the keys (without namespace) that were set with --secret;
+    None skips that check (for callers that hold no stack, such as the planner).
+
+    Raises SpecError with every problem found. Warnings that should not stop a
+    deployment are returned in `spec.warnings`.
+    """
+    reader = _Reader(raw)
+    warnings: list[str] = []
+
+    for name in unknown_keys(raw):
+        guess = _closest_key(name)
+        reader.fail(
+            name,
+            "is not a setting of vllm-cluster"
+            + (f"; did you mean {guess}?" if guess else "")
+            + f" Fix: pulumi config rm {NAMESPACE}:{name}",
+        )
+
+    # --- model and the names that reach a shell on the nodes -----------------------
+    model = reader.string("model")
+    if model is not None and not _HF_REPO_ID.match(model):
+        meta = _shell_meta_in(model)
+        reader.fail(
+            "model",
+            "must be a Hugging Face repo id such as meta-llama/Llama-3.1-8B-Instruct"
+            + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""),
+        )
+
+    served_model_name = reader.string("servedModelName")
+    if served_model_name is not None and not _SERVED_NAME.match(served_model_name):
+        meta = _shell_meta_in(served_model_name)
+        reader.fail(
+            "servedModelName",
+            "may only hold letters, digits and . _ : / -"
+            + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""),
+        )
+
+    extra_args = reader.string_list("vllmExtraArgs") or []
+    for arg in extra_args:
+        if not _SAFE_ARG.match(arg):
+            meta = _shell_meta_in(arg)
+            reader.fail(
+                "vllmExtraArgs",
+                f"item {json.dumps(arg)} may only hold letters, digits and . _ : / = , @ + % -"
+                + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else "")
+                + ". Put each word in its own item, e.g. [\"--max-num-seqs\", \"64\"]",
+            )
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_VLLM_FLAGS:
+            reader.fail("vllmExtraArgs", f"item {arg} is managed by the program; use {MANAGED_VLLM_FLAGS[flag]}")
+
+    # --- instance type and parallelism ----------------------------------------------
+    instance_name = reader.string("instanceType")
+    instance = catalog.lookup(instance_name) if instance_name is not None else None
+    if instance_name is not None and instance is None:
+        reader.fail(
+            "instanceType",
+            f"is not in the catalog. Known types: {', '.join(catalog.known_instance_types())}. "
+            "Fix: pick one, or add a row to components/catalog.py after checking it with aws ec2 describe-instance-types",
+        )
+
+    nodes = reader.integer("nodes")
+    if nodes is not None and nodes < 1:
+        reader.fail("nodes", f"must be at least 1. Fix: pulumi config set {NAMESPACE}:nodes 1")
+        nodes = None
+
+    tp = reader.integer("tensorParallelSize")
+    pp = reader.integer("pipelineParallelSize")
+    for key, size in (("tensorParallelSize", tp), ("pipelineParallelSize", pp)):
+        if size is not None and size < 1:
+            reader.fail(key, "must be at least 1")
+    tp = tp if tp is None or tp >= 1 else None
+    pp = pp if pp is None or pp >= 1 else None
+
+    if instance is not None and nodes is not None:
+        gpus = instance.gpus
+        tp_value = tp if tp is not None else gpus
+        pp_value = pp if pp is not None else nodes
+        if tp_value > gpus:
+            reader.fail(
+                "tensorParallelSize",
+                f"is larger than the {gpus} GPU(s) of one {instance.name}; tensor parallelism stays inside a node "
+                f"(NVLink), pipeline parallelism spans nodes. Fix: tensorParallelSize {gpus}, pipelineParallelSize "
+                f"{nodes}",
+                raw=tp_value,
+            )
+        elif gpus % tp_value:
+            reader.fail(
+                "tensorParallelSize",
+                f"must divide the {gpus} GPUs of a {instance.name} so that no tensor-parallel group straddles two "
+                f"nodes. Fix: one of {', '.join(str(d) for d in range(1, gpus + 1) if gpus % d == 0)}",
+                raw=tp_value,
+            )
+        elif tp_value * pp_value != nodes * gpus:
+            need_pp = nodes * gpus // tp_value
+            reader.fail(
+                "pipelineParallelSize" if pp is not None else "tensorParallelSize",
+                f"tensorParallelSize {tp_value} x pipelineParallelSize {pp_value} = {tp_value * pp_value} GPU(s), "
+                f"but {nodes} node(s) x {gpus} GPU(s) = {nodes * gpus}: every GPU must hold one rank. "
+                f"Fix: pipelineParallelSize {need_pp} with tensorParallelSize {tp_value}",
+                raw=pp_value if pp is not None else tp_value,
+            )
+        tp, pp = tp_value, pp_value
+
+    efa = reader.boolean("efa")
+    if instance is not None and nodes is not None:
+        if efa is None:
+            efa = instance.efa_supported and nodes > 1
+        elif efa and not instance.efa_supported:
+            efa_types = [t for t in catalog.known_instance_types() if catalog.CATALOG[t].efa_supported]
+            reader.fail(
+                "efa",
+                f"is true, but {instance.name} has no EFA. Fix: set efa false, or use one of {', '.join(efa_types)}",
+            )
+        if nodes > 1 and not efa:
+            warnings.append(
+                f"{nodes} nodes without EFA: traffic between pipeline stages goes over TCP on the primary "
+                f"interface, which is slower and the usual cause of multi-node hangs when the NIC is wrong. "
+                f"Set {NAMESPACE}:efa true on an EFA instance type for production."
+            )
+
+    # --- who may reach what -----------------------------------------------------------
+    allow_public_api = reader.boolean("allowPublicApi")
+    api_cidrs = reader.string_list("apiAllowedCidrs")
+    api_allowed_cidrs = (
+        _check_cidrs(
+            reader,
+            "apiAllowedCidrs",
+            api_cidrs,
+            world_allowed=bool(allow_public_api),
+            world_fix=f"list your clients' CIDRs, or pulumi config set {NAMESPACE}:allowPublicApi true "
+            "if the API (guarded by its key) is meant to be public",
+        )
+        if api_cidrs is not None
+        else ()
+    )
+    admin = reader.string_list("adminCidrs")
+    admin_cidrs = (
+        _check_cidrs(
+            reader,
+            "adminCidrs",
+            admin,
+            world_allowed=False,
+            world_fix="SSH and the Ray dashboard run arbitrary code (ShadowRay, CVE-2023-48022); "
+            "list only your own network, e.g. \"$(curl -s https://checkip.amazonaws.com)/32\"",
+        )
+        if admin is not None
+        else ()
+    )
+
+    # --- secrets ---------------------------------------------------------------------
+    for key in ("hfToken", "apiKey"):
+        if reader.present(key) and secret_keys is not None and key not in secret_keys:
+            reader.fail(
+                key,
+                "was set in plain text: it would sit unencrypted in the stack file and in state. "
+                f"Fix: pulumi config set --secret {NAMESPACE}:{key} VALUE",
+            )
+    hf_token = _check_secret_token(reader, "hfToken", reader.string("hfToken"))
+    api_key = _check_secret_token(reader, "apiKey", reader.string("apiKey"), MIN_API_KEY_LENGTH)
+
+    # --- node software ----------------------------------------------------------------
+    vllm_version = reader.string("vllmVersion") or versions.VLLM_VERSION
+    ray_version = reader.string("rayVersion") or versions.RAY_VERSION
+    _check_release(reader, "vllmVersion", vllm_version, versions.VLLM_MIN_VERSION, versions.VLLM_VERSION)
+    _check_release(reader, "rayVersion", ray_version, versions.RAY_MIN_VERSION, versions.RAY_VERSION)
+
+    # --- vLLM settings ----------------------------------------------------------------
+    max_model_len = reader.integer("maxModelLen")
+    if max_model_len is not None and max_model_len < 1:
+        reader.fail("maxModelLen", "must be a positive number of tokens, e.g. 8192")
+    gpu_memory_utilization = reader.number("gpuMemoryUtilization")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        reader.fail("gpuMemoryUtilization", "must be greater than 0 and at most 1, e.g. 0.90")
+        gpu_memory_utilization = None
+
+    # --- placement and network --------------------------------------------------------
+    availability_zone = reader.string("availabilityZone")
+    if availability_zone is not None:
+        if not _AZ.match(availability_zone):
+            reader.fail("availabilityZone", "is not an Availability Zone name such as us-east-1a")
+        elif region and not availability_zone.startswith(region):
+            reader.fail(
+                "availabilityZone",
+                f"is not in the stack's region {region} (aws:region). Fix: a zone such as {region}a, or change aws:region",
+            )
+
+    vpc_cidr = reader.string("vpcCidr") or DEFAULT_VPC_CIDR
+    try:
+        vpc_network = ipaddress.ip_network(vpc_cidr, strict=True)
+        if vpc_network.version != 4 or not 16 <= vpc_network.prefixlen <= 24:
+            reader.fail("vpcCidr", "must be an IPv4 CIDR from /16 to /24, e.g. 10.42.0.0/16")
+        elif not vpc_network.is_private:
+            reader.fail("vpcCidr", "must be a private range (RFC 1918), e.g. 10.42.0.0/16")
+    except ValueError:
+        reader.fail("vpcCidr", "is not a CIDR such as 10.42.0.0/16")
+
+    existing_ids = {key: reader.string(key) for key in ("vpcId", "publicSubnetId", "privateSubnetId")}
+    existing_network = None
+    if any(existing_ids.values()):
+        missing = [key for key, value in existing_ids.items() if not value]
+        for key in missing:
+            reader.fail(key, "must be set together with vpcId, publicSubnetId and privateSubnetId (all or none)")
+        patterns = {"vpcId": _VPC, "publicSubnetId": _SUBNET, "privateSubnetId": _SUBNET}
+        for key, value in existing_ids.items():
+            if value and not patterns[key].match(value):
+                reader.fail(key, f"is not an id such as {'vpc-0abc12345def67890' if key == 'vpcId' else 'subnet-0abc12345def67890'}")
+        if raw.get("vpcCidr") is not None:
+            reader.fail("vpcCidr", "applies only to a new VPC; remove it when vpcId is set")
+        if not missing:
+            existing_network = ExistingNetwork(
+                vpc_id=existing_ids["vpcId"],
+                public_subnet_id=existing_ids["publicSubnetId"],
+                private_subnet_id=existing_ids["privateSubnetId"],
+            )
+
+    ami_id = reader.string("amiId")
+    if ami_id is not None and not _AMI.match(ami_id):
+        reader.fail("amiId", "is not an AMI id such as ami-0123456789abcdef0")
+
+    root_volume_gib = reader.integer("rootVolumeGiB")
+    if root_volume_gib is not None and not MIN_ROOT_VOLUME_GIB <= root_volume_gib <= MAX_ROOT_VOLUME_GIB:
+        reader.fail(
+            "rootVolumeGiB",
+            f"must be from {MIN_ROOT_VOLUME_GIB} to {MAX_ROOT_VOLUME_GIB}: the Deep Learning AMI and the vLLM "
+            f"virtualenv need about {MIN_ROOT_VOLUME_GIB} GiB",
+        )
+
+    retain_model_cache = reader.boolean("retainModelCache")
+    gateway_instance_type = reader.string("gatewayInstanceType")
+    if gateway_instance_type is not None and not _EC2_TYPE.match(gateway_instance_type):
+        reader.fail("gatewayInstanceType", "is not an EC2 instance type such as t3.small")
+
+    if reader.problems:
+        raise SpecError(reader.problems)
+
+    return ClusterSpec(
+        stack=stack,
+        model=model,
+        instance=instance,
+        nodes=nodes,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        efa=bool(efa),
+        api_allowed_cidrs=api_allowed_cidrs,
+        admin_cidrs=admin_cidrs,
+        allow_public_api=bool(allow_public_api),
+        hf_token=hf_token,
+        api_key=api_key,
+        vllm_version=vllm_version,
+        ray_version=ray_version,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        served_model_name=served_model_name,
+        vllm_extra_args=tuple(extra_args),
+        availability_zone=availability_zone,
+        vpc_cidr=vpc_cidr,
+        existing_network=existing_network,
+        ami_id=ami_id,
+        root_volume_gib=root_volume_gib,
+        retain_model_cache=bool(retain_model_cache),
+        gateway_instance_type=gateway_instance_type,
+        warnings=tuple(warnings),
+    )

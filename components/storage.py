@@ -1,0 +1,127 @@
+"""The model cache: one EFS file system shared by every node, so the weights are
+downloaded once and every node sees them at the same path (vLLM requires the
+same model path on all nodes).
+
+- Encrypted at rest (set at creation; it cannot be turned on later).
+- Elastic throughput: about 1,500 MiB/s per client for reads, against about
+  100 MiB/s for a small Bursting file system; a 140 GB model loads in minutes,
+  not tens of minutes.
+- One mount target, in the node subnet, admitting NFS only from the cluster group.
+- An access point that pins the POSIX owner and a directory, so the nodes never
+  write as root onto the file system's root.
+- A file-system policy that refuses any access without TLS.
+- retainModelCache keeps the file system (and the models on it) on destroy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components.tagging import tags
+
+# The Deep Learning AMI's default user (ubuntu) owns the cache, so the services and
+# an admin logged in over SSH read and write it with the same identity.
+MODEL_CACHE_UID = 1000
+MODEL_CACHE_GID = 1000
+MODEL_CACHE_DIRECTORY = "/models"
+
+
+@dataclass
+class ModelStorageArgs:
+    subnet_id: pulumi.Input[str]
+    efs_group_id: pulumi.Input[str]
+    retain_on_destroy: bool
+
+
+def file_system_policy(file_system_arn: str) -> str:
+    """Deny anything not over TLS; allow clients that come through a mount target
+    to mount and write (what EFS's own "enforce in-transit encryption" preset does)."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "DenyWithoutTls",
+                    "Effect": "Deny",
+                    "Principal": {"AWS": "*"},
+                    "Action": "*",
+                    "Resource": file_system_arn,
+                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                },
+                {
+                    "Sid": "AllowMountThroughMountTarget",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": "*"},
+                    "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+                    "Resource": file_system_arn,
+                    "Condition": {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}},
+                },
+            ],
+        },
+        sort_keys=True,
+    )
+
+
+class ModelStorage(pulumi.ComponentResource):
+    file_system_id: pulumi.Output[str]
+    file_system_arn: pulumi.Output[str]
+    dns_name: pulumi.Output[str]
+    access_point_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ModelStorageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("vllm-cluster:index:ModelStorage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        file_system = aws.efs.FileSystem(
+            f"{name}-fs",
+            encrypted=True,
+            throughput_mode="elastic",
+            performance_mode="generalPurpose",
+            tags=tags(f"{name}-fs"),
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy),
+        )
+        mount_target = aws.efs.MountTarget(
+            f"{name}-mount",
+            file_system_id=file_system.id,
+            subnet_id=args.subnet_id,
+            security_groups=[args.efs_group_id],
+            opts=child,
+        )
+        access_point = aws.efs.AccessPoint(
+            f"{name}-models",
+            file_system_id=file_system.id,
+            posix_user={"uid": MODEL_CACHE_UID, "gid": MODEL_CACHE_GID},
+            root_directory={
+                "path": MODEL_CACHE_DIRECTORY,
+                "creation_info": {
+                    "owner_uid": MODEL_CACHE_UID,
+                    "owner_gid": MODEL_CACHE_GID,
+                    "permissions": "0755",
+                },
+            },
+            tags=tags(f"{name}-models"),
+            opts=child,
+        )
+        aws.efs.FileSystemPolicy(
+            f"{name}-tls-only",
+            file_system_id=file_system.id,
+            policy=file_system.arn.apply(file_system_policy),
+            opts=child,
+        )
+
+        self.file_system_id = file_system.id
+        self.file_system_arn = file_system.arn
+        self.dns_name = file_system.dns_name
+        self.access_point_id = access_point.id
+        self.mount_target_id = mount_target.id
+        self.register_outputs(
+            {
+                "fileSystemId": file_system.id,
+                "accessPointId": access_point.id,
+                "mountTargetId": mount_target.id,
+            }
+        )

@@ -1,0 +1,44 @@
+"""The instance catalog: the types users pick from, with the figures validation,
+EFA layout and cost planning rely on."""
+
+import re
+
+import pytest
+
+from components.catalog import CATALOG, known_instance_types, lookup
+
+REQUIRED_TYPES = [
+    "g5.xlarge", "g6.xlarge", "g5.12xlarge", "g5.48xlarge", "g6e.12xlarge",
+    "g6e.48xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5en.48xlarge",
+]
+
+
+@pytest.mark.parametrize("name", REQUIRED_TYPES)
+def test_required_types_are_in_the_catalog(name):
+    assert lookup(name) is not None
+
+
+@pytest.mark.parametrize("row", list(CATALOG.values()), ids=list(CATALOG))
+def test_rows_are_consistent(row):
+    assert row.gpus in (1, 2, 4, 8)
+    assert row.gpu_memory_gib > 0 and row.vcpus > 0 and row.memory_gib > 0
+    assert row.efa_supported == (row.max_efa_interfaces > 0)
+    assert row.network_cards >= 1
+    assert row.price_per_hour_usd > 0
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", row.price_date)
+    assert "us-east-1" in row.price_source
+
+
+def test_known_figures():
+    # Spot checks against describe-instance-types: a wrong EFA maximum yields a
+    # launch template that EC2 rejects.
+    assert (CATALOG["p4d.24xlarge"].gpus, CATALOG["p4d.24xlarge"].gpu_memory_gib) == (8, 40)
+    assert CATALOG["p4d.24xlarge"].max_efa_interfaces == 4
+    assert CATALOG["p5.48xlarge"].max_efa_interfaces == 32
+    assert CATALOG["p5en.48xlarge"].max_efa_interfaces == 16
+    assert not CATALOG["g5.xlarge"].efa_supported and not CATALOG["g6.xlarge"].efa_supported
+    assert CATALOG["p4de.24xlarge"].total_gpu_memory_gib == 640
+
+
+def test_known_types_are_sorted_for_stable_messages():
+    assert known_instance_types() == sorted(CATALOG)

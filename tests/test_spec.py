@@ -1,0 +1,180 @@
+"""Validation of the stack config: every bad value is refused before anything is
+declared, with an error that names the key, shows the value and says what to do."""
+
+import pytest
+
+from components import versions
+from components.spec import CONFIG_KEYS, SpecError, load_spec
+
+GOOD = {
+    "model": "meta-llama/Llama-3.1-70B-Instruct",
+    "instanceType": "p4d.24xlarge",
+    "nodes": 2,
+    "apiAllowedCidrs": ["203.0.113.0/24"],
+    "adminCidrs": ["198.51.100.7/32"],
+}
+
+
+def spec_of(**changes):
+    config = {**GOOD, **changes}
+    return load_spec({k: v for k, v in config.items() if v is not None}, stack="test", region="us-east-1")
+
+
+def problems_of(**changes) -> SpecError:
+    with pytest.raises(SpecError) as caught:
+        spec_of(**changes)
+    return caught.value
+
+
+def test_good_config_derives_parallelism_efa_and_versions():
+    spec = spec_of()
+    assert (spec.tensor_parallel_size, spec.pipeline_parallel_size) == (8, 2)
+    assert spec.efa is True  # the type supports EFA and there are two nodes
+    assert spec.needs_placement_group
+    assert (spec.vllm_version, spec.ray_version) == (versions.VLLM_VERSION, versions.RAY_VERSION)
+    assert spec.warnings == ()
+
+
+def test_pulumi_yaml_not_set_defaults_mean_derive():
+    """Pulumi fills declared defaults in; "", 0 and auto must behave as unset."""
+    spec = spec_of(tensorParallelSize="0", pipelineParallelSize=0, efa="auto", vllmVersion="", hfToken="", apiKey="",
+                   maxModelLen="0", gpuMemoryUtilization="", amiId="", vpcId="", publicSubnetId="", privateSubnetId="")
+    assert (spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.efa) == (8, 2, True)
+    assert spec.hf_token is None and spec.api_key is None and spec.max_model_len is None
+    assert spec.existing_network is None and spec.ami_id is None
+
+
+def test_single_small_node_has_no_efa_and_no_placement_group():
+    spec = spec_of(instanceType="g6.xlarge", nodes=1)
+    assert (spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.efa) == (1, 1, False)
+    assert not spec.needs_placement_group
+
+
+def test_several_nodes_without_efa_is_a_warning_not_an_error():
+    spec = spec_of(efa="false")
+    assert spec.efa is False
+    assert any("without EFA" in warning for warning in spec.warnings)
+
+
+def test_strings_as_pulumi_passes_them_are_parsed():
+    spec = spec_of(nodes="2", apiAllowedCidrs='["203.0.113.0/24", "2001:db8::/48"]', retainModelCache="true",
+                   gpuMemoryUtilization="0.9")
+    assert spec.nodes == 2 and spec.retain_model_cache is True
+    assert spec.api_allowed_cidrs == ("203.0.113.0/24", "2001:db8::/48")
+    assert spec.gpu_memory_utilization == pytest.approx(0.9)
+
+
+BAD_CONFIGS = [
+    # (what is wrong, changes, the key the error must name, a phrase it must contain)
+    ("model missing", {"model": None}, "model", "required"),
+    ("instance type missing", {"instanceType": None}, "instanceType", "required"),
+    ("unknown instance type", {"instanceType": "p9.huge"}, "instanceType", "p5.48xlarge"),
+    ("zero nodes", {"nodes": 0}, "nodes", "at least 1"),
+    ("nodes not a number", {"nodes": "two"}, "nodes", "whole number"),
+    ("TP x PP short of the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 1}, "pipelineParallelSize", "pipelineParallelSize 2"),
+    ("TP x PP beyond the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 4}, "pipelineParallelSize", "= 16"),
+    ("TP across nodes", {"tensorParallelSize": 16, "pipelineParallelSize": 1}, "tensorParallelSize", "stays inside a node"),
+    ("TP that splits a node unevenly", {"tensorParallelSize": 3}, "tensorParallelSize", "divide"),
+    ("negative TP", {"tensorParallelSize": -1}, "tensorParallelSize", "at least 1"),
+    ("negative PP", {"pipelineParallelSize": -2}, "pipelineParallelSize", "at least 1"),
+    ("EFA on a type without it", {"instanceType": "g6.xlarge", "nodes": 1, "efa": "true"}, "efa", "no EFA"),
+    ("efa not a boolean", {"efa": "sometimes"}, "efa", "true or false"),
+    ("malformed API CIDR", {"apiAllowedCidrs": ["203.0.113.0/33"]}, "apiAllowedCidrs", "not a CIDR"),
+    ("CIDR with host bits", {"adminCidrs": ["198.51.100.7/24"]}, "adminCidrs", "198.51.100.0/24"),
+    ("API open to the world", {"apiAllowedCidrs": ["0.0.0.0/0"]}, "apiAllowedCidrs", "allowPublicApi"),
+    ("API open to the IPv6 world", {"apiAllowedCidrs": ["::/0"]}, "apiAllowedCidrs", "allowPublicApi"),
+    ("admin open to the world", {"adminCidrs": ["0.0.0.0/0"]}, "adminCidrs", "whole internet"),
+    ("admin open to the world even when the API may be", {"adminCidrs": ["::/0"], "allowPublicApi": True}, "adminCidrs", "whole internet"),
+    ("no admin CIDR", {"adminCidrs": []}, "adminCidrs", "at least one"),
+    ("API CIDRs missing", {"apiAllowedCidrs": None}, "apiAllowedCidrs", "required"),
+    ("CIDRs not a list", {"adminCidrs": "198.51.100.7/32"}, "adminCidrs", "list"),
+    ("model with a semicolon", {"model": "org/model;reboot"}, "model", "';'"),
+    ("model with a dollar", {"model": "org/$(id)"}, "model", "'$'"),
+    ("model with backticks", {"model": "org/`id`"}, "model", "'`'"),
+    ("model with a quote", {"model": "org/it's"}, "model", "\"'\""),
+    ("model with a pipe", {"model": "org/a|b"}, "model", "'|'"),
+    ("model with an ampersand", {"model": "org/a&b"}, "model", "'&'"),
+    ("model with a newline", {"model": "org/a\nb"}, "model", "'\\n'"),
+    ("model with a space", {"model": "org/a b"}, "model", "' '"),
+    ("served name with a semicolon", {"servedModelName": "llama;id"}, "servedModelName", "';'"),
+    ("extra argument with a dollar", {"vllmExtraArgs": ["--max-num-seqs", "$(id)"]}, "vllmExtraArgs", "'$'"),
+    ("extra argument with a space", {"vllmExtraArgs": ["--max-num-seqs 64"]}, "vllmExtraArgs", "own item"),
+    ("extra argument that sets TP", {"vllmExtraArgs": ["--tensor-parallel-size=4"]}, "vllmExtraArgs", "tensorParallelSize"),
+    ("extra argument that puts the key on a command line", {"vllmExtraArgs": ["--api-key", "x"]}, "vllmExtraArgs", "never a command line"),
+    ("short API key", {"apiKey": "too-short"}, "apiKey", "32 characters"),
+    ("API key with a quote", {"apiKey": "a" * 40 + "'"}, "apiKey", "letters, digits"),
+    ("vLLM below its security floor", {"vllmVersion": "0.21.3"}, "vllmVersion", "security floor 0.22.0"),
+    ("Ray below its security floor", {"rayVersion": "2.53.9"}, "rayVersion", "security floor 2.54.0"),
+    ("version that is not a release", {"rayVersion": "2.60.0rc1"}, "rayVersion", "MAJOR.MINOR.PATCH"),
+    ("GPU memory fraction above 1", {"gpuMemoryUtilization": "1.5"}, "gpuMemoryUtilization", "at most 1"),
+    ("GPU memory fraction not a number", {"gpuMemoryUtilization": "most"}, "gpuMemoryUtilization", "number"),
+    ("negative context length", {"maxModelLen": -5}, "maxModelLen", "positive"),
+    ("zone of another region", {"availabilityZone": "eu-west-1a"}, "availabilityZone", "us-east-1"),
+    ("zone that is not a zone", {"availabilityZone": "east"}, "availabilityZone", "us-east-1a"),
+    ("public VPC range", {"vpcCidr": "8.8.0.0/16"}, "vpcCidr", "private"),
+    ("VPC too large", {"vpcCidr": "10.0.0.0/8"}, "vpcCidr", "/16 to /24"),
+    ("half an existing network", {"vpcId": "vpc-0123456789abcdef0"}, "privateSubnetId", "all or none"),
+    ("malformed subnet id", {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "public", "privateSubnetId": "subnet-0123456789abcdef0"}, "publicSubnetId", "subnet-"),
+    ("malformed AMI id", {"amiId": "ubuntu"}, "amiId", "ami-"),
+    ("root volume too small", {"rootVolumeGiB": 20}, "rootVolumeGiB", "150"),
+    ("misspelt key", {"instancetype": "p4d.24xlarge"}, "instancetype", "did you mean instanceType"),
+    ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType", "t3.small"),
+]
+
+
+@pytest.mark.parametrize("what, changes, key, phrase", BAD_CONFIGS, ids=[case[0] for case in BAD_CONFIGS])
+def test_bad_config_is_refused_naming_the_key(what, changes, key, phrase):
+    error = problems_of(**changes)
+    named = [p for p in error.problems if p.key == key]
+    assert named, f"{what}: no problem names {key}: {error}"
+    assert any(phrase in str(p) for p in named), f"{what}: {phrase!r} not in {[str(p) for p in named]}"
+    assert f"vllm-cluster:{key}" in str(error)
+
+
+def test_every_problem_is_reported_at_once():
+    error = problems_of(nodes=0, model="a;b", adminCidrs=["0.0.0.0/0"])
+    assert {"nodes", "model", "adminCidrs"} <= set(error.keys)
+
+
+def test_secret_values_never_appear_in_errors():
+    token = "hf_" + "x" * 10 + "'quote"
+    key = "k" * 12
+    error = problems_of(hfToken=token, apiKey=key)
+    assert token not in str(error) and key not in str(error)
+    assert "<secret, 12 characters>" in str(error)
+
+
+def test_secret_values_are_hidden_in_the_spec_repr():
+    spec = spec_of(apiKey="a" * 40, hfToken="hf_abcdef")
+    assert "aaaa" not in repr(spec) and "hf_abcdef" not in repr(spec)
+    assert spec.api_key.reveal() == "a" * 40
+
+
+def test_secrets_set_in_plain_text_are_refused():
+    with pytest.raises(SpecError) as caught:
+        load_spec({**GOOD, "hfToken": "hf_abcdef"}, stack="t", secret_keys=set())
+    assert caught.value.keys == ["hfToken"] and "--secret" in str(caught.value)
+    spec = load_spec({**GOOD, "hfToken": "hf_abcdef"}, stack="t", secret_keys={"hfToken"})
+    assert spec.hf_token.reveal() == "hf_abcdef"
+
+
+def test_public_api_is_allowed_only_when_asked_for():
+    spec = spec_of(apiAllowedCidrs=["0.0.0.0/0", "::/0"], allowPublicApi=True)
+    assert spec.api_allowed_cidrs == ("0.0.0.0/0", "::/0")
+
+
+def test_existing_network_is_taken_whole():
+    spec = spec_of(vpcId="vpc-0123456789abcdef0", publicSubnetId="subnet-0123456789abcdef0",
+                   privateSubnetId="subnet-0fedcba9876543210")
+    assert spec.existing_network.private_subnet_id == "subnet-0fedcba9876543210"
+
+
+def test_every_key_is_understood_by_the_loader():
+    """A key declared in CONFIG_KEYS but never read would be silently ignored."""
+    import inspect
+
+    from components import spec as spec_module
+
+    source = inspect.getsource(spec_module.load_spec)
+    for key in CONFIG_KEYS:
+        assert f'"{key.name}"' in source, f"load_spec never reads {key.name}"
