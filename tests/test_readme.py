@@ -1,0 +1,58 @@
+"""The README is the front door: its config reference, commands and outputs must
+say what the code does."""
+
+import json
+import re
+from pathlib import Path
+
+from components.spec import CONFIG_KEYS
+from pulumi_mocks import stack_names
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def config_table() -> dict[str, tuple[str, str, str]]:
+    section = README.split("## Config reference", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        match = re.match(r"^\| `(\w+)` \| (\w+) \| (.+?) \| (.+) \|$", line)
+        if match:
+            key, type_, default, meaning = match.groups()
+            rows[key] = (type_, default, meaning)
+    return rows
+
+
+def test_config_reference_matches_the_contract():
+    rows = config_table()
+    assert list(rows) == [key.name for key in CONFIG_KEYS]
+    for key in CONFIG_KEYS:
+        type_, default, meaning = rows[key.name]
+        assert type_ == key.type, key.name
+        assert default == ("required" if key.required else f"`{json.dumps(key.default)}`"), key.name
+        assert meaning == key.description, key.name
+
+
+def test_the_test_command_is_what_ci_runs():
+    assert "```sh\nmake test\n```" in README
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^test:", (ROOT / "Makefile").read_text(), re.M)
+
+
+def test_deploy_and_destroy_commands_exist():
+    for command in ("scripts/deploy", "scripts/destroy"):
+        assert f"{command} dev" in README
+        assert (ROOT / command).stat().st_mode & 0o111
+
+
+def test_every_stack_is_described():
+    for stack in stack_names():
+        assert f"| `{stack}` |" in README
+
+
+def test_every_export_is_documented():
+    main = (ROOT / "__main__.py").read_text()
+    exports = re.findall(r'pulumi\.export\(\s*"(\w+)"', main)
+    assert len(exports) >= 9
+    for name in exports:
+        assert f"`{name}`" in README, name
