@@ -145,7 +145,9 @@ class GpuNodes(pulumi.ComponentResource):
                 {"resource_type": "network-interface", "tags": tags(f"{name}-interface")},
             ],
             tags=tags(f"{name}-template"),
-            opts=child,
+            # A newer Deep Learning AMI must not replace running GPU nodes on an unrelated
+            # `pulumi up`: the looked-up image is kept until the user pins amiId.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if spec.ami_id is None else None),
         )
 
         self.head = self._node(name, 0, template, args, None)

@@ -67,7 +67,9 @@ class Gateway(pulumi.ComponentResource):
             root_block_device={"volume_type": "gp3", "volume_size": GATEWAY_ROOT_GIB, "encrypted": True},
             user_data=args.user_data,
             tags=tags(f"{name}-host", **{"vllm-cluster:role": "gateway"}),
-            opts=child,
+            # A newer Ubuntu image must not replace the gateway (and its TLS setup) on an
+            # unrelated `pulumi up`; security updates come from unattended-upgrades.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["ami"]),
         )
         address = aws.ec2.Eip(
             f"{name}-ip", domain="vpc", instance=instance.id, tags=tags(f"{name}-ip"), opts=child

@@ -125,6 +125,7 @@ class DeclaredResource:
     retain_on_delete: bool
     additional_secret_outputs: list[str]
     dependencies: list[str]
+    ignore_changes: list[str] = field(default_factory=list)
 
     @property
     def parent_type(self) -> str:
@@ -337,6 +338,7 @@ def run_program(
                 retain_on_delete=bool(request.retainOnDelete),
                 additional_secret_outputs=list(request.additionalSecretOutputs),
                 dependencies=list(request.dependencies),
+                ignore_changes=list(request.ignoreChanges),
             )
         )
     run.invokes = mocks.invokes

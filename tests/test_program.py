@@ -232,6 +232,13 @@ def test_deep_learning_ami_is_looked_up_unless_set(run):
     assert pinned.of_type(TEMPLATE)[0].inputs["imageId"] == "ami-0123456789abcdef0"
 
 
+def test_a_newer_image_does_not_replace_running_nodes_or_the_gateway(run):
+    assert "imageId" in run.of_type(TEMPLATE)[0].ignore_changes
+    assert "ami" in run.named("vllm-host").ignore_changes
+    pinned = run_stack(run.stack, {"amiId": "ami-0123456789abcdef0"})
+    assert "imageId" not in pinned.of_type(TEMPLATE)[0].ignore_changes  # a pinned AMI change is deliberate
+
+
 def test_gateway_is_public_with_an_elastic_ip(run):
     gateway = run.named("vllm-host")
     assert gateway.inputs["subnetId"] == run.id_of(run.named("vllm-public", SUBNET))
