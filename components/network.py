@@ -121,27 +121,20 @@ class Network(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
         )
 
-        public_routes = aws.ec2.RouteTable(f"{name}-public", vpc_id=vpc.id, tags=tags(f"{name}-public"), opts=child)
-        aws.ec2.Route(
-            f"{name}-public-default",
-            route_table_id=public_routes.id,
-            destination_cidr_block="0.0.0.0/0",
-            gateway_id=igw.id,
-            opts=child,
-        )
-        aws.ec2.RouteTableAssociation(f"{name}-public", subnet_id=public.id, route_table_id=public_routes.id, opts=child)
-
-        private_routes = aws.ec2.RouteTable(f"{name}-private", vpc_id=vpc.id, tags=tags(f"{name}-private"), opts=child)
-        aws.ec2.Route(
-            f"{name}-private-default",
-            route_table_id=private_routes.id,
-            destination_cidr_block="0.0.0.0/0",
-            nat_gateway_id=nat.id,
-            opts=child,
-        )
-        aws.ec2.RouteTableAssociation(f"{name}-private", subnet_id=private.id, route_table_id=private_routes.id, opts=child)
+        self._default_route(name, "public", vpc, public, child, gateway_id=igw.id)
+        self._default_route(name, "private", vpc, private, child, nat_gateway_id=nat.id)
 
         self.vpc_id = vpc.id
         self.public_subnet_id = public.id
         self.private_subnet_id = private.id
         self.availability_zone = public.availability_zone
+
+    @staticmethod
+    def _default_route(name: str, tier: str, vpc, subnet, child, **target) -> None:
+        """A route table for one subnet whose default route goes to `target`
+        (the internet gateway for the public tier, the NAT gateway for the private one)."""
+        table = aws.ec2.RouteTable(f"{name}-{tier}", vpc_id=vpc.id, tags=tags(f"{name}-{tier}"), opts=child)
+        aws.ec2.Route(
+            f"{name}-{tier}-default", route_table_id=table.id, destination_cidr_block="0.0.0.0/0", **target, opts=child
+        )
+        aws.ec2.RouteTableAssociation(f"{name}-{tier}", subnet_id=subnet.id, route_table_id=table.id, opts=child)

@@ -25,6 +25,7 @@ from components import ports
 from components.tagging import tags
 
 ALL_TRAFFIC = "-1"
+ALL_PORTS = None
 
 
 @dataclass
@@ -94,22 +95,10 @@ class SecurityGroups(pulumi.ComponentResource):
                      why="Mount the EFS model cache (NFS over TLS)")
 
         # --- cluster: the EFA rule, both directions, to and from itself -------------
-        aws.vpc.SecurityGroupIngressRule(
-            f"{name}-cluster-self-in",
-            security_group_id=cluster.id,
-            ip_protocol=ALL_TRAFFIC,
-            referenced_security_group_id=cluster.id,
-            description="EFA requires all traffic from this group itself; Ray and NCCL use random ports between nodes",
-            opts=self._child,
-        )
-        aws.vpc.SecurityGroupEgressRule(
-            f"{name}-cluster-self-out",
-            security_group_id=cluster.id,
-            ip_protocol=ALL_TRAFFIC,
-            referenced_security_group_id=cluster.id,
-            description="EFA requires all traffic to this group itself; Ray and NCCL use random ports between nodes",
-            opts=self._child,
-        )
+        self._ingress("cluster-self-in", cluster, ALL_PORTS, group=cluster,
+                      why="EFA requires all traffic from this group itself; Ray and NCCL use random ports between nodes")
+        self._egress("cluster-self-out", cluster, ALL_PORTS, group=cluster,
+                     why="EFA requires all traffic to this group itself; Ray and NCCL use random ports between nodes")
 
         # --- efs: NFS from the cluster only -----------------------------------------
         self._ingress("efs-nfs-from-cluster", efs, ports.NFS, group=cluster,
@@ -138,31 +127,23 @@ class SecurityGroups(pulumi.ComponentResource):
             opts=self._child,
         )
 
-    def _peer(self, cidr: str | None, group: aws.ec2.SecurityGroup | None) -> dict:
+    def _ingress(self, rule: str, target, port: int | None, why: str, cidr: str | None = None, group=None) -> None:
+        self._rule(aws.vpc.SecurityGroupIngressRule, rule, target, port, why, cidr, group)
+
+    def _egress(self, rule: str, target, port: int | None, why: str, cidr: str | None = None, group=None) -> None:
+        self._rule(aws.vpc.SecurityGroupEgressRule, rule, target, port, why, cidr, group)
+
+    def _rule(self, resource_type, rule: str, target, port: int | None, why: str, cidr: str | None, group) -> None:
+        """One TCP port, or every protocol and port when `port` is ALL_PORTS."""
         if (cidr is None) == (group is None):
             raise ValueError("a rule names exactly one peer: a CIDR or a security group")
-        return _cidr_args(cidr) if cidr is not None else {"referenced_security_group_id": group.id}
-
-    def _ingress(self, rule: str, target, port: int, why: str, cidr: str | None = None, group=None) -> None:
-        aws.vpc.SecurityGroupIngressRule(
+        peer = _cidr_args(cidr) if cidr is not None else {"referenced_security_group_id": group.id}
+        ports_args = {"ip_protocol": ALL_TRAFFIC} if port is ALL_PORTS else {"ip_protocol": "tcp", "from_port": port, "to_port": port}
+        resource_type(
             f"{self._name}-{rule}",
             security_group_id=target.id,
-            ip_protocol="tcp",
-            from_port=port,
-            to_port=port,
             description=why,
-            **self._peer(cidr, group),
-            opts=self._child,
-        )
-
-    def _egress(self, rule: str, target, port: int, why: str, cidr: str | None = None, group=None) -> None:
-        aws.vpc.SecurityGroupEgressRule(
-            f"{self._name}-{rule}",
-            security_group_id=target.id,
-            ip_protocol="tcp",
-            from_port=port,
-            to_port=port,
-            description=why,
-            **self._peer(cidr, group),
+            **ports_args,
+            **peer,
             opts=self._child,
         )
