@@ -82,6 +82,7 @@ nodes = GpuNodes(
         nodes_group_id=security.nodes_group_id,
         key_pair_name=credentials.key_pair_name,
         model_cache_arn=storage.file_system_arn,
+        boot_after=[*network.ready, *security.rules, *storage.ready],
     ),
 )
 gateway = Gateway(
@@ -91,6 +92,7 @@ gateway = Gateway(
         subnet_id=network.public_subnet_id,
         gateway_group_id=security.gateway_group_id,
         key_pair_name=credentials.key_pair_name,
+        boot_after=[*network.ready, *security.rules],
     ),
 )
 

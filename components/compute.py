@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -40,6 +40,9 @@ class GpuNodesArgs:
     key_pair_name: pulumi.Input[str]
     model_cache_arn: pulumi.Input[str]
     user_data_for: UserDataFor | None = None
+    # Resources a node needs in place when it boots (routes, security group rules,
+    # the EFS mount target): EC2 would otherwise start it before they exist.
+    boot_after: Sequence[pulumi.Resource] = ()
 
 
 def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
@@ -212,5 +215,5 @@ class GpuNodes(pulumi.ComponentResource):
                 f"{name}-{node_name(index)}",
                 **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
             ),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.boot_after)),
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 import pulumi
 import pulumi_aws as aws
@@ -33,6 +34,8 @@ class GatewayArgs:
     gateway_group_id: pulumi.Input[str]
     key_pair_name: pulumi.Input[str]
     user_data: pulumi.Input[str] | None = None
+    # Routes and security group rules that must exist before the gateway boots.
+    boot_after: Sequence[pulumi.Resource] = ()
 
 
 class Gateway(pulumi.ComponentResource):
@@ -69,7 +72,7 @@ class Gateway(pulumi.ComponentResource):
             tags=tags(f"{name}-host", **{"vllm-cluster:role": "gateway"}),
             # A newer Ubuntu image must not replace the gateway (and its TLS setup) on an
             # unrelated `pulumi up`; security updates come from unattended-upgrades.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["ami"]),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["ami"], depends_on=list(args.boot_after)),
         )
         address = aws.ec2.Eip(
             f"{name}-ip", domain="vpc", instance=instance.id, tags=tags(f"{name}-ip"), opts=child

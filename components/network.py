@@ -50,6 +50,9 @@ class Network(pulumi.ComponentResource):
     public_subnet_id: pulumi.Output[str]
     private_subnet_id: pulumi.Output[str]
     availability_zone: pulumi.Output[str]
+    # What must exist before an instance boots and reaches the internet: routes and
+    # their associations. Instances wait for these so cloud-init's downloads work.
+    ready: list[pulumi.Resource]
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Network", name, None, opts)
@@ -70,6 +73,7 @@ class Network(pulumi.ComponentResource):
         )
 
     def _use_existing(self, existing: ExistingNetwork) -> None:
+        self.ready = []  # the existing subnets already route
         # The nodes go where the private subnet is: its zone decides the placement.
         private = aws.ec2.get_subnet_output(id=existing.private_subnet_id)
         self.vpc_id = pulumi.Output.from_input(existing.vpc_id)
@@ -121,8 +125,10 @@ class Network(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
         )
 
-        self._default_route(name, "public", vpc, public, child, gateway_id=igw.id)
-        self._default_route(name, "private", vpc, private, child, nat_gateway_id=nat.id)
+        self.ready = [
+            *self._default_route(name, "public", vpc, public, child, gateway_id=igw.id),
+            *self._default_route(name, "private", vpc, private, child, nat_gateway_id=nat.id),
+        ]
 
         self.vpc_id = vpc.id
         self.public_subnet_id = public.id
@@ -130,11 +136,14 @@ class Network(pulumi.ComponentResource):
         self.availability_zone = public.availability_zone
 
     @staticmethod
-    def _default_route(name: str, tier: str, vpc, subnet, child, **target) -> None:
+    def _default_route(name: str, tier: str, vpc, subnet, child, **target) -> list[pulumi.Resource]:
         """A route table for one subnet whose default route goes to `target`
         (the internet gateway for the public tier, the NAT gateway for the private one)."""
         table = aws.ec2.RouteTable(f"{name}-{tier}", vpc_id=vpc.id, tags=tags(f"{name}-{tier}"), opts=child)
-        aws.ec2.Route(
+        route = aws.ec2.Route(
             f"{name}-{tier}-default", route_table_id=table.id, destination_cidr_block="0.0.0.0/0", **target, opts=child
         )
-        aws.ec2.RouteTableAssociation(f"{name}-{tier}", subnet_id=subnet.id, route_table_id=table.id, opts=child)
+        association = aws.ec2.RouteTableAssociation(
+            f"{name}-{tier}", subnet_id=subnet.id, route_table_id=table.id, opts=child
+        )
+        return [route, association]

@@ -54,6 +54,8 @@ class SecurityGroups(pulumi.ComponentResource):
         super().__init__("vllm-cluster:index:SecurityGroups", name, None, opts)
         self._name = name
         self._child = pulumi.ResourceOptions(parent=self)
+        # Every rule; instances wait for them, since a group without its rules has no egress.
+        self.rules: list[pulumi.Resource] = []
 
         gateway = self._group("gateway", args.vpc_id, "vllm-cluster gateway: TLS API for clients, SSH and dashboard for admins")
         nodes = self._group("nodes", args.vpc_id, "vllm-cluster GPU nodes: reachable from the gateway only")
@@ -139,11 +141,11 @@ class SecurityGroups(pulumi.ComponentResource):
             raise ValueError("a rule names exactly one peer: a CIDR or a security group")
         peer = _cidr_args(cidr) if cidr is not None else {"referenced_security_group_id": group.id}
         ports_args = {"ip_protocol": ALL_TRAFFIC} if port is ALL_PORTS else {"ip_protocol": "tcp", "from_port": port, "to_port": port}
-        resource_type(
+        self.rules.append(resource_type(
             f"{self._name}-{rule}",
             security_group_id=target.id,
             description=why,
             **ports_args,
             **peer,
             opts=self._child,
-        )
+        ))

@@ -221,11 +221,13 @@ _EC2_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 
 
 def _show(key: str, raw: Any) -> str:
-    """How a value appears in an error: quoted, and never the value of a secret."""
+    """How a value appears in an error: quoted, and never the value of a secret. A key
+    the program does not know may be a misspelt secret (hftoken), so its value is
+    hidden too."""
     if raw is None:
         return "(not set)"
-    if KEYS_BY_NAME.get(key) and KEYS_BY_NAME[key].secret:
-        return f"<secret, {len(str(raw))} characters>"
+    if key not in KEYS_BY_NAME or KEYS_BY_NAME[key].secret:
+        return f"<hidden, {len(str(raw))} characters>"
     text = raw if isinstance(raw, str) else json.dumps(raw)
     return json.dumps(text) if isinstance(raw, str) else text
 
@@ -335,6 +337,16 @@ class _Reader:
         return value
 
 
+def _covers_an_address_family(networks: list) -> bool:
+    """True when the networks together span all of IPv4 or all of IPv6, e.g.
+    0.0.0.0/1 + 128.0.0.0/1: the whole internet, written in pieces."""
+    for version in (4, 6):
+        family = [n for n in networks if n.version == version]
+        if any(n.prefixlen == 0 for n in ipaddress.collapse_addresses(family)):
+            return True
+    return False
+
+
 def _check_cidrs(reader: _Reader, key: str, cidrs: list[str], world_allowed: bool, world_fix: str) -> tuple[str, ...]:
     checked = []
     if not cidrs:
@@ -353,8 +365,10 @@ def _check_cidrs(reader: _Reader, key: str, cidrs: list[str], world_allowed: boo
         if network.prefixlen == 0 and not world_allowed:
             reader.fail(key, f"item {cidr} opens this path to the whole internet. Fix: {world_fix}")
             continue
-        checked.append(str(network))
-    return tuple(checked)
+        checked.append(network)
+    if checked and not world_allowed and _covers_an_address_family(checked):
+        reader.fail(key, f"together these CIDRs cover the whole internet. Fix: {world_fix}")
+    return tuple(str(network) for network in checked)
 
 
 def _check_release(reader: _Reader, key: str, value: str, floor: str, pinned: str) -> None:

@@ -106,7 +106,7 @@ class ModelStorage(pulumi.ComponentResource):
             tags=tags(f"{name}-models"),
             opts=child,
         )
-        aws.efs.FileSystemPolicy(
+        policy = aws.efs.FileSystemPolicy(
             f"{name}-tls-only",
             file_system_id=file_system.id,
             policy=file_system.arn.apply(file_system_policy),
@@ -118,6 +118,8 @@ class ModelStorage(pulumi.ComponentResource):
         self.dns_name = file_system.dns_name
         self.access_point_id = access_point.id
         self.mount_target_id = mount_target.id
+        # The nodes mount at boot: the mount target and the policy must exist first.
+        self.ready = [mount_target, policy]
         self.register_outputs(
             {
                 "fileSystemId": file_system.id,

@@ -66,17 +66,32 @@ def test_stack_files_hold_no_secret(stack):
 # --- security groups ------------------------------------------------------------------
 
 
-def test_nothing_admits_the_world_on_admin_or_ray_ports(run):
+def world_rules(run):
+    """(rule, ports it opens) for every ingress rule whose peer spans the whole internet."""
+    found = []
     for rule in run.of_type(INGRESS):
         cidr = rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6")
-        if cidr is None:
-            continue
-        network = ipaddress.ip_network(cidr)
-        opens = range(rule.inputs.get("fromPort", 0), rule.inputs.get("toPort", 65535) + 1)
-        if rule.inputs["ipProtocol"] == "-1":
-            opens = range(0, 65536)
-        if network.prefixlen == 0:
-            assert not any(port in opens for port in ports.NEVER_PUBLIC), rule.name
+        if cidr is not None and ipaddress.ip_network(cidr).prefixlen == 0:
+            if rule.inputs["ipProtocol"] == "-1":
+                found.append((rule, range(0, 65536)))
+            else:
+                found.append((rule, range(rule.inputs["fromPort"], rule.inputs["toPort"] + 1)))
+    return found
+
+
+def test_stacks_admit_no_one_from_the_whole_internet(run):
+    assert world_rules(run) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_public_api_opens_only_https_to_the_world(stack):
+    result = run_stack(stack, {"apiAllowedCidrs": ["0.0.0.0/0", "::/0"], "allowPublicApi": True})
+    assert result.error is None
+    opened = world_rules(result)
+    assert len(opened) == 2
+    for rule, ports_opened in opened:
+        assert list(ports_opened) == [ports.API_HTTPS]
+        assert not any(port in ports_opened for port in ports.NEVER_PUBLIC), rule.name
 
 
 def test_only_the_gateway_admits_outside_addresses(run):
@@ -237,6 +252,17 @@ def test_a_newer_image_does_not_replace_running_nodes_or_the_gateway(run):
     assert "ami" in run.named("vllm-host").ignore_changes
     pinned = run_stack(run.stack, {"amiId": "ami-0123456789abcdef0"})
     assert "imageId" not in pinned.of_type(TEMPLATE)[0].ignore_changes  # a pinned AMI change is deliberate
+
+
+def test_instances_boot_only_after_routes_rules_and_the_mount_target(run):
+    """cloud-init downloads and mounts at first boot: a node started before its NAT
+    route, its security group rules or the EFS mount target fails its bootstrap."""
+    rules = {r.urn for r in run.of_type(INGRESS) + run.of_type(EGRESS)}
+    routes = {r.urn for r in run.of_type("aws:ec2/route:Route") + run.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")}
+    mount = {r.urn for r in run.of_type("aws:efs/mountTarget:MountTarget")}
+    for node in gpu_nodes(run):
+        assert rules | routes | mount <= set(node.dependencies), node.name
+    assert rules | routes <= set(run.named("vllm-host").dependencies)
 
 
 def test_gateway_is_public_with_an_elastic_ip(run):

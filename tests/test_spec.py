@@ -85,6 +85,8 @@ BAD_CONFIGS = [
     ("API open to the IPv6 world", {"apiAllowedCidrs": ["::/0"]}, "apiAllowedCidrs", "allowPublicApi"),
     ("admin open to the world", {"adminCidrs": ["0.0.0.0/0"]}, "adminCidrs", "whole internet"),
     ("admin open to the world even when the API may be", {"adminCidrs": ["::/0"], "allowPublicApi": True}, "adminCidrs", "whole internet"),
+    ("admin open to the world in two halves", {"adminCidrs": ["0.0.0.0/1", "128.0.0.0/1"]}, "adminCidrs", "whole internet"),
+    ("API open to the IPv6 world in pieces", {"apiAllowedCidrs": ["::/1", "8000::/2", "c000::/2"]}, "apiAllowedCidrs", "whole internet"),
     ("no admin CIDR", {"adminCidrs": []}, "adminCidrs", "at least one"),
     ("API CIDRs missing", {"apiAllowedCidrs": None}, "apiAllowedCidrs", "required"),
     ("CIDRs not a list", {"adminCidrs": "198.51.100.7/32"}, "adminCidrs", "list"),
@@ -141,7 +143,14 @@ def test_secret_values_never_appear_in_errors():
     key = "k" * 12
     error = problems_of(hfToken=token, apiKey=key)
     assert token not in str(error) and key not in str(error)
-    assert "<secret, 12 characters>" in str(error)
+    assert "<hidden, 12 characters>" in str(error)
+
+
+@pytest.mark.parametrize("misspelt", ["hftoken", "apikey", "HfToken"])
+def test_a_misspelt_secret_key_does_not_leak_its_value(misspelt):
+    value = "hf_" + "s" * 30
+    error = problems_of(**{misspelt: value})
+    assert misspelt in error.keys and value not in str(error)
 
 
 def test_secret_values_are_hidden_in_the_spec_repr():
