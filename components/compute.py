@@ -143,6 +143,12 @@ class GpuNodes(pulumi.ComponentResource):
             ],
             network_interfaces=interfaces,
             placement={"group_name": placement_group.name} if placement_group is not None else None,
+            # GPU capacity (p5 above all) usually comes from a reservation or a Capacity Block.
+            capacity_reservation_specification=(
+                {"capacity_reservation_target": {"capacity_reservation_id": spec.capacity_reservation_id}}
+                if spec.capacity_reservation_id is not None
+                else None
+            ),
             tag_specifications=[
                 {"resource_type": "volume", "tags": tags(f"{name}-volume")},
                 {"resource_type": "network-interface", "tags": tags(f"{name}-interface")},
@@ -211,6 +217,8 @@ class GpuNodes(pulumi.ComponentResource):
             f"{name}-{node_name(index)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             user_data=user_data,
+            # A Capacity Block is only usable with this market type.
+            instance_market_options={"market_type": "capacity-block"} if args.spec.capacity_block else None,
             tags=tags(
                 f"{name}-{node_name(index)}",
                 **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},

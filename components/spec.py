@@ -98,6 +98,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("publicSubnetId", "string", "Existing public subnet (route to an internet gateway) for the gateway.", default="", auto=True),
     ConfigKey("privateSubnetId", "string", "Existing private subnet (route to a NAT) for the GPU nodes.", default="", auto=True),
     ConfigKey("amiId", "string", "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04).", default="", auto=True),
+    ConfigKey("capacityReservationId", "string", "Launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block (cr-...). Empty: none.", default="", auto=True),
+    ConfigKey("capacityBlock", "boolean", "capacityReservationId is a Capacity Block for ML (launched with market type capacity-block).", default=False),
     ConfigKey("rootVolumeGiB", "integer", "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),
     ConfigKey("retainModelCache", "boolean", "Keep the EFS model cache (and the models on it) on pulumi destroy.", default=False),
     ConfigKey("gatewayInstanceType", "string", "Instance type of the gateway (no GPU).", default=DEFAULT_GATEWAY_INSTANCE_TYPE),
@@ -161,6 +163,8 @@ class ClusterSpec:
     existing_network: ExistingNetwork | None
     ami_id: str | None
     root_volume_gib: int
+    capacity_reservation_id: str | None
+    capacity_block: bool
     retain_model_cache: bool
     gateway_instance_type: str
     warnings: tuple[str, ...] = field(default=())
@@ -217,6 +221,7 @@ _AZ = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d[a-z]$")
 _AMI = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _VPC = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
+_CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _EC2_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 
 
@@ -656,6 +661,16 @@ def load_spec(
             f"virtualenv need about {MIN_ROOT_VOLUME_GIB} GiB",
         )
 
+    capacity_reservation_id = reader.string("capacityReservationId")
+    if capacity_reservation_id is not None and not _CAPACITY_RESERVATION.match(capacity_reservation_id):
+        reader.fail("capacityReservationId", "is not a Capacity Reservation id such as cr-0123456789abcdef0")
+    capacity_block = reader.boolean("capacityBlock")
+    if capacity_block and capacity_reservation_id is None:
+        reader.fail(
+            "capacityBlock",
+            f"is true, but no capacityReservationId names the block. Fix: pulumi config set {NAMESPACE}:capacityReservationId cr-...",
+        )
+
     retain_model_cache = reader.boolean("retainModelCache")
     gateway_instance_type = reader.string("gatewayInstanceType")
     if gateway_instance_type is not None and not _EC2_TYPE.match(gateway_instance_type):
@@ -688,6 +703,8 @@ def load_spec(
         existing_network=existing_network,
         ami_id=ami_id,
         root_volume_gib=root_volume_gib,
+        capacity_reservation_id=capacity_reservation_id,
+        capacity_block=bool(capacity_block),
         retain_model_cache=bool(retain_model_cache),
         gateway_instance_type=gateway_instance_type,
         warnings=tuple(warnings),

@@ -266,6 +266,15 @@ def test_instances_boot_only_after_routes_rules_and_the_mount_target(run):
     assert rules | routes <= set(run.named("vllm-host").dependencies)
 
 
+def test_gpu_nodes_launch_into_a_configured_capacity_reservation_or_block(run):
+    assert "capacityReservationSpecification" not in run.of_type(TEMPLATE)[0].inputs
+    reserved = run_stack(run.stack, {"capacityReservationId": "cr-0123456789abcdef0", "capacityBlock": True})
+    target = reserved.of_type(TEMPLATE)[0].inputs["capacityReservationSpecification"]["capacityReservationTarget"]
+    assert target["capacityReservationId"] == "cr-0123456789abcdef0"
+    assert all(n.inputs["instanceMarketOptions"]["marketType"] == "capacity-block" for n in gpu_nodes(reserved))
+    assert "instanceMarketOptions" not in reserved.named("vllm-host").inputs
+
+
 def test_gateway_is_public_with_an_elastic_ip(run):
     gateway = run.named("vllm-host")
     assert gateway.inputs["subnetId"] == run.id_of(run.named("vllm-public", SUBNET))

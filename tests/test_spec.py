@@ -118,6 +118,8 @@ BAD_CONFIGS = [
     ("half an existing network", {"vpcId": "vpc-0123456789abcdef0"}, "privateSubnetId", "all or none"),
     ("malformed subnet id", {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "public", "privateSubnetId": "subnet-0123456789abcdef0"}, "publicSubnetId", "subnet-"),
     ("malformed AMI id", {"amiId": "ubuntu"}, "amiId", "ami-"),
+    ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId", "cr-"),
+    ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock", "capacityReservationId"),
     ("root volume too small", {"rootVolumeGiB": 20}, "rootVolumeGiB", "150"),
     ("misspelt key", {"instancetype": "p4d.24xlarge"}, "instancetype", "did you mean instanceType"),
     ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType", "t3.small"),
