@@ -342,14 +342,15 @@ class _Reader:
         return value
 
 
-def _covers_an_address_family(networks: list) -> bool:
-    """True when the networks together span all of IPv4 or all of IPv6, e.g.
-    0.0.0.0/1 + 128.0.0.0/1: the whole internet, written in pieces."""
+def _world_spanning(networks: list) -> list:
+    """The networks of each address family that together span all of it: 0.0.0.0/0
+    itself, or the whole internet written in pieces (0.0.0.0/1 + 128.0.0.0/1)."""
+    spanning = []
     for version in (4, 6):
         family = [n for n in networks if n.version == version]
         if any(n.prefixlen == 0 for n in ipaddress.collapse_addresses(family)):
-            return True
-    return False
+            spanning += family
+    return spanning
 
 
 def _check_cidrs(reader: _Reader, key: str, cidrs: list[str], world_allowed: bool, world_fix: str) -> tuple[str, ...]:
@@ -367,12 +368,11 @@ def _check_cidrs(reader: _Reader, key: str, cidrs: list[str], world_allowed: boo
                 hint = "is not a CIDR such as 203.0.113.0/24 or 2001:db8::/48"
             reader.fail(key, f"item {json.dumps(cidr)} {hint}")
             continue
-        if network.prefixlen == 0 and not world_allowed:
-            reader.fail(key, f"item {cidr} opens this path to the whole internet. Fix: {world_fix}")
-            continue
         checked.append(network)
-    if checked and not world_allowed and _covers_an_address_family(checked):
-        reader.fail(key, f"together these CIDRs cover the whole internet. Fix: {world_fix}")
+    spanning = [] if world_allowed else _world_spanning(checked)
+    if spanning:
+        named = " + ".join(str(network) for network in spanning)
+        reader.fail(key, f"{named} opens this path to the whole internet. Fix: {world_fix}")
     return tuple(str(network) for network in checked)
 
 
