@@ -6,15 +6,17 @@ is bad), builds the components and exports what users need to reach the service.
 
 import pulumi
 
-from components import ports
+from components import bootstrap, ports
+from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs
 from components.credentials import Credentials, CredentialsArgs
 from components.gateway import Gateway, GatewayArgs
 from components.network import Network, NetworkArgs
 from components.security import SecurityArgs, SecurityGroups
+from components.services import SSH_USER, ClusterServices, ServicesArgs
 from components.spec import CONFIG_KEYS, NAMESPACE, SpecError, load_spec
 from components.storage import ModelStorage, ModelStorageArgs
-from components.topology import topology_summary
+from components.topology import interface_layout, topology_summary
 
 
 def secret_config_keys() -> set[str]:
@@ -73,6 +75,36 @@ storage = ModelStorage(
         retain_on_destroy=spec.retain_model_cache,
     ),
 )
+efa_interfaces = sum(1 for slot in interface_layout(spec.instance, spec.efa) if slot.is_efa)
+
+
+def node_user_data(index: int, head_ip: pulumi.Output | None) -> pulumi.Output:
+    """The first-boot script of node `index`: plain values only, no secret."""
+    return pulumi.Output.all(
+        head_ip if head_ip is not None else "",
+        network.private_subnet_cidr,
+        storage.file_system_id,
+        storage.access_point_id,
+        storage.dns_name,
+    ).apply(
+        lambda values: bootstrap.node_user_data(
+            bootstrap.NodeBoot(
+                index=index,
+                head_ip=values[0],
+                subnet_cidr=values[1],
+                gpus=spec.gpus_per_node,
+                efa=spec.efa,
+                efa_interfaces=efa_interfaces,
+                file_system_id=values[2],
+                access_point_id=values[3],
+                file_system_dns=values[4],
+                ray_version=spec.ray_version,
+                vllm_version=spec.vllm_version,
+            )
+        )
+    )
+
+
 nodes = GpuNodes(
     name,
     GpuNodesArgs(
@@ -82,9 +114,11 @@ nodes = GpuNodes(
         nodes_group_id=security.nodes_group_id,
         key_pair_name=credentials.key_pair_name,
         model_cache_arn=storage.file_system_arn,
+        user_data_for=node_user_data,
         boot_after=[*network.ready, *security.rules, *storage.ready],
     ),
 )
+gateway_user_data = bootstrap.gateway_user_data()
 gateway = Gateway(
     name,
     GatewayArgs(
@@ -92,13 +126,38 @@ gateway = Gateway(
         subnet_id=network.public_subnet_id,
         gateway_group_id=security.gateway_group_id,
         key_pair_name=credentials.key_pair_name,
+        user_data=gateway_user_data,
         boot_after=[*network.ready, *security.rules],
+    ),
+)
+certificate = GatewayCertificate(
+    name, GatewayCertificateArgs(public_ip=gateway.public_ip, user_certificate=spec.tls)
+)
+services = ClusterServices(
+    name,
+    ServicesArgs(
+        spec=spec,
+        ssh_private_key=credentials.ssh_private_key,
+        gateway_public_ip=gateway.public_ip,
+        gateway_private_ip=gateway.private_ip,
+        node_ips=[nodes.head.private_ip, *[worker.private_ip for worker in nodes.workers]],
+        node_user_data=nodes.user_data,
+        gateway_user_data=gateway_user_data,
+        ray_token=credentials.ray_token,
+        api_key=credentials.api_key,
+        hf_token=spec.hf_token,
+        tls_certificate_pem=certificate.certificate_pem,
+        tls_private_key_pem=certificate.private_key_pem,
+        tls_self_signed=certificate.self_signed,
+        endpoint_host=certificate.hostname,
+        nodes=[nodes.head, *nodes.workers],
+        gateway=gateway.resources,
     ),
 )
 
 key_file = f"vllm-cluster-{pulumi.get_stack()}.pem"
-pulumi.export("endpoint", pulumi.Output.concat("https://", gateway.public_ip, "/v1"))
-pulumi.export("dashboardUrl", pulumi.Output.concat("https://", gateway.public_ip, f":{ports.DASHBOARD_HTTPS}/"))
+pulumi.export("endpoint", pulumi.Output.concat("https://", certificate.hostname, "/v1"))
+pulumi.export("dashboardUrl", pulumi.Output.concat("https://", certificate.hostname, f":{ports.DASHBOARD_HTTPS}/"))
 pulumi.export("gatewayPublicIp", gateway.public_ip)
 pulumi.export("headPrivateIp", nodes.head_private_ip)
 pulumi.export("workerPrivateIps", nodes.worker_private_ips)
@@ -106,14 +165,19 @@ pulumi.export(
     "sshCommand",
     pulumi.Output.concat(
         f"pulumi stack output --show-secrets sshPrivateKey > {key_file} && chmod 600 {key_file} && ",
-        f"ssh -i {key_file} -o ProxyCommand='ssh -i {key_file} -W %h:%p ubuntu@",
+        f"ssh -i {key_file} -o ProxyCommand='ssh -i {key_file} -W %h:%p {SSH_USER}@",
         gateway.public_ip,
-        "' ubuntu@",
+        f"' {SSH_USER}@",
         nodes.head_private_ip,
     ),
 )
 pulumi.export("sshPrivateKey", credentials.ssh_private_key)
 pulumi.export("apiKey", credentials.api_key)
+pulumi.export("rayToken", credentials.ray_token)
+pulumi.export("tlsCertificate", certificate.certificate_pem)
+pulumi.export("tlsFingerprint", certificate.fingerprint)
+# The readiness command's report: a real completion went through the gateway.
+pulumi.export("readiness", services.readiness.stdout)
 pulumi.export("modelCacheFileSystemId", storage.file_system_id)
 pulumi.export("availabilityZone", network.availability_zone)
 pulumi.export(

@@ -10,6 +10,8 @@ interface: launch templates with interfaces reject top-level groups.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -59,6 +61,11 @@ def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
         ]
         owners = [DLAMI_OWNER]
     return aws.ec2.get_ami_output(most_recent=True, owners=owners, filters=filters, opts=opts)
+
+
+def compress_user_data(text: str) -> str:
+    """gzip (with a fixed timestamp, so the same script gives the same bytes) and base64."""
+    return base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
 
 
 def efs_client_policy(file_system_arn: str) -> str:
@@ -159,6 +166,7 @@ class GpuNodes(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if spec.ami_id is None else None),
         )
 
+        self.user_data: list = []
         self.head = self._node(name, 0, template, args, None)
         head_ip = self.head.private_ip
         self.workers = [self._node(name, index, template, args, head_ip) for index in range(1, spec.nodes)]
@@ -213,15 +221,23 @@ class GpuNodes(pulumi.ComponentResource):
     def _node(self, name: str, index: int, template, args: GpuNodesArgs, head_ip) -> aws.ec2.Instance:
         role = node_role(index)
         user_data = args.user_data_for(index, head_ip) if args.user_data_for is not None else None
+        self.user_data.append(user_data)
         return aws.ec2.Instance(
             f"{name}-{node_name(index)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-            user_data=user_data,
+            # Gzipped: the script and units exceed EC2's 16 KiB user data limit as text;
+            # cloud-init unpacks gzip by itself.
+            user_data_base64=(
+                pulumi.Output.from_input(user_data).apply(compress_user_data) if user_data is not None else None
+            ),
             # A Capacity Block is only usable with this market type.
             instance_market_options={"market_type": "capacity-block"} if args.spec.capacity_block else None,
             tags=tags(
                 f"{name}-{node_name(index)}",
                 **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
             ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.boot_after)),
+            # User data is first-boot only (cloud-init runs it once per instance), and
+            # changing it would stop and start a GPU node. Later changes reach running
+            # nodes through the setup command, which sends the same script again.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.boot_after), ignore_changes=["userDataBase64"]),
         )

@@ -1,5 +1,6 @@
 """Credentials generated in the stack: the SSH key pair that the gateway and the
-GPU nodes trust, and the API key clients present to the gateway.
+GPU nodes trust, the API key clients present to the gateway, and the token Ray's
+nodes and clients authenticate with.
 
 Both live only in Pulumi state, where they are secrets (encrypted by the stack's
 secrets provider), and leave it only as secret outputs.
@@ -18,6 +19,7 @@ from components.spec import Secret
 from components.tagging import tags
 
 API_KEY_LENGTH = 48
+RAY_TOKEN_LENGTH = 48
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Credentials(pulumi.ComponentResource):
     ssh_private_key: pulumi.Output[str]
     key_pair_name: pulumi.Output[str]
     api_key: pulumi.Output[str]
+    ray_token: pulumi.Output[str]
 
     def __init__(self, name: str, args: CredentialsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Credentials", name, None, opts)
@@ -52,5 +55,10 @@ class Credentials(pulumi.ComponentResource):
             # Letters and digits only: the key travels in an HTTP header and an env file.
             generated = random.RandomPassword(f"{name}-api-key", length=API_KEY_LENGTH, special=False, opts=child)
             self.api_key = pulumi.Output.secret(generated.result)
+
+        # Ray token authentication: every node and every client presents this token to
+        # the GCS and the dashboard (the Jobs API runs code: CVE-2023-48022).
+        ray_token = random.RandomPassword(f"{name}-ray-token", length=RAY_TOKEN_LENGTH, special=False, opts=child)
+        self.ray_token = pulumi.Output.secret(ray_token.result)
 
         self.register_outputs({"keyPairName": self.key_pair_name})

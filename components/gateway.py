@@ -72,7 +72,10 @@ class Gateway(pulumi.ComponentResource):
             tags=tags(f"{name}-host", **{"vllm-cluster:role": "gateway"}),
             # A newer Ubuntu image must not replace the gateway (and its TLS setup) on an
             # unrelated `pulumi up`; security updates come from unattended-upgrades.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["ami"], depends_on=list(args.boot_after)),
+            # Changed user data reaches the running gateway through its setup command.
+            opts=pulumi.ResourceOptions(
+                parent=self, ignore_changes=["ami", "userData"], depends_on=list(args.boot_after)
+            ),
         )
         address = aws.ec2.Eip(
             f"{name}-ip", domain="vpc", instance=instance.id, tags=tags(f"{name}-ip"), opts=child
@@ -81,4 +84,6 @@ class Gateway(pulumi.ComponentResource):
         self.public_ip = address.public_ip
         self.private_ip = instance.private_ip
         self.instance_id = instance.id
+        # Remote commands wait for both: the host, and the address they reach it by.
+        self.resources = [instance, address]
         self.register_outputs({"publicIp": address.public_ip, "privateIp": instance.private_ip})

@@ -79,6 +79,7 @@ class Network(pulumi.ComponentResource):
         self.vpc_id = pulumi.Output.from_input(existing.vpc_id)
         self.public_subnet_id = pulumi.Output.from_input(existing.public_subnet_id)
         self.private_subnet_id = pulumi.Output.from_input(existing.private_subnet_id)
+        self.private_subnet_cidr = private.cidr_block
         self.availability_zone = private.availability_zone
 
     def _create(self, name: str, args: NetworkArgs, child: pulumi.ResourceOptions) -> None:
@@ -133,6 +134,8 @@ class Network(pulumi.ComponentResource):
         self.vpc_id = vpc.id
         self.public_subnet_id = public.id
         self.private_subnet_id = private.id
+        # The nodes find their primary interface as the one with an address in here.
+        self.private_subnet_cidr = pulumi.Output.from_input(subnets.private)
         self.availability_zone = public.availability_zone
 
     @staticmethod

@@ -71,6 +71,8 @@ class SecurityGroups(pulumi.ComponentResource):
                           why=f"SSH for admins {cidr} (adminCidrs); the gateway is the jump host to the GPU nodes")
             self._ingress(f"gateway-dashboard-{_slug(cidr)}", gateway, ports.DASHBOARD_HTTPS, cidr=cidr,
                           why=f"Ray dashboard over TLS for admins {cidr} (adminCidrs) only: it can run any code")
+        self._ingress("gateway-api-from-nodes", gateway, ports.API_HTTPS, group=nodes,
+                      why="Readiness check: a real completion from the head through the gateway TLS and route allowlist")
         self._egress("gateway-to-vllm", gateway, ports.VLLM_API, group=nodes,
                      why="Proxy API requests to vLLM on the head node")
         self._egress("gateway-to-dashboard", gateway, ports.RAY_DASHBOARD, group=nodes,

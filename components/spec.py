@@ -76,6 +76,7 @@ class ConfigKey:
 
 CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("model", "string", "Hugging Face repo id of the model to serve, e.g. Qwen/Qwen2.5-1.5B-Instruct."),
+    ConfigKey("modelRevision", "string", "Branch, tag or commit of the model to stage and serve.", default="main"),
     ConfigKey("instanceType", "string", "GPU instance type for every node; one of the catalog's types."),
     ConfigKey("nodes", "integer", "Number of GPU nodes: one head plus nodes - 1 workers.", default=1),
     ConfigKey("tensorParallelSize", "integer", "Tensor-parallel size; stays inside one node. 0: the GPUs of one node.", default=0, auto=True),
@@ -101,6 +102,9 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("capacityReservationId", "string", "Launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block (cr-...). Empty: none.", default="", auto=True),
     ConfigKey("capacityBlock", "boolean", "capacityReservationId is a Capacity Block for ML (launched with market type capacity-block).", default=False),
     ConfigKey("rootVolumeGiB", "integer", "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),
+    ConfigKey("tlsCertificate", "string", "PEM certificate (with its chain) for the gateway's HTTPS. Empty: a self-signed certificate for the gateway's IP, generated in the stack.", default="", auto=True),
+    ConfigKey("tlsPrivateKey", "string", "PEM private key of tlsCertificate. Secret: set it with --secret.", default="", auto=True, secret=True),
+    ConfigKey("endpointHostname", "string", "DNS name clients use for the gateway; required with tlsCertificate (it must be in the certificate).", default="", auto=True),
     ConfigKey("retainModelCache", "boolean", "Keep the EFS model cache (and the models on it) on pulumi destroy.", default=False),
     ConfigKey("gatewayInstanceType", "string", "Instance type of the gateway (no GPU).", default=DEFAULT_GATEWAY_INSTANCE_TYPE),
 )
@@ -139,9 +143,19 @@ class ExistingNetwork:
 
 
 @dataclass(frozen=True)
+class UserCertificate:
+    """A certificate the user brings for the gateway, and the name it is for."""
+
+    certificate_pem: str
+    private_key: Secret
+    hostname: str
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     stack: str
     model: str
+    model_revision: str
     instance: InstanceType
     nodes: int
     tensor_parallel_size: int
@@ -167,6 +181,7 @@ class ClusterSpec:
     capacity_block: bool
     retain_model_cache: bool
     gateway_instance_type: str
+    tls: UserCertificate | None
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -223,6 +238,11 @@ _VPC = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _EC2_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+# Hugging Face revisions: branch and tag names or a commit; also a directory name on the cache.
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){0,3}$")
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}$")
+_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----\s+[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
+_PEM_PRIVATE_KEY = re.compile(r"-----BEGIN ([A-Z]+ )?PRIVATE KEY-----\s+[A-Za-z0-9+/=\s]+-----END ([A-Z]+ )?PRIVATE KEY-----")
 
 
 def _show(key: str, raw: Any) -> str:
@@ -410,6 +430,40 @@ def _check_secret_token(reader: _Reader, key: str, value: str | None, min_length
     return Secret(value)
 
 
+def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> UserCertificate | None:
+    """tlsCertificate, tlsPrivateKey and endpointHostname: all three or none."""
+    certificate = reader.string("tlsCertificate")
+    private_key = reader.string("tlsPrivateKey")
+    hostname = reader.string("endpointHostname")
+    if certificate is None and private_key is None and hostname is None:
+        return None
+    ok = True
+    if certificate is None or not _PEM_CERTIFICATE.search(certificate):
+        reader.fail(
+            "tlsCertificate",
+            "must be a PEM certificate (-----BEGIN CERTIFICATE-----) when tlsPrivateKey or endpointHostname is set. "
+            f"Fix: pulumi config set {NAMESPACE}:tlsCertificate < cert.pem, or unset all three for a generated certificate",
+        )
+        ok = False
+    if private_key is None or not _PEM_PRIVATE_KEY.search(private_key):
+        reader.fail(
+            "tlsPrivateKey",
+            "must be the PEM private key of tlsCertificate. "
+            f"Fix: pulumi config set --secret {NAMESPACE}:tlsPrivateKey < key.pem",
+        )
+        ok = False
+    if hostname is None or not _HOSTNAME.match(hostname):
+        reader.fail(
+            "endpointHostname",
+            "must be the DNS name in tlsCertificate that clients use (point it at the gatewayPublicIp output), "
+            f"e.g. llm.example.com. Fix: pulumi config set {NAMESPACE}:endpointHostname NAME",
+        )
+        ok = False
+    if not ok or (secret_keys is not None and "tlsPrivateKey" not in secret_keys):
+        return None
+    return UserCertificate(certificate_pem=certificate, private_key=Secret(private_key), hostname=hostname)
+
+
 def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
     return sorted(set(raw) - set(KEYS_BY_NAME))
 
@@ -457,6 +511,15 @@ def load_spec(
         reader.fail(
             "model",
             "must be a Hugging Face repo id such as meta-llama/Llama-3.1-8B-Instruct"
+            + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""),
+        )
+
+    model_revision = reader.string("modelRevision") or "main"
+    if not _REVISION.match(model_revision) or ".." in model_revision:
+        meta = _shell_meta_in(model_revision)
+        reader.fail(
+            "modelRevision",
+            "must be a branch, tag or commit of the model repo, such as main or a 40-character commit hash"
             + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""),
         )
 
@@ -584,7 +647,7 @@ def load_spec(
     )
 
     # --- secrets ---------------------------------------------------------------------
-    for key in ("hfToken", "apiKey"):
+    for key in ("hfToken", "apiKey", "tlsPrivateKey"):
         if reader.present(key) and secret_keys is not None and key not in secret_keys:
             reader.fail(
                 key,
@@ -676,12 +739,15 @@ def load_spec(
     if gateway_instance_type is not None and not _EC2_TYPE.match(gateway_instance_type):
         reader.fail("gatewayInstanceType", "is not an EC2 instance type such as t3.small")
 
+    tls = _check_user_certificate(reader, secret_keys)
+
     if reader.problems:
         raise SpecError(reader.problems)
 
     return ClusterSpec(
         stack=stack,
         model=model,
+        model_revision=model_revision,
         instance=instance,
         nodes=nodes,
         tensor_parallel_size=tp,
@@ -707,5 +773,6 @@ def load_spec(
         capacity_block=bool(capacity_block),
         retain_model_cache=bool(retain_model_cache),
         gateway_instance_type=gateway_instance_type,
+        tls=tls,
         warnings=tuple(warnings),
     )

@@ -9,6 +9,7 @@ values, so two runs of the same config declare the same graph.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import json
@@ -231,7 +232,17 @@ class MockCloud(pulumi.runtime.Mocks):
                 f"mock-{_digest('private', args.name, length=48)}\n"
                 "-----END OPENSSH PRIVATE KEY-----\n"
             )
-            state["privateKeyPem"] = state["privateKeyOpenssh"]
+            state["privateKeyPem"] = (
+                "-----BEGIN PRIVATE KEY-----\n"
+                f"mock{_digest('pem', args.name, length=48)}\n"
+                "-----END PRIVATE KEY-----\n"
+            )
+        elif args.typ == "tls:index/selfSignedCert:SelfSignedCert":
+            # Not a real certificate: deterministic bytes in PEM armour, enough for fingerprints.
+            body = base64.b64encode(hashlib.sha256(f"cert/{args.name}".encode()).digest() * 8).decode()
+            state["certPem"] = "-----BEGIN CERTIFICATE-----\n" + "\n".join(
+                body[i : i + 64] for i in range(0, len(body), 64)
+            ) + "\n-----END CERTIFICATE-----\n"
         elif args.typ == "random:index/randomPassword:RandomPassword":
             length = int(args.inputs.get("length", 32))
             state["result"] = (_digest("password", args.name, length=64) * 4)[:length]
@@ -248,7 +259,12 @@ class MockCloud(pulumi.runtime.Mocks):
         if args.token == "aws:index/getPartition:getPartition":
             return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
         if args.token == "aws:ec2/getSubnet:getSubnet":
-            return {"id": args.args.get("id"), "availabilityZone": MOCK_ZONES[1], "vpcId": "vpc-existing"}
+            return {
+                "id": args.args.get("id"),
+                "availabilityZone": MOCK_ZONES[1],
+                "vpcId": "vpc-existing",
+                "cidrBlock": "172.31.128.0/20",
+            }
         raise NotImplementedError(f"the mock cloud does not answer {args.token}")
 
 

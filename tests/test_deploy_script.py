@@ -86,6 +86,13 @@ def test_scripts_are_shellcheck_clean():
     beside_python = Path(sys.executable).parent / "shellcheck"
     shellcheck = str(beside_python) if beside_python.exists() else shutil.which("shellcheck")
     assert shellcheck, "shellcheck is missing: make test installs it from requirements-dev.txt"
-    scripts = [DEPLOY, DESTROY, DOUBLES / "pulumi"] + sorted(p for p in (ROOT / "scripts").rglob("*.sh"))
+    # Every shell script under scripts/, by its shebang, whatever its name.
+    shell_scripts = sorted(
+        p for p in (ROOT / "scripts").rglob("*")
+        if p.is_file()
+        and (p.suffix == ".sh" or p.read_text(errors="replace").startswith(("#!/usr/bin/env bash", "#!/bin/bash")))
+    )
+    assert {p.name for p in shell_scripts} >= {"deploy", "destroy", "vllm-cluster-node", "vllm-cluster-gateway"}
+    scripts = [DOUBLES / "pulumi", *shell_scripts]
     result = subprocess.run([shellcheck, "--severity=style", *map(str, scripts)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout

@@ -104,9 +104,15 @@ def test_only_the_gateway_admits_outside_addresses(run):
 
 def test_gateway_admits_api_from_api_cidrs_and_admin_ports_from_admin_cidrs_only(run):
     by_port = {}
+    from_groups = []
     for rule in rules_of(run, INGRESS, "gateway"):
         assert rule.inputs["fromPort"] == rule.inputs["toPort"] and rule.inputs["ipProtocol"] == "tcp"
+        if "referencedSecurityGroupId" in rule.inputs:
+            from_groups.append((rule.inputs["fromPort"], rule.inputs["referencedSecurityGroupId"]))
+            continue
         by_port.setdefault(rule.inputs["fromPort"], set()).add(rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6"))
+    # Inside the VPC, only the head's readiness check calls the API through the gateway.
+    assert from_groups == [(ports.API_HTTPS, group_id(run, "nodes"))]
     assert set(by_port) == {ports.API_HTTPS, ports.SSH, ports.DASHBOARD_HTTPS}
     assert by_port[ports.API_HTTPS] == set(cfg(run, "apiAllowedCidrs"))
     assert by_port[ports.SSH] == by_port[ports.DASHBOARD_HTTPS] == set(cfg(run, "adminCidrs"))
@@ -306,7 +312,7 @@ def test_existing_network_is_used_instead_of_a_new_one():
 
 def test_every_resource_is_parented_by_a_component(run):
     components = {r.urn for r in run.resources if r.type.startswith("vllm-cluster:index:")}
-    assert len(components) == 6
+    assert len(components) == 8
     for resource in run.resources:
         if resource.type.startswith("vllm-cluster:index:"):
             assert resource.parent_type == "pulumi:pulumi:Stack"
@@ -364,7 +370,8 @@ def test_a_configured_api_key_is_exported_as_a_secret_and_not_generated():
     key = "k" * 40
     result = run_stack("dev", {"apiKey": key}, secret_keys=["apiKey"])
     assert result.outputs["apiKey"] == key and "apiKey" in result.secret_outputs
-    assert result.of_type("random:index/randomPassword:RandomPassword") == []
+    generated = [r.name for r in result.of_type("random:index/randomPassword:RandomPassword")]
+    assert generated == ["vllm-ray-token"]
 
 
 # --- bad config -----------------------------------------------------------------------

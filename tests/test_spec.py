@@ -64,6 +64,9 @@ def test_strings_as_pulumi_passes_them_are_parsed():
     assert spec.gpu_memory_utilization == pytest.approx(0.9)
 
 
+CERT = "-----BEGIN CERTIFICATE-----\nTUlJQ2VydA==\n-----END CERTIFICATE-----\n"
+KEY = "-----BEGIN PRIVATE KEY-----\nTUlJS2V5\n-----END PRIVATE KEY-----\n"
+
 BAD_CONFIGS = [
     # (what is wrong, changes, the key the error must name, a phrase it must contain)
     ("model missing", {"model": None}, "model", "required"),
@@ -123,6 +126,12 @@ BAD_CONFIGS = [
     ("root volume too small", {"rootVolumeGiB": 20}, "rootVolumeGiB", "150"),
     ("misspelt key", {"instancetype": "p4d.24xlarge"}, "instancetype", "did you mean instanceType"),
     ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType", "t3.small"),
+    ("revision with shell characters", {"modelRevision": "main;reboot"}, "modelRevision", "inject"),
+    ("revision climbing out of the cache", {"modelRevision": "a/../../etc"}, "modelRevision", "branch, tag or commit"),
+    ("certificate without its key", {"tlsCertificate": CERT, "endpointHostname": "llm.example.com"}, "tlsPrivateKey", "--secret"),
+    ("certificate without a hostname", {"tlsCertificate": CERT, "tlsPrivateKey": KEY}, "endpointHostname", "DNS name"),
+    ("key that is not PEM", {"tlsCertificate": CERT, "tlsPrivateKey": "secret", "endpointHostname": "llm.example.com"}, "tlsPrivateKey", "PEM"),
+    ("hostname without a certificate", {"endpointHostname": "llm.example.com"}, "tlsCertificate", "PEM certificate"),
 ]
 
 
@@ -169,6 +178,21 @@ def test_secrets_set_in_plain_text_are_refused():
     assert spec.hf_token.reveal() == "hf_abcdef"
 
 
+def test_a_user_certificate_needs_its_key_set_as_a_secret_and_never_shows_it():
+    trio = {**GOOD, "tlsCertificate": CERT, "tlsPrivateKey": KEY, "endpointHostname": "llm.example.com"}
+    with pytest.raises(SpecError) as caught:
+        load_spec(trio, stack="t", secret_keys=set())
+    assert caught.value.keys == ["tlsPrivateKey"] and "TUlJS2V5" not in str(caught.value)
+    spec = load_spec(trio, stack="t", secret_keys={"tlsPrivateKey"})
+    assert spec.tls.hostname == "llm.example.com" and spec.tls.private_key.reveal() == KEY
+    assert "TUlJS2V5" not in repr(spec)
+
+
+def test_model_revision_defaults_to_main():
+    assert spec_of().model_revision == "main"
+    assert spec_of(modelRevision="0123456789abcdef0123456789abcdef01234567").model_revision.startswith("0123")
+
+
 def test_public_api_is_allowed_only_when_asked_for():
     spec = spec_of(apiAllowedCidrs=["0.0.0.0/0", "::/0"], allowPublicApi=True)
     assert spec.api_allowed_cidrs == ("0.0.0.0/0", "::/0")
@@ -186,6 +210,6 @@ def test_every_key_is_understood_by_the_loader():
 
     from components import spec as spec_module
 
-    source = inspect.getsource(spec_module.load_spec)
+    source = inspect.getsource(spec_module.load_spec) + inspect.getsource(spec_module._check_user_certificate)
     for key in CONFIG_KEYS:
         assert f'"{key.name}"' in source, f"load_spec never reads {key.name}"

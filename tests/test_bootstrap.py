@@ -1,0 +1,310 @@
+"""What the hosts are given: user data, env files, systemd units, the vLLM argument
+list and the gateway's nginx site. Rendered by components/bootstrap.py, checked
+here without Pulumi; the nginx site is checked by Debian's own nginx (`nginx -t`)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from components import bootstrap, ports
+from components.bootstrap import NodeBoot
+from components.compute import compress_user_data
+from components.spec import load_spec
+from tests.pulumi_mocks import stack_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SHELLCHECK = shutil.which("shellcheck") or str(ROOT / "venv" / "bin" / "shellcheck")
+NODE_SCRIPT = (ROOT / "scripts" / "node" / "vllm-cluster-node").read_text()
+UNITS = ROOT / "scripts" / "node" / "units"
+
+BASE = {
+    "model": "Qwen/Qwen2.5-1.5B-Instruct",
+    "instanceType": "g5.12xlarge",
+    "apiAllowedCidrs": ["203.0.113.0/24"],
+    "adminCidrs": ["198.51.100.7/32"],
+}
+
+
+def spec_of(**overrides):
+    return load_spec({**BASE, **overrides}, stack="test")
+
+
+def boot(index: int = 1, **overrides) -> NodeBoot:
+    values = dict(
+        index=index,
+        head_ip="" if index == 0 else "10.42.128.10",
+        subnet_cidr="10.42.128.0/17",
+        gpus=8,
+        efa=True,
+        efa_interfaces=4,
+        file_system_id="fs-0123456789abcdef0",
+        access_point_id="fsap-0123456789abcdef0",
+        file_system_dns="fs-0123456789abcdef0.efs.us-east-1.amazonaws.com",
+        ray_version="2.60.0",
+        vllm_version="0.33.0",
+    )
+    values.update(overrides)
+    return NodeBoot(**values)
+
+
+def parse_env(text: str) -> dict[str, str]:
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values[key] = value.strip('"')
+    return values
+
+
+# --- vllm serve arguments ------------------------------------------------------------
+
+
+def test_serve_args_carry_tp_pp_and_the_ray_backend():
+    config = {key.split(":", 1)[1]: value for key, value in stack_config("prod").items() if key.startswith("vllm-cluster:")}
+    spec = load_spec(config, stack="prod")
+    args = bootstrap.vllm_serve_args(spec, "10.42.128.10")
+    flag = {args[i]: args[i + 1] for i in range(1, len(args) - 1) if args[i].startswith("--")}
+    assert flag["--tensor-parallel-size"] == "8" and flag["--pipeline-parallel-size"] == "2"
+    assert flag["--distributed-executor-backend"] == "ray"
+    assert flag["--host"] == "10.42.128.10" and flag["--port"] == str(ports.VLLM_API)
+    assert flag["--gpu-memory-utilization"] == "0.92" and flag["--max-model-len"] == "16384"
+
+
+def test_serve_args_start_with_the_model_on_the_shared_cache_at_its_revision():
+    args = bootstrap.vllm_serve_args(spec_of(modelRevision="v1.0"), "10.0.0.1")
+    assert args[0] == "/mnt/vllm-models/models/Qwen/Qwen2.5-1.5B-Instruct/v1.0"
+    assert args[args.index("--served-model-name") + 1] == "Qwen/Qwen2.5-1.5B-Instruct"
+
+
+def test_optional_settings_appear_only_when_set_and_extra_args_come_last():
+    args = bootstrap.vllm_serve_args(spec_of(vllmExtraArgs=["--max-num-seqs", "64"]), "10.0.0.1")
+    assert "--max-model-len" not in args and "--gpu-memory-utilization" not in args
+    assert args[-2:] == ["--max-num-seqs", "64"]
+
+
+def test_the_api_key_never_reaches_the_serve_args_or_vllm_env():
+    key = "s" * 40
+    spec = load_spec({**BASE, "apiKey": key}, stack="test", secret_keys={"apiKey"})
+    text = bootstrap.vllm_env(spec, "10.0.0.1", ["10.0.0.1"])
+    assert key not in text and "--api-key" not in text
+
+
+def test_vllm_env_names_every_node_and_gpu_it_must_wait_for():
+    spec = load_spec({**BASE, "instanceType": "p4d.24xlarge", "nodes": 3}, stack="test")
+    env = parse_env(bootstrap.vllm_env(spec, "10.0.0.1", ["10.0.0.1", "10.0.0.2", "10.0.0.3"]))
+    assert env["EXPECTED_NODES"] == "head=10.0.0.1,worker-1=10.0.0.2,worker-2=10.0.0.3"
+    assert env["EXPECTED_GPUS"] == "24"
+    assert env["HF_HUB_OFFLINE"] == "1"  # the model is staged first; vLLM never downloads
+    assert env["VLLM_SERVE_ARGS"].split() == bootstrap.vllm_serve_args(spec, "10.0.0.1")
+
+
+def test_env_files_refuse_values_a_shell_or_systemd_would_interpret():
+    for bad in ("a;b", "$(id)", "x`y`", "a\nb", 'q"uote'):
+        with pytest.raises(ValueError):
+            bootstrap.env_file({"KEY": bad}, header="t")
+
+
+def test_env_files_are_read_the_same_by_bash(tmp_path):
+    text = bootstrap.env_file({"ONE": "plain", "MANY": "--a 1 --b x/y:z"}, header="test")
+    path = tmp_path / "test.env"
+    path.write_text(text)
+    out = subprocess.run(
+        ["bash", "-c", f'set -a; . {path}; printf "%s|%s" "$ONE" "$MANY"'], capture_output=True, text=True, check=True
+    ).stdout
+    assert out == "plain|--a 1 --b x/y:z"
+
+
+# --- user data ------------------------------------------------------------------------
+
+
+def test_cluster_env_carries_role_head_subnet_and_model_cache():
+    env = parse_env(bootstrap.cluster_env(boot(2)))
+    assert env["NODE_NAME"] == "worker-2" and env["NODE_ROLE"] == "worker"
+    assert env["HEAD_IP"] == "10.42.128.10" and env["NODE_SUBNET_CIDR"] == "10.42.128.0/17"
+    assert env["MODEL_CACHE_ACCESS_POINT_ID"] == "fsap-0123456789abcdef0"
+    assert env["EFA_ENABLED"] == "true" and env["GPUS_PER_NODE"] == "8"
+    head = parse_env(bootstrap.cluster_env(boot(0)))
+    assert head["NODE_ROLE"] == "head" and head["HEAD_IP"] == ""
+
+
+def test_user_data_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
+    """Run the user data's file-writing part against a scratch root: every file
+    it writes is the repository's file, unchanged."""
+    text = bootstrap.node_user_data(boot(1))
+    lines = []
+    for line in text.replace("exec /opt/vllm-cluster/bin/vllm-cluster-node setup\n", "").split("\n"):
+        # Only the user data's own commands move to the scratch root, not the files' contents.
+        if line.startswith(("install -d ", "cat > ", "chmod ")):
+            for path in ("/opt/vllm-cluster", "/etc/vllm-cluster", "/etc/systemd/system"):
+                line = line.replace(f" {path}", f" {tmp_path}{path}").replace(f"\"{path}", f"\"{tmp_path}{path}")
+        lines.append(line)
+    subprocess.run(["bash", "-c", "\n".join(lines)], check=True)
+    assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-node").read_text() == NODE_SCRIPT
+    assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-node").stat().st_mode & 0o777 == 0o755
+    for unit in ("ray-head.service", "ray-worker.service", "vllm.service"):
+        assert (tmp_path / "etc/systemd/system" / unit).read_text() == (UNITS / unit).read_text()
+    env_file = tmp_path / "etc/vllm-cluster/cluster.env"
+    assert env_file.read_text() == bootstrap.cluster_env(boot(1)) and env_file.stat().st_mode & 0o777 == 0o600
+    assert text.endswith("exec /opt/vllm-cluster/bin/vllm-cluster-node setup\n")
+
+
+def test_user_data_fits_ec2s_limit_once_gzipped_and_unpacks_to_the_script():
+    text = bootstrap.node_user_data(boot(1))
+    packed = base64.b64decode(compress_user_data(text))
+    assert len(packed) < bootstrap.USER_DATA_LIMIT_BYTES
+    assert gzip.decompress(packed).decode() == text
+    assert compress_user_data(text) == compress_user_data(text)  # same script, same bytes: no spurious diff
+
+
+def test_rendered_user_data_is_shellcheck_clean(tmp_path):
+    for name, text in (("node.sh", bootstrap.node_user_data(boot(0))), ("gateway.sh", bootstrap.gateway_user_data())):
+        path = tmp_path / name
+        path.write_text(text)
+        result = subprocess.run([SHELLCHECK, str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def test_scripts_and_renderer_agree_on_paths():
+    for constant in (bootstrap.CONFIG_DIR, bootstrap.MODEL_ROOT, bootstrap.INSTALL_DIR):
+        assert constant in NODE_SCRIPT
+    gateway = (ROOT / "scripts" / "gateway" / "vllm-cluster-gateway").read_text()
+    assert bootstrap.TLS_DIR in gateway and bootstrap.NGINX_SITE in gateway
+    assert f"RAY_GCS_PORT={ports.RAY_GCS}" in NODE_SCRIPT and f"VLLM_PORT={ports.VLLM_API}" in NODE_SCRIPT
+
+
+# --- systemd units --------------------------------------------------------------------
+
+
+def unit(name: str) -> str:
+    return (UNITS / name).read_text()
+
+
+def test_ray_units_pin_the_node_ip_and_gpus_and_restart_on_failure():
+    for name in ("ray-head.service", "ray-worker.service"):
+        text = unit(name)
+        start = re.search(r"^ExecStart=(.*?)(?<!\\)$", text, re.M | re.S).group(1)
+        assert "ray start" in start and "--block" in start
+        assert "--node-ip-address=${NODE_IP}" in start and "--num-gpus=${GPUS_PER_NODE}" in start
+        assert "Restart=on-failure" in text and "WantedBy=multi-user.target" in text
+        assert "EnvironmentFile=/etc/vllm-cluster/node.env" in text
+
+
+def test_the_worker_waits_for_the_heads_gcs_and_joins_it():
+    text = unit("ray-worker.service")
+    assert "ExecStartPre=/opt/vllm-cluster/bin/vllm-cluster-node wait-gcs" in text
+    assert f"--address=${{HEAD_IP}}:{ports.RAY_GCS}" in text
+
+
+def test_vllm_unit_reads_the_key_from_a_file_and_waits_for_the_whole_cluster():
+    text = unit("vllm.service")
+    assert "EnvironmentFile=/etc/vllm-cluster/secrets/vllm-api.env" in text
+    assert "--api-key" not in text
+    assert "ExecStartPre=/opt/vllm-cluster/bin/vllm-cluster-node wait-cluster" in text
+    assert "PartOf=ray-head.service" in text and "Restart=on-failure" in text
+
+
+def test_node_env_pins_nccl_gloo_vllm_and_ray_to_the_primary_interface():
+    """setup writes node.env: every pinned name is the discovered interface and IP."""
+    block = NODE_SCRIPT[NODE_SCRIPT.index("write_node_env() {") :]
+    block = block[: block.index("\n}\n")]
+    for line in (
+        "PRIMARY_INTERFACE=$interface",
+        "NODE_IP=$ip",
+        "VLLM_HOST_IP=$ip",
+        "NCCL_SOCKET_IFNAME=$interface",
+        "GLOO_SOCKET_IFNAME=$interface",
+        "RAY_AUTH_MODE=token",
+        "RAY_USAGE_STATS_ENABLED=0",
+    ):
+        assert f"\n{line}\n" in block, line
+
+
+def test_primary_interface_is_found_by_its_address_in_the_node_subnet(tmp_path):
+    """The discovery the setup runs, against this machine's own loopback as the 'subnet'."""
+    snippet = NODE_SCRIPT[NODE_SCRIPT.index("find_primary_interface() {") :]
+    snippet = snippet[: snippet.index("\n}\n") + 3]
+    script = tmp_path / "probe.sh"
+    script.write_text(f"set -euo pipefail\n{snippet}\nNODE_SUBNET_CIDR=127.0.0.0/8\nfind_primary_interface\n")
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["lo", "127.0.0.1"]
+    script.write_text(f"set -euo pipefail\n{snippet}\nNODE_SUBNET_CIDR=192.0.2.128/25\nfind_primary_interface\n")
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert result.returncode != 0 and "expected one interface" in result.stderr
+
+
+# --- gateway --------------------------------------------------------------------------
+
+
+def test_certificate_fingerprint_matches_openssl(tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+         "-subj", "/CN=test", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    expected = subprocess.run(
+        ["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"], capture_output=True, text=True, check=True
+    ).stdout.strip().split("=", 1)[1]
+    assert bootstrap.certificate_fingerprint(cert.read_text()) == expected
+
+
+def test_nginx_site_forwards_only_the_allowlisted_routes():
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    assert re.findall(r"location = (\S+) \{", site) == list(bootstrap.API_ROUTES)
+    assert "location / {\n        return 404;" in site
+    assert f"server 10.42.128.10:{ports.VLLM_API};" in site and f"server 10.42.128.10:{ports.RAY_DASHBOARD};" in site
+    assert f"client_max_body_size {bootstrap.MAX_REQUEST_BODY};" in site
+    assert site.count("limit_req zone=vllm_api") == len(bootstrap.API_ROUTES)
+
+
+def test_dashboard_is_for_admin_cidrs_only():
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32", "2001:db8::/48"))
+    dashboard = site[site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;") :]
+    assert "allow 198.51.100.7/32;\n    allow 2001:db8::/48;\n    deny all;" in dashboard
+    api = site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
+    assert "8265" not in api
+
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+
+def test_nginx_accepts_the_site(tmp_path):
+    """`nginx -t` from Debian's package, with the site where the gateway puts it: in
+    conf.d, included by the distribution's own nginx.conf (whose http block already
+    sets ssl_protocols, as Ubuntu's does)."""
+    if NGINX is None:
+        if os.environ.get("VLLM_CLUSTER_CI"):
+            pytest.fail("nginx is missing: .ci/run should have installed Debian's nginx")
+        pytest.skip("Debian's nginx is not installed (apt-get install nginx; .ci/run installs it)")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+         "-subj", "/CN=test", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    site = tmp_path / "vllm-cluster.conf"
+    site.write_text(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key)))
+    distribution = Path("/etc/nginx/nginx.conf").read_text()
+    assert "include /etc/nginx/conf.d/*.conf;" in distribution
+    main = tmp_path / "nginx.conf"
+
+    def check(site_file: Path) -> subprocess.CompletedProcess:
+        main.write_text(
+            distribution.replace("include /etc/nginx/conf.d/*.conf;", f"include {site_file};")
+            .replace("include /etc/nginx/sites-enabled/*;", "")
+        )
+        return subprocess.run([NGINX, "-t", "-c", str(main)], capture_output=True, text=True)
+
+    result = check(site)
+    assert result.returncode == 0, result.stderr
+    broken = tmp_path / "broken.conf"
+    broken.write_text(site.read_text().replace("deny all;", "deny all"))
+    assert check(broken).returncode != 0

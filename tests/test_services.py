@@ -1,0 +1,352 @@
+"""The remote commands the program declares, run under the mock runtime: their
+order and parallelism, their connections, what re-runs on a config change, and
+that no secret leaks into a command line, the user data or a plain output."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+
+import pytest
+
+from components import bootstrap
+from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS, SSH_USER
+from pulumi_mocks import run_stack, stack_config, stack_names
+
+COMMAND = "command:remote:Command"
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+
+
+def unwrap(value):
+    """(plain value, was it secret) from a mock-runtime input."""
+    if isinstance(value, dict) and SECRET_SIG in value:
+        return value["value"], True
+    return value, False
+
+
+def plain(value):
+    return unwrap(value)[0]
+
+
+@pytest.fixture(scope="module", params=stack_names())
+def run(request):
+    result = run_stack(request.param)
+    assert result.error is None, result.error
+    result.config = stack_config(request.param)
+    return result
+
+
+def commands(run):
+    return {c.name: c for c in run.of_type(COMMAND)}
+
+
+def depends_on(run, name: str) -> set[str]:
+    """Every command `name` waits for, directly or through others."""
+    by_urn = {r.urn: r for r in run.resources}
+    named = commands(run)
+    seen, todo = set(), list(named[name].dependencies)
+    while todo:
+        urn = todo.pop()
+        resource = by_urn.get(urn)
+        if resource is None or resource.name in seen:
+            continue
+        seen.add(resource.name)
+        if resource.type == COMMAND:
+            todo.extend(resource.dependencies)
+    return {n for n in seen if n in named}
+
+
+def node_names(run) -> list[str]:
+    return [r.name.removeprefix("vllm-") for r in run.of_type("aws:ec2/instance:Instance") if r.name != "vllm-host"]
+
+
+# --- order and parallelism -------------------------------------------------------------
+
+
+def test_every_node_is_set_up_and_given_its_secrets_before_ray_starts(run):
+    for node in node_names(run):
+        ray = "vllm-ray-head" if node == "head" else f"vllm-ray-{node}"
+        assert {f"vllm-setup-{node}", f"vllm-secrets-{node}"} <= depends_on(run, ray)
+        assert f"vllm-setup-{node}" in depends_on(run, f"vllm-secrets-{node}")
+
+
+def test_workers_start_after_the_head_and_in_parallel():
+    run = run_stack("prod", {"nodes": 4, "pipelineParallelSize": 4})
+    workers = [n for n in node_names(run) if n != "head"]
+    assert len(workers) == 3
+    for worker in workers:
+        waits_for = depends_on(run, f"vllm-ray-{worker}")
+        assert "vllm-ray-head" in waits_for
+        assert not any(f"vllm-ray-{other}" in waits_for for other in workers if other != worker)
+
+
+def test_the_chain_cluster_ready_model_vllm_readiness(run):
+    rays = {f"vllm-ray-{n}" for n in node_names(run)}
+    assert rays <= depends_on(run, "vllm-cluster-ready")
+    assert "vllm-cluster-ready" in depends_on(run, "vllm-model")
+    assert "vllm-model" in depends_on(run, "vllm-vllm")
+    assert {"vllm-vllm", "vllm-gateway-proxy"} <= depends_on(run, "vllm-readiness")
+    assert ["vllm-gateway-setup", "vllm-gateway-tls"] == sorted(depends_on(run, "vllm-gateway-proxy"))
+
+
+def test_every_command_waits_for_its_host(run):
+    for name, command in commands(run).items():
+        waits_for = {run.by_urn(urn).name for urn in command.dependencies}
+        if name.startswith("vllm-gateway-"):
+            assert {"vllm-host", "vllm-ip"} & waits_for or "vllm-gateway-setup" in depends_on(run, name), name
+        elif name.startswith("vllm-setup-"):
+            assert name.replace("vllm-setup-", "vllm-") in waits_for, name
+
+
+# --- connections --------------------------------------------------------------------------
+
+
+def test_every_node_command_goes_through_the_gateway_with_raised_dial_limits(run):
+    gateway_ip = run.outputs["gatewayPublicIp"]
+    node_ips = {run.outputs["headPrivateIp"], *run.outputs["workerPrivateIps"]}
+    for name, command in commands(run).items():
+        connection, secret = unwrap(command.inputs["connection"])
+        assert secret, f"{name}: the connection holds the private key and must be secret"
+        assert connection["user"] == SSH_USER and connection["privateKey"] == run.outputs["sshPrivateKey"]
+        assert connection["dialErrorLimit"] == DIAL_ERROR_LIMIT > 10
+        assert connection["perDialTimeout"] == PER_DIAL_TIMEOUT_SECONDS
+        if name.startswith("vllm-gateway-"):
+            assert connection["host"] == gateway_ip and "proxy" not in connection
+        else:
+            assert connection["host"] in node_ips, name
+            proxy = connection["proxy"]
+            assert proxy["host"] == gateway_ip and proxy["user"] == SSH_USER
+            assert proxy["dialErrorLimit"] == DIAL_ERROR_LIMIT
+
+
+def test_each_node_command_runs_on_its_own_node(run):
+    ips = {"head": run.outputs["headPrivateIp"]}
+    ips.update({f"worker-{i + 1}": ip for i, ip in enumerate(run.outputs["workerPrivateIps"])})
+    for name, command in commands(run).items():
+        host = plain(command.inputs["connection"])["host"]
+        for node, ip in ips.items():
+            if name.endswith(f"-{node}"):
+                assert host == ip, name
+        if name in ("vllm-cluster-ready", "vllm-model", "vllm-vllm", "vllm-readiness"):
+            assert host == ips["head"], name
+
+
+# --- what runs ----------------------------------------------------------------------------
+
+
+def test_setup_sends_the_same_script_the_instance_booted_with(run):
+    for node in node_names(run):
+        instance = run.named(f"vllm-{node}", "aws:ec2/instance:Instance")
+        booted = gzip.decompress(base64.b64decode(instance.inputs["userDataBase64"])).decode()
+        setup = commands(run)[f"vllm-setup-{node}"]
+        assert setup.inputs["create"] == "sudo bash -s" and plain(setup.inputs["stdin"]) == booted
+        assert "userDataBase64" in instance.ignore_changes
+
+
+def test_vllm_runs_with_the_configured_parallelism_on_the_head_ip(run):
+    settings = plain(commands(run)["vllm-vllm"].inputs["stdin"])
+    env = dict(
+        line.split("=", 1) for line in settings.splitlines() if line and not line.startswith("#")
+    )
+    args = env["VLLM_SERVE_ARGS"].strip('"').split()
+    topology = run.outputs["topology"]
+    assert args[args.index("--tensor-parallel-size") + 1] == str(topology["tensorParallelSize"])
+    assert args[args.index("--pipeline-parallel-size") + 1] == str(topology["pipelineParallelSize"])
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
+    assert args[args.index("--host") + 1] == run.outputs["headPrivateIp"]
+
+
+def test_cluster_ready_expects_every_node_by_ip_and_every_gpu(run):
+    create = commands(run)["vllm-cluster-ready"].inputs["create"]
+    ips = [run.outputs["headPrivateIp"], *run.outputs["workerPrivateIps"]]
+    expected = ",".join(f"{n}={ip}" for n, ip in zip(["head"] + [f"worker-{i}" for i in range(1, len(ips))], ips))
+    gpus = sum(node["gpus"] for node in run.outputs["topology"]["nodes"])
+    assert f"--expect {expected} --gpus {gpus} " in create
+
+
+def test_readiness_is_a_completion_through_the_gateway_pinned_to_the_certificate(run):
+    readiness = commands(run)["vllm-readiness"]
+    assert "readiness --gateway " in readiness.inputs["create"]
+    assert f"--host {run.outputs['gatewayPublicIp']} " in readiness.inputs["create"]
+    assert plain(readiness.inputs["stdin"]) == run.outputs["tlsCertificate"]
+    assert run.outputs["endpoint"] == f"https://{run.outputs['gatewayPublicIp']}/v1"
+
+
+def test_the_gateway_site_points_at_the_head(run):
+    site = plain(commands(run)["vllm-gateway-proxy"].inputs["stdin"])
+    assert site == bootstrap.nginx_site(run.outputs["headPrivateIp"], tuple(run.config["vllm-cluster:adminCidrs"]))
+
+
+# --- day 2: what re-runs -------------------------------------------------------------------
+
+
+def command_inputs(result) -> dict[str, dict]:
+    return {c.name: c.inputs for c in result.of_type(COMMAND)}
+
+
+def changed_commands(before, after) -> set[str]:
+    a, b = command_inputs(before), command_inputs(after)
+    assert set(a) == set(b)
+    return {name for name in a if a[name] != b[name]}
+
+
+def test_an_unchanged_config_re_runs_nothing():
+    assert changed_commands(run_stack("prod"), run_stack("prod")) == set()
+
+
+def test_new_vllm_settings_restart_only_vllm():
+    before = run_stack("prod")
+    after = run_stack("prod", {"gpuMemoryUtilization": "0.85", "vllmExtraArgs": ["--max-num-seqs", "64"]})
+    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness"}
+
+
+def test_a_new_parallel_layout_restarts_only_vllm():
+    before = run_stack("h100")
+    after = run_stack("h100", {"tensorParallelSize": 4, "pipelineParallelSize": 4})
+    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness"}
+
+
+def test_a_new_model_stages_it_and_restarts_only_vllm():
+    before = run_stack("dev")
+    after = run_stack("dev", {"model": "Qwen/Qwen2.5-7B-Instruct"})
+    assert changed_commands(before, after) == {"vllm-model", "vllm-vllm", "vllm-readiness"}
+    assert "--model Qwen/Qwen2.5-7B-Instruct " in command_inputs(after)["vllm-model"]["create"]
+
+
+def test_a_new_ray_version_reinstalls_and_restarts_ray_then_everything_after_it():
+    before = run_stack("prod")
+    after = run_stack("prod", {"rayVersion": "2.61.0"})
+    changed = changed_commands(before, after)
+    assert {"vllm-setup-head", "vllm-setup-worker-1", "vllm-ray-head", "vllm-ray-worker-1"} <= changed
+    assert "vllm-model" not in changed and not any(name.startswith("vllm-gateway-") for name in changed)
+    assert plain(command_inputs(after)["vllm-ray-head"]["triggers"]) == ["2.61.0"]
+
+
+def test_a_new_vllm_version_reinstalls_and_restarts_vllm_but_not_ray():
+    before = run_stack("prod")
+    after = run_stack("prod", {"vllmVersion": "0.34.0"})
+    assert changed_commands(before, after) == {"vllm-setup-head", "vllm-setup-worker-1", "vllm-vllm", "vllm-readiness"}
+
+
+def test_a_new_admin_cidr_reconfigures_only_the_gateway():
+    before = run_stack("dev")
+    after = run_stack("dev", {"adminCidrs": ["198.51.100.7/32", "192.0.2.0/28"]})
+    assert changed_commands(before, after) == {"vllm-gateway-proxy"}
+
+
+# --- secrets ------------------------------------------------------------------------------
+
+
+def secret_values(result, config_secrets: dict[str, str]) -> dict[str, str]:
+    tls_bundle = plain(commands(result)["vllm-gateway-tls"].inputs["stdin"])
+    tls_key = tls_bundle[: tls_bundle.index("-----END PRIVATE KEY-----")]
+    return {
+        "sshPrivateKey": result.outputs["sshPrivateKey"].strip(),
+        "apiKey": result.outputs["apiKey"],
+        "rayToken": result.outputs["rayToken"],
+        "tls private key": tls_key.split("\n", 1)[1].strip(),
+        **config_secrets,
+    }
+
+
+def _texts(value):
+    value, _ = unwrap(value)
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
+
+
+def test_no_secret_in_a_command_line_user_data_plain_stdin_or_plain_output():
+    hf_token, api_key = "hf_" + "t" * 34, "a" * 40
+    result = run_stack("prod", {"hfToken": hf_token, "apiKey": api_key}, secret_keys=["hfToken", "apiKey"])
+    assert result.error is None
+    secrets = secret_values(result, {"hfToken": hf_token})
+    assert secrets["apiKey"] == api_key
+
+    places = {}
+    for command in result.of_type(COMMAND):
+        # A command line is visible to every process on the host (ps): secret or not in state.
+        places[f"{command.name} create"] = plain(command.inputs["create"])
+        stdin, secret = unwrap(command.inputs.get("stdin", ""))
+        if not secret:
+            places[f"{command.name} stdin"] = stdin
+        places[f"{command.name} triggers"] = "\n".join(
+            t for t in _texts(command.inputs.get("triggers") or []) if not isinstance(t, dict)
+        ) if not unwrap(command.inputs.get("triggers"))[1] else ""
+    for instance in result.of_type("aws:ec2/instance:Instance"):
+        data = instance.inputs.get("userDataBase64")
+        places[f"{instance.name} user data"] = (
+            gzip.decompress(base64.b64decode(data)).decode() if data else instance.inputs.get("userData", "")
+        )
+    for name, value in result.outputs.items():
+        if name not in result.secret_outputs:
+            places[f"output {name}"] = repr(value)
+
+    for place, text in places.items():
+        for secret_name, secret in secrets.items():
+            assert secret not in text, f"{secret_name} appears in {place}"
+
+
+def test_secrets_travel_only_on_secret_stdin_with_logging_off():
+    hf_token = "hf_" + "t" * 34
+    result = run_stack("dev", {"hfToken": hf_token}, secret_keys=["hfToken"])
+    secrets = secret_values(result, {"hfToken": hf_token})
+    carriers = {}
+    for command in result.of_type(COMMAND):
+        stdin, secret = unwrap(command.inputs.get("stdin", ""))
+        held = [name for name, value in secrets.items() if value in (stdin or "")]
+        if held:
+            carriers[command.name] = held
+            assert secret, f"{command.name} carries {held} on a plain stdin"
+            assert command.inputs.get("logging") == "none", command.name
+            assert {"stdout", "stderr"} <= set(command.additional_secret_outputs), command.name
+    assert set(carriers) == {"vllm-secrets-head", "vllm-gateway-tls"}
+    assert set(carriers["vllm-secrets-head"]) == {"apiKey", "rayToken", "hfToken"}
+
+
+def test_workers_get_the_ray_token_and_nothing_else():
+    result = run_stack("prod")
+    stdin = plain(commands(result)["vllm-secrets-worker-1"].inputs["stdin"])
+    assert stdin == f"RAY_AUTH_TOKEN={result.outputs['rayToken']}\n"
+
+
+def test_secret_exports_are_secret():
+    result = run_stack("dev")
+    assert {"sshPrivateKey", "apiKey", "rayToken"} <= result.secret_outputs
+    assert "tlsCertificate" not in result.secret_outputs  # public by nature: clients pin it
+
+
+# --- a user's certificate ------------------------------------------------------------------
+
+USER_CERT = "-----BEGIN CERTIFICATE-----\nTUlJQ2VydGlmaWNhdGVGb3JUZXN0cw==\n-----END CERTIFICATE-----\n"
+USER_KEY = "-----BEGIN PRIVATE KEY-----\nTUlJUHJpdmF0ZUtleUZvclRlc3Rz\n-----END PRIVATE KEY-----\n"
+
+
+def test_a_user_certificate_replaces_the_generated_one_and_names_the_endpoint():
+    result = run_stack(
+        "dev",
+        {"tlsCertificate": USER_CERT, "tlsPrivateKey": USER_KEY, "endpointHostname": "llm.example.com"},
+        secret_keys=["tlsPrivateKey"],
+    )
+    assert result.error is None, result.error
+    assert result.of_type("tls:index/selfSignedCert:SelfSignedCert") == []
+    assert result.outputs["endpoint"] == "https://llm.example.com/v1"
+    assert result.outputs["tlsFingerprint"] == bootstrap.certificate_fingerprint(USER_CERT)
+    readiness = commands(result)["vllm-readiness"]
+    assert "--host llm.example.com " in readiness.inputs["create"]
+    assert plain(readiness.inputs["stdin"]) == ""  # a public CA's certificate: the system store checks it
+    assert plain(commands(result)["vllm-gateway-tls"].inputs["stdin"]) == USER_KEY + USER_CERT
+
+
+def test_a_user_private_key_in_plain_text_is_refused_before_any_resource():
+    result = run_stack(
+        "dev", {"tlsCertificate": USER_CERT, "tlsPrivateKey": USER_KEY, "endpointHostname": "llm.example.com"}
+    )
+    assert result.error is not None and "tlsPrivateKey" in str(result.error)
+    assert USER_KEY.splitlines()[1] not in str(result.error)
+    assert result.resources == []
