@@ -110,12 +110,14 @@ def env_file(values: dict[str, str], header: str) -> str:
 
 
 def _file(path: str, content: str, mode: str) -> str:
-    """A heredoc that writes `content` to `path` exactly (quoted delimiter: no expansion)."""
+    """A heredoc that writes `content` to `path` exactly (quoted delimiter: no expansion).
+    `install` replaces the file with a new one instead of rewriting it in place, so a
+    copy of the script that is running at that moment (cloud-init's) reads on undisturbed."""
     if _HEREDOC_END in content:
         raise ValueError(f"{path} contains the heredoc delimiter")
     if not content.endswith("\n"):
         content += "\n"
-    return f"install -d -m 0755 \"$(dirname {path})\"\ncat > {path} <<'{_HEREDOC_END}'\n{content}{_HEREDOC_END}\nchmod {mode} {path}\n"
+    return f"install -D -m {mode} /dev/stdin {path} <<'{_HEREDOC_END}'\n{content}{_HEREDOC_END}\n"
 
 
 def _read(path: Path) -> str:
