@@ -192,7 +192,8 @@ class ClusterServices(pulumi.ComponentResource):
         # --- the model, then vLLM, then a real completion through the gateway -----------
         model = run(
             "model", head,
-            f"sudo {NODE_COMMAND} stage-model --model {spec.model} --revision {spec.model_revision}",
+            f"sudo {NODE_COMMAND} stage-model --model {spec.model} --revision {spec.model_revision}"
+            + (f" --hub {spec.hf_endpoint}" if spec.hf_endpoint else ""),
             after=[cluster_ready, secrets[0]],
         )
         vllm_settings = pulumi.Output.all(*args.node_ips).apply(

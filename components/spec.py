@@ -77,6 +77,7 @@ class ConfigKey:
 CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("model", "string", "Hugging Face repo id of the model to serve, e.g. Qwen/Qwen2.5-1.5B-Instruct."),
     ConfigKey("modelRevision", "string", "Branch, tag or commit of the model to stage and serve.", default="main"),
+    ConfigKey("hfEndpoint", "string", "Hugging Face Hub (or mirror) URL models are downloaded from. Empty: https://huggingface.co.", default="", auto=True),
     ConfigKey("instanceType", "string", "GPU instance type for every node; one of the catalog's types."),
     ConfigKey("nodes", "integer", "Number of GPU nodes: one head plus nodes - 1 workers.", default=1),
     ConfigKey("tensorParallelSize", "integer", "Tensor-parallel size; stays inside one node. 0: the GPUs of one node.", default=0, auto=True),
@@ -156,6 +157,7 @@ class ClusterSpec:
     stack: str
     model: str
     model_revision: str
+    hf_endpoint: str | None
     instance: InstanceType
     nodes: int
     tensor_parallel_size: int
@@ -240,6 +242,7 @@ _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _EC2_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 # Hugging Face revisions: branch and tag names or a commit; also a directory name on the cache.
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){0,3}$")
+_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?(/[A-Za-z0-9._/-]*)?$")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}$")
 _PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----\s+[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
 _PEM_PRIVATE_KEY = re.compile(r"-----BEGIN ([A-Z]+ )?PRIVATE KEY-----\s+[A-Za-z0-9+/=\s]+-----END ([A-Z]+ )?PRIVATE KEY-----")
@@ -523,6 +526,13 @@ def load_spec(
             + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""),
         )
 
+    hf_endpoint = reader.string("hfEndpoint")
+    if hf_endpoint is not None and not _URL.match(hf_endpoint):
+        reader.fail(
+            "hfEndpoint",
+            "must be an http(s) URL such as https://hf-mirror.example.com (letters, digits and . - : / only)",
+        )
+
     served_model_name = reader.string("servedModelName")
     if served_model_name is not None and not _SERVED_NAME.match(served_model_name):
         meta = _shell_meta_in(served_model_name)
@@ -748,6 +758,7 @@ def load_spec(
         stack=stack,
         model=model,
         model_revision=model_revision,
+        hf_endpoint=hf_endpoint,
         instance=instance,
         nodes=nodes,
         tensor_parallel_size=tp,

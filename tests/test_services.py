@@ -213,6 +213,13 @@ def test_a_new_model_stages_it_and_restarts_only_vllm():
     assert "--model Qwen/Qwen2.5-7B-Instruct " in command_inputs(after)["vllm-model"]["create"]
 
 
+def test_a_hub_mirror_is_passed_to_the_model_download_only():
+    before = run_stack("dev")
+    after = run_stack("dev", {"hfEndpoint": "https://hf-mirror.example.com"})
+    assert changed_commands(before, after) == {"vllm-model"}
+    assert command_inputs(after)["vllm-model"]["create"].endswith(" --hub https://hf-mirror.example.com")
+
+
 def test_a_new_ray_version_reinstalls_and_restarts_ray_then_everything_after_it():
     before = run_stack("prod")
     after = run_stack("prod", {"rayVersion": "2.61.0"})

@@ -126,6 +126,7 @@ BAD_CONFIGS = [
     ("root volume too small", {"rootVolumeGiB": 20}, "rootVolumeGiB", "150"),
     ("misspelt key", {"instancetype": "p4d.24xlarge"}, "instancetype", "did you mean instanceType"),
     ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType", "t3.small"),
+    ("hub that is not a URL", {"hfEndpoint": "hf-mirror;curl evil"}, "hfEndpoint", "http(s) URL"),
     ("revision with shell characters", {"modelRevision": "main;reboot"}, "modelRevision", "inject"),
     ("revision climbing out of the cache", {"modelRevision": "a/../../etc"}, "modelRevision", "branch, tag or commit"),
     ("certificate without its key", {"tlsCertificate": CERT, "endpointHostname": "llm.example.com"}, "tlsPrivateKey", "--secret"),
