@@ -35,7 +35,9 @@ TLS_DIR = f"{CONFIG_DIR}/tls"
 NGINX_SITE = "/etc/nginx/conf.d/vllm-cluster.conf"
 
 # amazon-efs-utils has no Ubuntu package; the node builds this tag (github.com/aws/efs-utils).
-EFS_UTILS_VERSION = "v2.4.1"
+# The last 1.x release: Python and stunnel. 2.x needs a newer Rust (and Go) than Ubuntu
+# 22.04 ships (aws/efs-utils #303, #312).
+EFS_UTILS_VERSION = "v1.36.0"
 
 # EC2 refuses user data above 16 KiB (before base64).
 USER_DATA_LIMIT_BYTES = 16 * 1024
@@ -51,6 +53,7 @@ RATE_LIMIT_BURST = 40
 API_ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health")
 
 _HEREDOC_END = "VLLM_CLUSTER_FILE_END"
+NODE_UNITS = ("ray-head.service", "ray-worker.service", "vllm.service", "vllm-watchdog.service", "vllm-watchdog.timer")
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ def node_user_data(boot: NodeBoot) -> str:
         _file(NODE_COMMAND, _read(NODE_SCRIPTS / "vllm-cluster-node"), "0755"),
         _file(f"{BIN_DIR}/ray-cluster-check", _read(NODE_SCRIPTS / "ray-cluster-check"), "0755"),
     ]
-    for unit in ("ray-head.service", "ray-worker.service", "vllm.service"):
+    for unit in NODE_UNITS:
         parts.append(_file(f"/etc/systemd/system/{unit}", _read(NODE_SCRIPTS / "units" / unit), "0644"))
     parts.append(_file(CLUSTER_ENV, cluster_env(boot), "0600"))
     parts.append(f"exec {NODE_COMMAND} setup\n")

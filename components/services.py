@@ -131,7 +131,10 @@ class ClusterServices(pulumi.ComponentResource):
             "gateway-setup", gateway_connection, "sudo bash -s", stdin=args.gateway_user_data, after=args.gateway
         )
         tls_bundle = pulumi.Output.secret(
-            pulumi.Output.all(args.tls_private_key_pem, args.tls_certificate_pem).apply(lambda p: p[0] + p[1])
+            pulumi.Output.all(args.tls_private_key_pem, args.tls_certificate_pem).apply(
+                # `pulumi config set < key.pem` drops the final newline: keep the PEM blocks apart.
+                lambda pems: pems[0].rstrip("\n") + "\n" + pems[1].rstrip("\n") + "\n"
+            )
         )
         gateway_tls = run(
             "gateway-tls", gateway_connection, f"sudo {GATEWAY_COMMAND} install-tls",

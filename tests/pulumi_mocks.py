@@ -14,6 +14,8 @@ import hashlib
 import ipaddress
 import json
 import runpy
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -165,8 +167,18 @@ class MockCloud(pulumi.runtime.Mocks):
     with deterministic values. `instance_ips` maps an instance's resource name to
     the private IP it should get (the local fleet maps them to its test hosts)."""
 
-    def __init__(self, instance_ips: Mapping[str, str] | None = None, private_range: str = "10.42.128.0/17"):
+    def __init__(
+        self,
+        instance_ips: Mapping[str, str] | None = None,
+        private_range: str = "10.42.128.0/17",
+        public_ips: Mapping[str, str] | None = None,
+        real_crypto: bool = False,
+    ):
         self.instance_ips = dict(instance_ips or {})
+        # Elastic IP resource name -> the public IP to give it (the local fleet's gateway).
+        self.public_ips = dict(public_ips or {})
+        # Real keys and certificates (for the local fleet, whose hosts must accept them).
+        self.real_crypto = real_crypto
         self._private_range = ipaddress.ip_network(private_range)
         self._given_ips: dict[str, str] = {}
         self.inputs: dict[tuple[str, str], dict] = {}
@@ -213,7 +225,7 @@ class MockCloud(pulumi.runtime.Mocks):
             state["privateIp"] = self._private_ip(args.name)
             state["publicIp"] = ""
         elif args.typ == "aws:ec2/eip:Eip":
-            state["publicIp"] = f"203.0.113.{10 + int(_digest('eip', args.name), 16) % 240}"
+            state["publicIp"] = self.public_ips.get(args.name, f"203.0.113.{10 + int(_digest('eip', args.name), 16) % 240}")
             state["allocationId"] = resource_id
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             state["latestVersion"] = 1
@@ -225,6 +237,12 @@ class MockCloud(pulumi.runtime.Mocks):
             state["name"] = args.inputs.get("name", args.name)
         elif args.typ in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
             state["name"] = args.inputs.get("name", args.name)
+        elif args.typ == "tls:index/privateKey:PrivateKey" and self.real_crypto:
+            state.update(real_private_key(args.inputs.get("algorithm", "RSA")))
+        elif args.typ == "tls:index/selfSignedCert:SelfSignedCert" and self.real_crypto:
+            state["certPem"] = real_self_signed_cert(
+                unsecret(args.inputs["privateKeyPem"]), [unsecret(ip) for ip in args.inputs.get("ipAddresses", [])]
+            )
         elif args.typ == "tls:index/privateKey:PrivateKey":
             state["publicKeyOpenssh"] = f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA{_digest(args.name, length=32)} mock"
             state["privateKeyOpenssh"] = (
@@ -268,6 +286,49 @@ class MockCloud(pulumi.runtime.Mocks):
         raise NotImplementedError(f"the mock cloud does not answer {args.token}")
 
 
+# How the SDK marks a secret value on the wire (pulumi.runtime.rpc._special_secret_sig).
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+
+
+def unsecret(value: Any) -> Any:
+    """The plain value of an input that may arrive wrapped as a secret."""
+    if isinstance(value, dict) and value.get("4dabf18193072939515e22adb298388d") == SECRET_SIG:
+        return value["value"]
+    return value
+
+
+def real_private_key(algorithm: str) -> dict[str, str]:
+    """What the TLS provider computes, made with OpenSSH and OpenSSL."""
+    with tempfile.TemporaryDirectory() as scratch:
+        key = Path(scratch) / "key"
+        if algorithm == "ED25519":
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vllm-cluster", "-f", str(key)], check=True)
+            private = key.read_text()
+            return {
+                "privateKeyOpenssh": private,
+                "privateKeyPem": private,
+                "publicKeyOpenssh": (Path(scratch) / "key.pub").read_text(),
+            }
+        subprocess.run(
+            ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(key)],
+            check=True, capture_output=True,
+        )
+        return {"privateKeyPem": key.read_text()}
+
+
+def real_self_signed_cert(private_key_pem: str, ip_addresses: list[str]) -> str:
+    with tempfile.TemporaryDirectory() as scratch:
+        key, cert = Path(scratch) / "key.pem", Path(scratch) / "cert.pem"
+        key.write_text(private_key_pem)
+        alt_names = ",".join(f"IP:{ip}" for ip in ip_addresses)
+        subprocess.run(
+            ["openssl", "req", "-x509", "-key", str(key), "-out", str(cert), "-days", "2",
+             "-subj", "/CN=vllm-cluster gateway", "-addext", f"subjectAltName={alt_names}"],
+            check=True, capture_output=True,
+        )
+        return cert.read_text()
+
+
 class RecordingMonitor(MockMonitor):
     """The SDK's mock monitor, also keeping what each registration asked for
     (parent, options) that `Mocks.new_resource` is not shown."""
@@ -306,6 +367,8 @@ def run_program(
     secret_keys: list[str] | None = None,
     preview: bool = False,
     apply_project: bool = True,
+    public_ips: Mapping[str, str] | None = None,
+    real_crypto: bool = False,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -313,7 +376,7 @@ def run_program(
     With `apply_project` (the default) the config first goes through what the
     Pulumi CLI does with Pulumi.yaml (required keys, types, defaults); turn it off
     to hand the program a config the CLI would have let through unchecked."""
-    mocks = MockCloud(instance_ips=instance_ips)
+    mocks = MockCloud(instance_ips=instance_ips, public_ips=public_ips, real_crypto=real_crypto)
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()
     pulumi.runtime.settings.ROOT.set(None)

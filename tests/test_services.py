@@ -350,6 +350,17 @@ def test_a_user_certificate_replaces_the_generated_one_and_names_the_endpoint():
     assert plain(commands(result)["vllm-gateway-tls"].inputs["stdin"]) == USER_KEY + USER_CERT
 
 
+def test_pem_blocks_stay_apart_when_the_key_lost_its_final_newline():
+    """`pulumi config set --secret ...:tlsPrivateKey < key.pem` strips the last newline."""
+    result = run_stack(
+        "dev",
+        {"tlsCertificate": USER_CERT, "tlsPrivateKey": USER_KEY.rstrip("\n"), "endpointHostname": "llm.example.com"},
+        secret_keys=["tlsPrivateKey"],
+    )
+    bundle = plain(commands(result)["vllm-gateway-tls"].inputs["stdin"])
+    assert "-----END PRIVATE KEY-----\n-----BEGIN CERTIFICATE-----" in bundle
+
+
 def test_a_user_private_key_in_plain_text_is_refused_before_any_resource():
     result = run_stack(
         "dev", {"tlsCertificate": USER_CERT, "tlsPrivateKey": USER_KEY, "endpointHostname": "llm.example.com"}

@@ -1,0 +1,401 @@
+"""The local fleet: real Debian hosts, each with its own IP, systemd as PID 1 and
+sshd, booted with systemd-nspawn in network namespaces on one bridge (see
+../shared/TESTBED.md). A gateway host and N GPU-node hosts stand in for the EC2
+instances; the program's user data and remote commands run on them unchanged.
+
+What is not real here, and why: EFS is one shared directory bind-mounted where the
+user data mounts the model cache (the user data finds it mounted and goes on, as
+on a re-run in AWS); the GPU nodes' virtualenv is built once on this machine
+(Ray, huggingface_hub, and the vLLM test double from tests/doubles) and
+bind-mounted read-only where setup would install it; Ray's GPUs are logical
+(`--num-gpus`). Everything else (systemd units, sshd, the SSH jump through the
+gateway, nginx with TLS, Ray with token auth, env files) is what runs on AWS.
+
+Needs root, systemd-nspawn, debootstrap, overlayfs and network namespaces.
+The base root file system and the virtualenv are cached in
+$VLLM_CLUSTER_TESTBED_CACHE (default /var/cache/vllm-cluster-testbed).
+
+As a command:  python tests/fleet.py --nodes 3   (boots, prints, tears down on Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from components import versions  # noqa: E402
+
+CACHE_DIR = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+BASE_PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "curl", "python3", "sudo", "nginx",
+    "openssl", "procps", "ca-certificates",
+    # The outer machine's Python (bind-mounted for the virtualenv) links against these.
+    "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "libreadline8", "libuuid1", "zlib1g", "libexpat1",
+)
+HF_HUB_VERSION = "2.4.0"
+VLLM_DOUBLE = ROOT / "tests" / "doubles" / "vllm_double"
+
+BRIDGE = "vcbr0"
+BRIDGE_IP = "10.99.0.254"
+PREFIX_LENGTH = 16
+GATEWAY_IP = "10.99.0.10"
+# The program's node subnet for vpcCidr 10.99.0.0/16 is 10.99.128.0/17.
+VPC_CIDR = "10.99.0.0/16"
+NETNS_PREFIX = "vc-"
+SSH_USER = "ubuntu"
+SSH_OPTIONS = (
+    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+    "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=10",
+)
+
+
+def node_ip(index: int) -> str:
+    return f"10.99.128.{index + 1}"
+
+
+def in_ci() -> bool:
+    return bool(os.environ.get("VLLM_CLUSTER_CI"))
+
+
+def why_no_fleet() -> str | None:
+    """None when this machine can host the fleet, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "the fleet needs root (network namespaces, mounts, systemd-nspawn)"
+    for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh", "ssh-keygen", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing (apt-get install systemd-container debootstrap openssh-client iproute2)"
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        return "the kernel has no overlayfs"
+    probe = f"{NETNS_PREFIX}probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create network namespaces: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], check=True)
+    return None
+
+
+def _run(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), check=True, capture_output=True, text=True, **kwargs)
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+# --- cached images -------------------------------------------------------------------
+
+PROVISION = f"""set -eu
+useradd --create-home --shell /bin/bash {SSH_USER}
+echo '{SSH_USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-cloud-init-users
+chmod 440 /etc/sudoers.d/90-cloud-init-users
+systemctl disable nginx
+rm -f /etc/ssh/ssh_host_*
+"""
+
+
+def base_rootfs() -> Path:
+    """A Debian root file system with systemd, sshd, nginx and a sudo user like EC2's,
+    built once by debootstrap and cached."""
+    target = CACHE_DIR / f"rootfs-{SUITE}-{_digest(*BASE_PACKAGES, PROVISION)}"
+    if (target / ".complete").exists():
+        return target
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix="rootfs-building-", dir=CACHE_DIR))
+    try:
+        _run("debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(building), MIRROR)
+        _run("chroot", str(building), "/bin/sh", "-c", PROVISION)
+        (building / ".complete").write_text(f"{SUITE} {' '.join(BASE_PACKAGES)}\n")
+        building.rename(target)
+    finally:
+        if building.exists():
+            shutil.rmtree(building)
+    return target
+
+
+def fleet_venv() -> Path:
+    """The GPU nodes' virtualenv: the pinned Ray, huggingface_hub (the `hf` CLI) and the
+    vLLM test double, built once with this machine's Python and cached."""
+    double_sources = "".join(p.read_text() for p in sorted(VLLM_DOUBLE.rglob("*")) if p.is_file() and p.suffix in (".py", ".toml"))
+    target = CACHE_DIR / f"venv-{_digest(sys.version, versions.RAY_VERSION, HF_HUB_VERSION, double_sources)}"
+    if (target / ".complete").exists():
+        return target
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)
+    python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    _run(str(python), "-m", "venv", str(target))
+    pip = [str(target / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
+    _run(*pip, f"ray[default]=={versions.RAY_VERSION}", f"huggingface_hub=={HF_HUB_VERSION}")
+    with tempfile.TemporaryDirectory() as build:
+        # Built from a copy: pip would otherwise leave build/ and *.egg-info in tests/doubles.
+        shutil.copytree(VLLM_DOUBLE, Path(build) / "vllm_double")
+        _run(*pip, str(Path(build) / "vllm_double"))
+    (target / ".complete").write_text("ok\n")
+    return target
+
+
+# --- hosts ---------------------------------------------------------------------------
+
+
+@dataclass
+class Host:
+    name: str
+    ip: str
+    role: str  # "gateway" or "node"
+    dir: Path
+    process: subprocess.Popen | None = None
+    binds: list[str] = field(default_factory=list)
+
+    @property
+    def netns(self) -> str:
+        return f"{NETNS_PREFIX}{self.name}"
+
+    @property
+    def veth(self) -> str:
+        return f"{NETNS_PREFIX}v-{self.name}"[:15]
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+
+class Fleet:
+    """A gateway and `nodes` GPU-node hosts. Use as a context manager: everything it
+    made (hosts, namespaces, the bridge, mounts, files) is removed on exit, also
+    when a test fails."""
+
+    def __init__(self, workdir: Path, nodes: int, authorized_key: str, private_key: str):
+        self.workdir = Path(workdir)
+        self.authorized_key = authorized_key.strip()
+        self.key_file = self.workdir / "ssh-key"
+        self.shared = self.workdir / "model-cache"
+        self.gateway = Host("gateway", GATEWAY_IP, "gateway", self.workdir / "gateway")
+        self.nodes = [Host(f"node{i}", node_ip(i), "node", self.workdir / f"node{i}") for i in range(nodes)]
+        self._private_key = private_key
+        self._made_bridge = False
+        self._netns: list[str] = []
+        self._mounts: list[Path] = []
+
+    @property
+    def hosts(self) -> list[Host]:
+        return [self.gateway, *self.nodes]
+
+    def __enter__(self) -> "Fleet":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- bring-up --------------------------------------------------------------------
+
+    def start(self) -> None:
+        rootfs, venv = base_rootfs(), fleet_venv()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.key_file.write_text(self._private_key)
+        self.key_file.chmod(0o600)
+        self.shared.mkdir(exist_ok=True)
+        self._network()
+        python_prefix = _venv_python_prefix(venv)
+        for host in self.hosts:
+            self._prepare(host, rootfs)
+            if host.role == "node":
+                host.binds = [
+                    f"--bind={self.shared}:/mnt/vllm-models",
+                    f"--bind-ro={venv}:/opt/vllm-cluster/venv",
+                    # The virtualenv's scripts name their interpreter by its build path.
+                    f"--bind-ro={venv}",
+                    f"--bind-ro={python_prefix}",
+                ]
+        with ThreadPoolExecutor(len(self.hosts)) as pool:
+            list(pool.map(self.boot, self.hosts))
+
+    def _network(self) -> None:
+        self._remove_leftovers()
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        self._made_bridge = True
+        _run("ip", "addr", "add", f"{BRIDGE_IP}/{PREFIX_LENGTH}", "dev", BRIDGE)
+        _run("ip", "link", "set", BRIDGE, "up")
+        for host in self.hosts:
+            _run("ip", "netns", "add", host.netns)
+            self._netns.append(host.netns)
+            _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            _run("ip", "link", "set", host.veth, "master", BRIDGE, "up")
+            _run("ip", "-n", host.netns, "addr", "add", f"{host.ip}/{PREFIX_LENGTH}", "dev", "eth0")
+            _run("ip", "-n", host.netns, "link", "set", "eth0", "up")
+            _run("ip", "-n", host.netns, "link", "set", "lo", "up")
+
+    @staticmethod
+    def _remove_leftovers() -> None:
+        """A fleet of an earlier run that was killed before its teardown: same names, ours."""
+        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
+            raise RuntimeError(
+                f"bridge {BRIDGE} exists: another fleet is running, or a killed run left it. "
+                f"Remove it with: ip link del {BRIDGE}; ip netns list | grep {NETNS_PREFIX}"
+            )
+
+    def _prepare(self, host: Host, rootfs: Path) -> None:
+        for sub in ("upper", "work", "root"):
+            (host.dir / sub).mkdir(parents=True, exist_ok=True)
+        _run("mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={rootfs},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}", str(host.root))
+        self._mounts.append(host.root)
+        (host.root / "etc" / "hostname").write_text(f"{host.name}\n")
+        (host.root / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{host.ip} {host.name}\n")
+        _run("ssh-keygen", "-A", "-f", str(host.root))  # this host's own host keys
+        ssh_dir = host.root / "home" / SSH_USER / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        # What EC2 and cloud-init do with the instance's key pair.
+        (ssh_dir / "authorized_keys").write_text(self.authorized_key + "\n")
+        uid_gid = _uid_gid(host.root, SSH_USER)
+        for path in (ssh_dir, ssh_dir / "authorized_keys"):
+            os.chown(path, *uid_gid)
+        (ssh_dir / "authorized_keys").chmod(0o600)
+
+    def boot(self, host: Host) -> None:
+        log = open(host.dir / "console.log", "ab")
+        host.process = subprocess.Popen(
+            ["systemd-nspawn", "-D", str(host.root), "--boot", "--register=no", "--keep-unit",
+             f"--network-namespace-path=/run/netns/{host.netns}", "-M", host.name, *host.binds],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        self.wait_for_ssh(host)
+
+    def wait_for_ssh(self, host: Host, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if host.process is not None and host.process.poll() is not None:
+                raise RuntimeError(f"{host.name} exited while booting; see {host.dir / 'console.log'}")
+            if self.ssh(host, "true", check=False, timeout=10).returncode == 0:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{host.name} ({host.ip}) did not answer SSH within {timeout:g} s")
+
+    # --- operating ---------------------------------------------------------------------
+
+    def ssh_command(self, host: Host, command: str) -> list[str]:
+        args = ["ssh", "-i", str(self.key_file), *SSH_OPTIONS]
+        if host.role == "node":
+            proxy = " ".join(["ssh", "-i", str(self.key_file), *SSH_OPTIONS, "-W", "%h:%p", f"{SSH_USER}@{GATEWAY_IP}"])
+            args += ["-o", f"ProxyCommand={proxy}"]
+        return [*args, f"{SSH_USER}@{host.ip}", command]
+
+    def ssh(self, host: Host, command: str, *, input: str | None = None, check: bool = True,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+        result = subprocess.run(self.ssh_command(host, command), input=input, capture_output=True, text=True,
+                                timeout=timeout)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{host.name}: {command!r} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def node(self, index: int) -> Host:
+        return self.nodes[index]
+
+    def power_off(self, host: Host, timeout: float = 60) -> None:
+        """SIGTERM to the host's nspawn (an orderly poweroff inside), SIGKILL if it hangs."""
+        if host.process is None or host.process.poll() is not None:
+            return
+        host.process.send_signal(signal.SIGTERM)
+        try:
+            host.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(host.process.pid, signal.SIGKILL)
+            host.process.wait(timeout=30)
+
+    def reboot(self, host: Host) -> None:
+        self.power_off(host)
+        self.boot(host)
+
+    # --- teardown ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            try:
+                self.power_off(host, timeout=30)
+            except (OSError, subprocess.SubprocessError) as error:
+                print(f"fleet: stopping {host.name}: {error}", file=sys.stderr)
+        for mount in reversed(self._mounts):
+            subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
+        self._mounts.clear()
+        for netns in self._netns:
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        self._netns.clear()
+        if self._made_bridge:
+            subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+            self._made_bridge = False
+        for host in self.hosts:
+            if host.dir.exists():
+                shutil.rmtree(host.dir / "upper", ignore_errors=True)
+                shutil.rmtree(host.dir / "work", ignore_errors=True)
+
+
+def _venv_python_prefix(venv: Path) -> Path:
+    for line in (venv / "pyvenv.cfg").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            return Path(value.strip()).parent
+    raise RuntimeError(f"{venv}/pyvenv.cfg names no home")
+
+
+def _uid_gid(root: Path, user: str) -> tuple[int, int]:
+    for line in (root / "etc" / "passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == user:
+            return int(fields[2]), int(fields[3])
+    raise KeyError(user)
+
+
+def port_open(ip: str, port: int, timeout: float = 2) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/vllm-cluster-fleet"))
+    args = parser.parse_args()
+    reason = why_no_fleet()
+    if reason:
+        print(f"cannot host the fleet: {reason}", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as scratch:
+        key = Path(scratch) / "key"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
+        with Fleet(args.workdir, args.nodes, (Path(scratch) / "key.pub").read_text(), key.read_text()) as fleet:
+            print(f"gateway {fleet.gateway.ip}; nodes " + ", ".join(h.ip for h in fleet.nodes))
+            print(f"ssh: {' '.join(fleet.ssh_command(fleet.nodes[0], ''))}")
+            print("Ctrl-C tears the fleet down.")
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

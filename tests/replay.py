@@ -1,0 +1,175 @@
+"""Replay what the program declared on the local fleet, as Pulumi would run it.
+
+`user_data_of` gives each instance's user data as EC2 hands it to cloud-init;
+`start_cloud_init` runs it on a host the way cloud-init does (as root, once, in the
+background while sshd already answers). `replay` runs every `remote.Command` the
+program declared, with its own connection (host, user, key, jump host), command
+line and stdin, each as soon as the commands it depends on have finished, so
+independent ones run in parallel. Nothing is re-typed here: what the program
+declares is what runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import subprocess
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from pulumi_mocks import ProgramRun, unsecret
+
+COMMAND = "command:remote:Command"
+SSH_OPTIONS = (
+    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+    "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15",
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    host: str
+    user: str
+    private_key: str
+    proxy_host: str | None
+    proxy_user: str | None
+    create: str
+    stdin: str
+    after: tuple[str, ...]
+
+
+@dataclass
+class Outcome:
+    step: Step
+    returncode: int
+    stdout: str
+    stderr: str
+    started: float
+    finished: float
+
+    @property
+    def seconds(self) -> float:
+        return self.finished - self.started
+
+
+class ReplayError(Exception):
+    def __init__(self, outcome: Outcome):
+        self.outcome = outcome
+        super().__init__(
+            f"{outcome.step.name} on {outcome.step.host} exited {outcome.returncode}:\n"
+            f"--- stdout\n{outcome.stdout[-3000:]}\n--- stderr\n{outcome.stderr[-3000:]}"
+        )
+
+
+def steps_of(run: ProgramRun, only: set[str] | None = None) -> dict[str, Step]:
+    """The declared commands as steps, each knowing the commands it waits for."""
+    by_urn = {r.urn: r for r in run.resources}
+    commands = [r for r in run.of_type(COMMAND) if only is None or r.name in only]
+    names = {c.name for c in commands}
+    steps = {}
+    for command in commands:
+        connection = unsecret(command.inputs["connection"])
+        proxy = connection.get("proxy") or {}
+        steps[command.name] = Step(
+            name=command.name,
+            host=connection["host"],
+            user=connection["user"],
+            private_key=unsecret(connection["privateKey"]),
+            proxy_host=proxy.get("host"),
+            proxy_user=proxy.get("user"),
+            create=unsecret(command.inputs["create"]),
+            stdin=unsecret(command.inputs.get("stdin")) or "",
+            after=tuple(
+                by_urn[urn].name for urn in command.dependencies if urn in by_urn and by_urn[urn].name in names
+            ),
+        )
+    return steps
+
+
+def ssh_args(step: Step, key_file: Path) -> list[str]:
+    args = ["ssh", "-i", str(key_file), *SSH_OPTIONS]
+    if step.proxy_host:
+        jump = " ".join(["ssh", "-i", str(key_file), *SSH_OPTIONS, "-W", "%h:%p", f"{step.proxy_user}@{step.proxy_host}"])
+        args += ["-o", f"ProxyCommand={jump}"]
+    return [*args, f"{step.user}@{step.host}", step.create]
+
+
+def run_step(step: Step, key_file: Path, timeout: float) -> Outcome:
+    started = time.monotonic()
+    result = subprocess.run(ssh_args(step, key_file), input=step.stdin, capture_output=True, text=True, timeout=timeout)
+    return Outcome(step, result.returncode, result.stdout, result.stderr, started, time.monotonic())
+
+
+def replay(run: ProgramRun, *, only: set[str] | None = None, timeout: float = 1800,
+           check: bool = True) -> dict[str, Outcome]:
+    """Run the declared commands (or `only` these) in dependency order, in parallel
+    where the graph allows. Stops at the first failure (raising ReplayError when
+    `check`), as `pulumi up` does."""
+    steps = steps_of(run, only)
+    outcomes: dict[str, Outcome] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        keys: dict[str, Path] = {}
+
+        def key_file(step: Step) -> Path:
+            if step.private_key not in keys:
+                path = Path(scratch) / f"key{len(keys)}"
+                path.write_text(step.private_key)
+                path.chmod(0o600)
+                keys[step.private_key] = path
+            return keys[step.private_key]
+
+        pending = dict(steps)
+        running: dict[Future, str] = {}
+        with ThreadPoolExecutor(max_workers=max(1, len(steps))) as pool:
+            while pending or running:
+                for name, step in list(pending.items()):
+                    if all(dep in outcomes for dep in step.after):
+                        running[pool.submit(run_step, step, key_file(step), timeout)] = name
+                        del pending[name]
+                if not running:
+                    raise RuntimeError(f"commands wait for each other in a cycle: {sorted(pending)}")
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    name = running.pop(future)
+                    outcome = future.result()
+                    outcomes[name] = outcome
+                    if outcome.returncode != 0:
+                        for other in running:
+                            other.cancel()
+                        if check:
+                            raise ReplayError(outcome)
+                        return outcomes
+    return outcomes
+
+
+def user_data_of(run: ProgramRun) -> dict[str, str]:
+    """Instance resource name -> the user data script, unpacked as cloud-init does."""
+    scripts = {}
+    for instance in run.of_type("aws:ec2/instance:Instance"):
+        packed = unsecret(instance.inputs.get("userDataBase64"))
+        if packed:
+            scripts[instance.name] = gzip.decompress(base64.b64decode(packed)).decode()
+        elif instance.inputs.get("userData"):
+            scripts[instance.name] = unsecret(instance.inputs["userData"])
+    return scripts
+
+
+# cloud-init's final stage runs user-data scripts as root from this directory, once.
+CLOUD_INIT_SCRIPT = "/var/lib/cloud/instance/scripts/part-001"
+
+
+def start_cloud_init(fleet, host, script: str) -> None:
+    """Run `script` on `host` as cloud-init's final stage does: as root, in the
+    background (sshd is already up), output in /var/log/cloud-init-output.log."""
+    fleet.ssh(
+        host,
+        f"sudo install -D -m 0700 /dev/stdin {CLOUD_INIT_SCRIPT} && "
+        f"sudo systemd-run --quiet --unit=cloud-final-user-data --remain-after-exit "
+        f"-p StandardOutput=append:/var/log/cloud-init-output.log -p StandardError=append:/var/log/cloud-init-output.log "
+        f"{CLOUD_INIT_SCRIPT}",
+        input=script,
+    )
