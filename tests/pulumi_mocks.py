@@ -173,8 +173,12 @@ class MockCloud(pulumi.runtime.Mocks):
         private_range: str = "10.42.128.0/17",
         public_ips: Mapping[str, str] | None = None,
         real_crypto: bool = False,
+        key_store: dict | None = None,
     ):
         self.instance_ips = dict(instance_ips or {})
+        # Real key material by resource name, kept across runs that share the dict (a
+        # second `pulumi up` keeps the stack's keys).
+        self.key_store = key_store if key_store is not None else {}
         # Elastic IP resource name -> the public IP to give it (the local fleet's gateway).
         self.public_ips = dict(public_ips or {})
         # Real keys and certificates (for the local fleet, whose hosts must accept them).
@@ -238,11 +242,15 @@ class MockCloud(pulumi.runtime.Mocks):
         elif args.typ in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
             state["name"] = args.inputs.get("name", args.name)
         elif args.typ == "tls:index/privateKey:PrivateKey" and self.real_crypto:
-            state.update(real_private_key(args.inputs.get("algorithm", "RSA")))
+            if args.name not in self.key_store:
+                self.key_store[args.name] = real_private_key(args.inputs.get("algorithm", "RSA"))
+            state.update(self.key_store[args.name])
         elif args.typ == "tls:index/selfSignedCert:SelfSignedCert" and self.real_crypto:
-            state["certPem"] = real_self_signed_cert(
-                unsecret(args.inputs["privateKeyPem"]), [unsecret(ip) for ip in args.inputs.get("ipAddresses", [])]
-            )
+            ips = [unsecret(ip) for ip in args.inputs.get("ipAddresses", [])]
+            stored = (args.name, tuple(ips))
+            if stored not in self.key_store:
+                self.key_store[stored] = real_self_signed_cert(unsecret(args.inputs["privateKeyPem"]), ips)
+            state["certPem"] = self.key_store[stored]
         elif args.typ == "tls:index/privateKey:PrivateKey":
             state["publicKeyOpenssh"] = f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA{_digest(args.name, length=32)} mock"
             state["privateKeyOpenssh"] = (
@@ -369,6 +377,7 @@ def run_program(
     apply_project: bool = True,
     public_ips: Mapping[str, str] | None = None,
     real_crypto: bool = False,
+    key_store: dict | None = None,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -376,7 +385,7 @@ def run_program(
     With `apply_project` (the default) the config first goes through what the
     Pulumi CLI does with Pulumi.yaml (required keys, types, defaults); turn it off
     to hand the program a config the CLI would have let through unchecked."""
-    mocks = MockCloud(instance_ips=instance_ips, public_ips=public_ips, real_crypto=real_crypto)
+    mocks = MockCloud(instance_ips=instance_ips, public_ips=public_ips, real_crypto=real_crypto, key_store=key_store)
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()
     pulumi.runtime.settings.ROOT.set(None)

@@ -98,20 +98,32 @@ def ssh_args(step: Step, key_file: Path) -> list[str]:
     return [*args, f"{step.user}@{step.host}", step.create]
 
 
-def run_step(step: Step, key_file: Path, timeout: float) -> Outcome:
+def run_step(step: Step, key_file: Path, timeout: float, running: set | None = None) -> Outcome:
     started = time.monotonic()
-    result = subprocess.run(ssh_args(step, key_file), input=step.stdin, capture_output=True, text=True, timeout=timeout)
-    return Outcome(step, result.returncode, result.stdout, result.stderr, started, time.monotonic())
+    process = subprocess.Popen(ssh_args(step, key_file), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    if running is not None:
+        running.add(process)
+    try:
+        stdout, stderr = process.communicate(step.stdin, timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if running is not None:
+            running.discard(process)
+    return Outcome(step, process.returncode, stdout, stderr, started, time.monotonic())
 
 
 def replay(run: ProgramRun, *, only: set[str] | None = None, timeout: float = 1800,
            check: bool = True) -> dict[str, Outcome]:
     """Run the declared commands (or `only` these) in dependency order, in parallel
     where the graph allows. Stops at the first failure (raising ReplayError when
-    `check`), as `pulumi up` does."""
+    `check`), as `pulumi up` does, and ends the SSH sessions still running."""
     steps = steps_of(run, only)
     outcomes: dict[str, Outcome] = {}
-    with tempfile.TemporaryDirectory() as scratch:
+    processes: set = set()
+    with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(max_workers=max(1, len(steps))) as pool:
         keys: dict[str, Path] = {}
 
         def key_file(step: Step) -> Path:
@@ -124,11 +136,11 @@ def replay(run: ProgramRun, *, only: set[str] | None = None, timeout: float = 18
 
         pending = dict(steps)
         running: dict[Future, str] = {}
-        with ThreadPoolExecutor(max_workers=max(1, len(steps))) as pool:
+        try:
             while pending or running:
                 for name, step in list(pending.items()):
                     if all(dep in outcomes for dep in step.after):
-                        running[pool.submit(run_step, step, key_file(step), timeout)] = name
+                        running[pool.submit(run_step, step, key_file(step), timeout, processes)] = name
                         del pending[name]
                 if not running:
                     raise RuntimeError(f"commands wait for each other in a cycle: {sorted(pending)}")
@@ -138,11 +150,12 @@ def replay(run: ProgramRun, *, only: set[str] | None = None, timeout: float = 18
                     outcome = future.result()
                     outcomes[name] = outcome
                     if outcome.returncode != 0:
-                        for other in running:
-                            other.cancel()
                         if check:
                             raise ReplayError(outcome)
                         return outcomes
+        finally:
+            for process in list(processes):
+                process.kill()
     return outcomes
 
 

@@ -97,7 +97,7 @@ class Engine:
             if len(stage_nodes) != 1:
                 raise SystemExit(f"vllm-double: tensor-parallel group of stage {stage} spans {len(stage_nodes)} nodes")
 
-        @ray.remote(num_gpus=1)
+        @ray.remote(num_gpus=1, num_cpus=0)  # as vLLM's Ray workers: a GPU, no CPU reservation
         class Worker:
             def __init__(self, rank: int):
                 self.rank = rank
