@@ -312,16 +312,34 @@ class Fleet:
     def node(self, index: int) -> Host:
         return self.nodes[index]
 
-    def power_off(self, host: Host, timeout: float = 60) -> None:
-        """SIGTERM to the host's nspawn (an orderly poweroff inside), SIGKILL if it hangs."""
+    def power_off(self, host: Host, timeout: float = 20) -> None:
+        """SIGTERM to the host's nspawn (an orderly poweroff inside); if the host has not
+        halted in `timeout` seconds, SIGKILL to every process in its network namespace
+        (its init included: a plug pulled), then to nspawn."""
         if host.process is None or host.process.poll() is not None:
             return
         host.process.send_signal(signal.SIGTERM)
         try:
             host.process.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in self.processes_of(host):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it exited between the listing and the kill
+        try:
+            host.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(host.process.pid, signal.SIGKILL)
-            host.process.wait(timeout=30)
+            host.process.wait(timeout=10)
+
+    @staticmethod
+    def processes_of(host: Host) -> list[int]:
+        """Every process inside the host's network namespace (all of them ours)."""
+        listed = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True)
+        return [int(pid) for pid in listed.stdout.split()]
 
     def reboot(self, host: Host) -> None:
         self.power_off(host)
@@ -330,11 +348,14 @@ class Fleet:
     # --- teardown ------------------------------------------------------------------------
 
     def stop(self) -> None:
-        for host in self.hosts:
+        def power_off(host: Host) -> None:
             try:
-                self.power_off(host, timeout=30)
+                self.power_off(host)
             except (OSError, subprocess.SubprocessError) as error:
                 print(f"fleet: stopping {host.name}: {error}", file=sys.stderr)
+
+        with ThreadPoolExecutor(len(self.hosts)) as pool:
+            list(pool.map(power_off, self.hosts))
         for mount in reversed(self._mounts):
             subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
         self._mounts.clear()

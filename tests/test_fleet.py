@@ -1,0 +1,196 @@
+"""End to end on the local fleet: the program's user data and remote commands run on
+real hosts (systemd, sshd, nginx, a multi-node Ray), and the service is checked
+through what the stack exports. Then faults, each ending with the service healthy
+again or a clear report. The tests run in file order against one cluster.
+
+Skipped, with the reason, where the machine cannot host the fleet (not root, no
+namespaces); under CI (VLLM_CLUSTER_CI) that is a failure instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from fleet import in_ci, node_ip, why_no_fleet
+from fleet_cluster import MODEL, fleet_program, serving_cluster
+from pulumi_mocks import run_program
+from replay import COMMAND, replay
+
+NODES = int(os.environ.get("VLLM_CLUSTER_FLEET_NODES", "3"))
+GPUS_PER_NODE = 4  # g5.12xlarge in fleet_config
+
+_reason = why_no_fleet()
+if _reason and in_ci():
+    pytest.fail(f"CI cannot host the local fleet: {_reason}", pytrace=False)
+pytestmark = pytest.mark.skipif(_reason is not None, reason=f"no local fleet here: {_reason}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with serving_cluster(tmp_path_factory.mktemp("fleet"), nodes=NODES) as running:
+        yield running
+
+
+def head_shell(cluster, command: str, check: bool = True):
+    """A command on the head as root, with node.env loaded (Ray's token settings among them)."""
+    return cluster.node_shell(0, f"sudo bash -c 'set -a; . /etc/vllm-cluster/node.env; {command}'", check=check)
+
+
+def ray_status(cluster) -> tuple[int, float]:
+    """(live nodes, GPUs) as `ray status` on the head reports them."""
+    out = head_shell(cluster, "/opt/vllm-cluster/venv/bin/ray status --address $HEAD_IP:6379").stdout
+    active = out.split("Active:", 1)[1].split("Pending:", 1)[0]
+    nodes = len(re.findall(r"^\s*1 node_", active, re.M))
+    gpus = float(re.search(r"/([\d.]+) GPU", out).group(1))
+    return nodes, gpus
+
+
+def pids(cluster) -> dict[str, str]:
+    """The main PID of every Ray unit and of vLLM: a restart changes it."""
+    found = {"vllm": cluster.unit_property(0, "vllm.service", "MainPID")}
+    for index in range(NODES):
+        unit = "ray-head.service" if index == 0 else "ray-worker.service"
+        found[f"ray@{index}"] = cluster.unit_property(index, unit, "MainPID")
+    return found
+
+
+# --- the service, through the exported endpoint -----------------------------------------
+
+
+def test_a_completion_through_the_gateway_succeeds(cluster):
+    status, body = cluster.request("/v1/completions", {"model": MODEL, "prompt": "Hello", "max_tokens": 3})
+    assert status == 200 and body["choices"][0]["text"]
+    status, body = cluster.request("/v1/chat/completions",
+                                   {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert status == 200 and body["choices"][0]["message"]["content"]
+
+
+def test_without_the_api_key_the_api_refuses(cluster):
+    assert cluster.request("/v1/completions", {"model": MODEL, "prompt": "x"}, key=None)[0] == 401
+    assert cluster.request("/v1/models", key="wrong-key")[0] == 401
+
+
+def test_routes_outside_the_allowlist_are_refused_at_the_gateway(cluster):
+    # vLLM itself answers /metrics (200, no key needed) and its admin routes: the gateway must not pass them.
+    vllm_metrics = head_shell(cluster, "curl -s -o /dev/null -w %{http_code} http://$NODE_IP:8000/metrics").stdout
+    assert vllm_metrics == "200"
+    for path in ("/metrics", "/collective_rpc", "/v1/embeddings", "/version"):
+        assert cluster.request(path)[0] == 404, path
+    assert cluster.request("/health")[0] == 200
+
+
+def test_the_model_list_names_the_configured_model(cluster):
+    status, body = cluster.request("/v1/models")
+    assert status == 200 and [m["id"] for m in body["data"]] == [MODEL]
+
+
+def test_ray_shows_every_node_and_gpu(cluster):
+    assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
+
+
+def test_ray_refuses_a_client_without_the_token(cluster):
+    with_token = head_shell(cluster, "/opt/vllm-cluster/venv/bin/ray job list --address http://$NODE_IP:8265")
+    assert with_token.returncode == 0
+    without = cluster.node_shell(
+        0, "sudo env -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN_PATH /opt/vllm-cluster/venv/bin/ray job submit "
+           f"--address http://{node_ip(0)}:8265 -- echo pwned", check=False)
+    assert without.returncode != 0
+    assert re.search(r"401|[Uu]nauthori[sz]ed|authentication", without.stdout + without.stderr)
+
+
+def test_every_node_is_pinned_to_its_interface_and_ip(cluster):
+    for index in range(NODES):
+        env = dict(
+            line.split("=", 1)
+            for line in cluster.node_shell(index, "sudo cat /etc/vllm-cluster/node.env").stdout.splitlines()
+            if "=" in line and not line.startswith("#")
+        )
+        assert env["NODE_IP"] == env["VLLM_HOST_IP"] == node_ip(index)
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["PRIMARY_INTERFACE"] == "eth0"
+        assert env["HEAD_IP"] == node_ip(0)
+
+
+def test_secrets_on_the_nodes_are_root_only(cluster):
+    listing = [line for line in cluster.node_shell(
+        0, "sudo sh -c \"stat -c '%a %U %n' /etc/vllm-cluster/secrets /etc/vllm-cluster/secrets/*\"").stdout.split("\n") if line]
+    assert listing[0] == "700 root /etc/vllm-cluster/secrets"
+    assert {line.rsplit("/", 1)[1] for line in listing[1:]} == {"ray-token", "vllm-api.env"}
+    assert all(line.startswith("600 root ") for line in listing[1:]), listing
+    assert cluster.node_shell(0, "cat /etc/vllm-cluster/secrets/ray-token", check=False).returncode != 0
+
+
+# --- idempotence and day 2 ---------------------------------------------------------------
+
+
+def test_replaying_everything_again_restarts_nothing_and_downloads_nothing(cluster):
+    before, downloads = pids(cluster), cluster.hub.downloads()
+    assert downloads > 0
+    replay(cluster.run)
+    assert pids(cluster) == before
+    assert cluster.hub.downloads() == downloads
+    for index in range(NODES):
+        assert cluster.node_shell(index, "pgrep -c -x raylet").stdout.strip() == "1"
+    assert cluster.completion() == 200
+
+
+def changed_commands(before, after) -> set[str]:
+    old = {c.name: c.inputs for c in before.of_type(COMMAND)}
+    return {c.name for c in after.of_type(COMMAND) if old.get(c.name) != c.inputs}
+
+
+def test_new_vllm_settings_restart_only_vllm(cluster):
+    updated = fleet_program(NODES, cluster.key_store, gpuMemoryUtilization="0.8")
+    changed = changed_commands(cluster.run, updated)
+    assert changed == {"vllm-vllm", "vllm-readiness"}
+    before, downloads = pids(cluster), cluster.hub.downloads()
+    replay(updated, only=changed)  # what `pulumi up` would run: the commands whose inputs changed
+    after = pids(cluster)
+    assert after["vllm"] != before["vllm"]
+    assert {k: v for k, v in after.items() if k != "vllm"} == {k: v for k, v in before.items() if k != "vllm"}
+    assert cluster.hub.downloads() == downloads
+    assert "--gpu-memory-utilization 0.8" in cluster.node_shell(0, "sudo cat /etc/vllm-cluster/vllm.env").stdout
+    cluster.run = updated
+
+
+# --- faults --------------------------------------------------------------------------------
+
+
+def test_a_killed_raylet_is_restarted_and_serving_recovers(cluster):
+    worker = 1
+    restarts = int(cluster.unit_property(worker, "ray-worker.service", "NRestarts"))
+    cluster.node_shell(worker, "sudo pkill -KILL -x raylet")
+    deadline = time.monotonic() + 120
+    while int(cluster.unit_property(worker, "ray-worker.service", "NRestarts")) == restarts:
+        assert time.monotonic() < deadline, "systemd did not restart ray-worker after its raylet was killed"
+        time.sleep(2)
+    cluster.wait_for_completion(timeout=300)  # the watchdog restarts vLLM once the node is back
+    assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
+
+
+def test_a_powered_off_worker_is_named_by_readiness_and_rejoins_after_boot(cluster):
+    lost = cluster.fleet.nodes[NODES - 1]
+    cluster.fleet.power_off(lost)
+    outcome = replay(cluster.run, only={"vllm-readiness"}, check=False)["vllm-readiness"]
+    assert outcome.returncode != 0
+    assert f"worker-{NODES - 1} ({lost.ip})" in outcome.stderr, outcome.stderr
+    cluster.fleet.boot(lost)
+    cluster.wait_for_completion(timeout=400)
+    assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
+    assert replay(cluster.run, only={"vllm-readiness"})["vllm-readiness"].returncode == 0
+
+
+def test_a_rebooted_head_brings_ray_and_vllm_back(cluster):
+    cluster.fleet.reboot(cluster.head)
+    cluster.wait_for_completion(timeout=600)
+    assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
+
+
+def test_a_bad_config_never_reaches_the_hosts():
+    run = run_program({"model": MODEL, "instanceType": "g5.12xlarge", "nodes": 2, "tensorParallelSize": 8,
+                       "apiAllowedCidrs": ["10.99.0.0/16"], "adminCidrs": ["0.0.0.0/0"]}, stack="fleet")
+    assert run.error is not None and "adminCidrs" in str(run.error)
+    assert run.of_type(COMMAND) == [] and run.resources == []
