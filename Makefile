@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test bench up destroy pulumi-yaml clean
+.PHONY: test bench bench-fleet up destroy pulumi-yaml clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_program_mocks.py
+
+# Needs root, systemd-nspawn and debootstrap (as `make test` does for the fleet tests).
+bench-fleet: $(VENV)/.installed
+	$(VENV)/bin/python bench/bench_fleet.py
 
 up:
 	scripts/deploy $(STACK)

@@ -149,7 +149,8 @@ def test_user_data_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
     subprocess.run(["bash", "-c", "\n".join(lines)], check=True)
     assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-node").read_text() == NODE_SCRIPT
     assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-node").stat().st_mode & 0o777 == 0o755
-    for unit in ("ray-head.service", "ray-worker.service", "vllm.service"):
+    assert sorted(bootstrap.NODE_UNITS) == sorted(p.name for p in UNITS.iterdir())
+    for unit in bootstrap.NODE_UNITS:
         assert (tmp_path / "etc/systemd/system" / unit).read_text() == (UNITS / unit).read_text()
     env_file = tmp_path / "etc/vllm-cluster/cluster.env"
     assert env_file.read_text() == bootstrap.cluster_env(boot(1)) and env_file.stat().st_mode & 0o777 == 0o600

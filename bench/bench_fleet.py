@@ -1,0 +1,61 @@
+"""Bring-up time on the local fleet: from hosts booted (sshd answering) to the first
+successful completion through the gateway, for 2 and 4 GPU-node hosts, running the
+program's real user data and remote commands (tests/fleet_cluster.py).
+
+    make bench-fleet    (or: venv/bin/python bench/bench_fleet.py [--sizes 2 4] [--runs 1])
+
+Needs what the fleet needs (root, systemd-nspawn, debootstrap). Workers join in
+parallel, so 4 nodes should take at most 1.5 x the time of 2. Ends with the line
+`bring-up: 2 nodes A s, 4 nodes B s, ratio R`.
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from fleet import why_no_fleet  # noqa: E402
+from fleet_cluster import serving_cluster  # noqa: E402
+
+
+def bring_up(nodes: int) -> tuple[float, dict]:
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as workdir:
+        with serving_cluster(Path(workdir), nodes=nodes) as cluster:
+            cluster.wait_for_completion(timeout=120)
+            seconds = time.monotonic() - cluster.booted_at
+            stages = {name: round(o.finished - cluster.booted_at, 1) for name, o in cluster.outcomes.items()}
+    return seconds, stages
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs=2, default=[2, 4], metavar=("SMALL", "LARGE"))
+    parser.add_argument("--runs", type=int, default=1, help="bring-ups per size; the median is reported")
+    args = parser.parse_args()
+    reason = why_no_fleet()
+    if reason:
+        print(f"cannot host the fleet: {reason}", file=sys.stderr)
+        return 1
+    medians = {}
+    for nodes in args.sizes:
+        times = []
+        for run in range(args.runs):
+            seconds, stages = bring_up(nodes)
+            times.append(seconds)
+            done = ", ".join(f"{name.removeprefix('vllm-')} {at}" for name, at in sorted(stages.items(), key=lambda kv: kv[1]))
+            print(f"{nodes} nodes, run {run + 1}: {seconds:.1f} s to the first completion; finished at (s): {done}",
+                  flush=True)
+        medians[nodes] = statistics.median(times)
+    small, large = args.sizes
+    print(f"bring-up: {small} nodes {medians[small]:.1f} s, {large} nodes {medians[large]:.1f} s, "
+          f"ratio {medians[large] / medians[small]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
