@@ -440,28 +440,22 @@ def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> Us
     hostname = reader.string("endpointHostname")
     if certificate is None and private_key is None and hostname is None:
         return None
+    checks = (
+        ("tlsCertificate", certificate, _PEM_CERTIFICATE.search,
+         "must be a PEM certificate (-----BEGIN CERTIFICATE-----) when tlsPrivateKey or endpointHostname is set. "
+         f"Fix: pulumi config set {NAMESPACE}:tlsCertificate < cert.pem, or unset all three for a generated certificate"),
+        ("tlsPrivateKey", private_key, _PEM_PRIVATE_KEY.search,
+         "must be the PEM private key of tlsCertificate. "
+         f"Fix: pulumi config set --secret {NAMESPACE}:tlsPrivateKey < key.pem"),
+        ("endpointHostname", hostname, _HOSTNAME.match,
+         "must be the DNS name in tlsCertificate that clients use (point it at the gatewayPublicIp output), "
+         f"e.g. llm.example.com. Fix: pulumi config set {NAMESPACE}:endpointHostname NAME"),
+    )
     ok = True
-    if certificate is None or not _PEM_CERTIFICATE.search(certificate):
-        reader.fail(
-            "tlsCertificate",
-            "must be a PEM certificate (-----BEGIN CERTIFICATE-----) when tlsPrivateKey or endpointHostname is set. "
-            f"Fix: pulumi config set {NAMESPACE}:tlsCertificate < cert.pem, or unset all three for a generated certificate",
-        )
-        ok = False
-    if private_key is None or not _PEM_PRIVATE_KEY.search(private_key):
-        reader.fail(
-            "tlsPrivateKey",
-            "must be the PEM private key of tlsCertificate. "
-            f"Fix: pulumi config set --secret {NAMESPACE}:tlsPrivateKey < key.pem",
-        )
-        ok = False
-    if hostname is None or not _HOSTNAME.match(hostname):
-        reader.fail(
-            "endpointHostname",
-            "must be the DNS name in tlsCertificate that clients use (point it at the gatewayPublicIp output), "
-            f"e.g. llm.example.com. Fix: pulumi config set {NAMESPACE}:endpointHostname NAME",
-        )
-        ok = False
+    for key, value, accepts, message in checks:
+        if value is None or not accepts(value):
+            reader.fail(key, message)
+            ok = False
     if not ok or (secret_keys is not None and "tlsPrivateKey" not in secret_keys):
         return None
     return UserCertificate(certificate_pem=certificate, private_key=Secret(private_key), hostname=hostname)
