@@ -85,6 +85,9 @@ class FakeHub:
         repo.mkdir(parents=True, exist_ok=True)
         (repo / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 24}))
         (repo / "model.safetensors").write_bytes(bytes(range(256)) * 4096)
+        # The training-format checkpoint many repos carry beside the safetensors (Llama's original/).
+        (repo / "original").mkdir(exist_ok=True)
+        (repo / "original" / "consolidated.00.pth").write_bytes(b"\0" * 65536)
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "doubles" / "fake_hf_hub.py"), "--root", str(self.root),
              "--host", BRIDGE_IP, "--port", str(HUB_PORT), "--log", str(self.log)],
@@ -98,7 +101,13 @@ class FakeHub:
             self.process.wait(timeout=10)
 
     def downloads(self) -> int:
-        return len(self.log.read_text().splitlines()) if self.log.exists() else 0
+        return len(self.files())
+
+    def files(self) -> list[str]:
+        """Every file the hub served, in order (a file twice means a second download)."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line)["file"] for line in self.log.read_text().splitlines()]
 
 
 @dataclass

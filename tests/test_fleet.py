@@ -88,6 +88,12 @@ def test_the_model_list_names_the_configured_model(cluster):
     assert status == 200 and [m["id"] for m in body["data"]] == [MODEL]
 
 
+def test_the_model_was_staged_once_without_its_training_checkpoint(cluster):
+    assert sorted(cluster.hub.files()) == ["config.json", "model.safetensors"]
+    marker = cluster.node_shell(0, f"cat /mnt/vllm-models/complete/{MODEL}/main").stdout
+    assert marker.startswith("staged ")
+
+
 def test_ray_shows_every_node_and_gpu(cluster):
     assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
 
