@@ -1,0 +1,52 @@
+"""vllm-cluster operator tools: `plan`, `preflight`, `status`. Run through
+scripts/vllm-cluster from the repository root (it finds the virtualenv)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/vllm-cluster", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    plan = commands.add_parser("plan", help="offline: resources, topology, fit, cost, time to first token")
+    plan.add_argument("--stack", required=True, help="reads stacks/Pulumi.<stack>.yaml")
+    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--params-b", type=float, help="model size in billions of parameters (models not in the table)")
+    plan.add_argument("--dtype", help="weight type: bf16, fp16, fp32, fp8, int8, int4")
+
+    for name, text in (("preflight", "check every node before vLLM starts"), ("status", "gang health of the running cluster")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--stack", required=True)
+        sub.add_argument("--outputs", help="the stack's outputs as JSON (default: pulumi stack output --json --show-secrets)")
+        sub.add_argument("--json", action="store_true")
+        if name == "status":
+            sub.add_argument("--watch", action="store_true", help="refresh in place")
+            sub.add_argument("--interval", type=float, default=5.0)
+
+    args = parser.parse_args(argv)
+    if args.command == "plan":
+        from cli import plan as planner
+        from components.spec import SpecError
+
+        try:
+            document = planner.build_plan(args.stack, args.params_b, args.dtype)
+        except (SpecError, ValueError, FileNotFoundError) as error:
+            print(f"vllm-cluster plan: {error}", file=sys.stderr)
+            return 2
+        print(json.dumps(document, indent=2) if args.json else planner.render(document), end="" if not args.json else "\n")
+        return 0
+    if args.command == "preflight":
+        from cli import preflight
+
+        return preflight.main(args)
+    from cli import status
+
+    return status.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""Run the real `__main__.py` under Pulumi's mock runtime, offline, and record the
+resource graph it declares.
+
+A stand-in for the Pulumi engine and the cloud providers, nothing more: the
+program, its components and its config reading run unchanged. The mocks answer
+what a provider would compute (ids, IPs, ARNs) with deterministic values, so two
+runs of the same config declare the same graph. The tests use it (through
+tests/pulumi_mocks.py) and so does the offline planner (`scripts/vllm-cluster plan`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import json
+import runpy
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pulumi
+import yaml
+from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = ROOT / "__main__.py"
+STACKS_DIR = ROOT / "stacks"
+PROJECT = "vllm-cluster"
+
+# Public IPs come from 203.0.113.0/24, a documentation range (RFC 5737) that reaches nothing.
+MOCK_ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
+
+
+def stack_names() -> list[str]:
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+
+
+def stack_config(stack: str) -> dict[str, Any]:
+    """The stack file's `config:` map, as the YAML holds it."""
+    document = yaml.safe_load((STACKS_DIR / f"Pulumi.{stack}.yaml").read_text())
+    return dict(document.get("config") or {})
+
+
+def _namespaced(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {key if ":" in key else f"{PROJECT}:{key}": value for key, value in config.items()}
+
+
+def as_engine_config(config: Mapping[str, Any]) -> dict[str, str]:
+    """What the Pulumi CLI hands a program: every value a string, lists and maps as JSON."""
+    rendered = {}
+    for key, value in config.items():
+        full_key = key if ":" in key else f"{PROJECT}:{key}"
+        if isinstance(value, str):
+            rendered[full_key] = value
+        else:
+            rendered[full_key] = json.dumps(value)
+    return rendered
+
+
+class ProjectConfigError(Exception):
+    """What the Pulumi CLI says before it starts the program when the stack's config
+    does not satisfy Pulumi.yaml's declarations."""
+
+
+def _fits_declared_type(declared: dict, value: Any) -> bool:
+    kind = declared["type"]
+    if kind == "array":
+        return isinstance(value, list) and all(_fits_declared_type(declared["items"], item) for item in value)
+    if isinstance(value, (list, dict)):
+        return False
+    if kind == "integer":
+        return not isinstance(value, bool) and (isinstance(value, int) or str(value).lstrip("-").isdigit())
+    if kind == "boolean":
+        return isinstance(value, bool) or str(value) in ("true", "false")
+    return True  # a string: any scalar, as the CLI stores scalars as text
+
+
+def apply_project_config(stack: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Do what the Pulumi CLI does with Pulumi.yaml's `config:` block before it runs
+    the program: every declared key without a default must be set, set values must
+    fit the declared type, and defaults fill in the keys the stack leaves out."""
+    project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    merged = dict(config)
+    missing, mistyped = [], []
+    for key, declared in (project.get("config") or {}).items():
+        full_key = f"{PROJECT}:{key}"
+        if full_key in merged:
+            if not _fits_declared_type(declared, merged[full_key]):
+                mistyped.append(key)
+        elif "default" in declared:
+            merged[full_key] = declared["default"]
+        else:
+            missing.append(key)
+    if missing:
+        raise ProjectConfigError(f"Stack '{stack}' is missing configuration value(s) {', '.join(missing)}")
+    if mistyped:
+        raise ProjectConfigError(f"Stack '{stack}' has configuration of the wrong type: {', '.join(mistyped)}")
+    return merged
+
+
+def _whole_numbers(value: Any) -> Any:
+    """Protobuf carries every number as a float; give back the ints the program wrote."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
+
+
+def _digest(*parts: str, length: int = 17) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:length]
+
+
+@dataclass
+class DeclaredResource:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    custom: bool
+    inputs: dict
+    retain_on_delete: bool
+    additional_secret_outputs: list[str]
+    dependencies: list[str]
+    ignore_changes: list[str] = field(default_factory=list)
+
+    @property
+    def parent_type(self) -> str:
+        """The type of the parent, read from the URN's type chain."""
+        qualified = self.parent.split("::")[2] if self.parent else ""
+        return qualified.split("$")[-1]
+
+
+@dataclass
+class ProgramRun:
+    resources: list[DeclaredResource] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    secret_outputs: set[str] = field(default_factory=set)
+    error: BaseException | None = None
+    invokes: list[tuple[str, dict]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def of_type(self, type_: str) -> list[DeclaredResource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def named(self, name: str, type_: str | None = None) -> DeclaredResource:
+        matches = [r for r in self.resources if r.name == name and (type_ is None or r.type == type_)]
+        if len(matches) != 1:
+            raise KeyError(f"{len(matches)} resources named {name}")
+        return matches[0]
+
+    def by_urn(self, urn: str) -> DeclaredResource:
+        return next(r for r in self.resources if r.urn == urn)
+
+    def id_of(self, resource: DeclaredResource) -> str:
+        return MockCloud.resource_id(resource.type, resource.name)
+
+
+class MockCloud(pulumi.runtime.Mocks):
+    """Answers resource registrations and invokes as AWS, TLS and Random would,
+    with deterministic values. `instance_ips` maps an instance's resource name to
+    the private IP it should get (the local fleet maps them to its test hosts)."""
+
+    def __init__(
+        self,
+        instance_ips: Mapping[str, str] | None = None,
+        private_range: str = "10.42.128.0/17",
+        public_ips: Mapping[str, str] | None = None,
+        real_crypto: bool = False,
+        key_store: dict | None = None,
+    ):
+        self.instance_ips = dict(instance_ips or {})
+        # Real key material by resource name, kept across runs that share the dict (a
+        # second `pulumi up` keeps the stack's keys).
+        self.key_store = key_store if key_store is not None else {}
+        # Elastic IP resource name -> the public IP to give it (the local fleet's gateway).
+        self.public_ips = dict(public_ips or {})
+        # Real keys and certificates (for the local fleet, whose hosts must accept them).
+        self.real_crypto = real_crypto
+        self._private_range = ipaddress.ip_network(private_range)
+        self._given_ips: dict[str, str] = {}
+        self.inputs: dict[tuple[str, str], dict] = {}
+        self.invokes: list[tuple[str, dict]] = []
+
+    @staticmethod
+    def resource_id(type_: str, name: str) -> str:
+        prefix = {
+            "aws:ec2/instance:Instance": "i-",
+            "aws:ec2/securityGroup:SecurityGroup": "sg-",
+            "aws:ec2/vpc:Vpc": "vpc-",
+            "aws:ec2/subnet:Subnet": "subnet-",
+            "aws:efs/fileSystem:FileSystem": "fs-",
+            "aws:efs/accessPoint:AccessPoint": "fsap-",
+            "aws:ec2/launchTemplate:LaunchTemplate": "lt-",
+            "aws:ec2/eip:Eip": "eipalloc-",
+        }.get(type_, "")
+        return prefix + _digest(type_, name)
+
+    def _private_ip(self, name: str) -> str:
+        """Derived from the name, not the order of registration (which the SDK does
+        not fix), so a node keeps its IP from one run to the next."""
+        if name in self.instance_ips:
+            return self.instance_ips[name]
+        if name not in self._given_ips:
+            taken = set(self._given_ips.values())
+            offset = int(_digest("ip", name), 16)
+            size = self._private_range.num_addresses - 20
+            while True:
+                candidate = str(self._private_range.network_address + 10 + offset % size)
+                if candidate not in taken:
+                    break
+                offset += 1
+            self._given_ips[name] = candidate
+        return self._given_ips[name]
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        self.inputs[(args.typ, args.name)] = args.inputs
+        state = dict(args.inputs)
+        resource_id = self.resource_id(args.typ, args.name)
+        arn_tail = f"{args.typ.split(':')[1].split('/')[0]}/{resource_id}"
+        state.setdefault("arn", f"arn:aws:{arn_tail}")
+        if args.typ == "aws:ec2/instance:Instance":
+            state["privateIp"] = self._private_ip(args.name)
+            state["publicIp"] = ""
+        elif args.typ == "aws:ec2/eip:Eip":
+            state["publicIp"] = self.public_ips.get(args.name, f"203.0.113.{10 + int(_digest('eip', args.name), 16) % 240}")
+            state["allocationId"] = resource_id
+        elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            state["latestVersion"] = 1
+        elif args.typ == "aws:efs/fileSystem:FileSystem":
+            state["dnsName"] = f"{resource_id}.efs.us-east-1.amazonaws.com"
+        elif args.typ == "aws:ec2/keyPair:KeyPair":
+            state["keyName"] = args.inputs.get("keyName", args.name)
+        elif args.typ == "aws:ec2/placementGroup:PlacementGroup":
+            state["name"] = args.inputs.get("name", args.name)
+        elif args.typ in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
+            state["name"] = args.inputs.get("name", args.name)
+        elif args.typ == "tls:index/privateKey:PrivateKey" and self.real_crypto:
+            if args.name not in self.key_store:
+                self.key_store[args.name] = real_private_key(args.inputs.get("algorithm", "RSA"))
+            state.update(self.key_store[args.name])
+        elif args.typ == "tls:index/selfSignedCert:SelfSignedCert" and self.real_crypto:
+            ips = [unsecret(ip) for ip in args.inputs.get("ipAddresses", [])]
+            stored = (args.name, tuple(ips))
+            if stored not in self.key_store:
+                self.key_store[stored] = real_self_signed_cert(unsecret(args.inputs["privateKeyPem"]), ips)
+            state["certPem"] = self.key_store[stored]
+        elif args.typ == "tls:index/privateKey:PrivateKey":
+            state["publicKeyOpenssh"] = f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA{_digest(args.name, length=32)} mock"
+            state["privateKeyOpenssh"] = (
+                "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+                f"mock-{_digest('private', args.name, length=48)}\n"
+                "-----END OPENSSH PRIVATE KEY-----\n"
+            )
+            state["privateKeyPem"] = (
+                "-----BEGIN PRIVATE KEY-----\n"
+                f"mock{_digest('pem', args.name, length=48)}\n"
+                "-----END PRIVATE KEY-----\n"
+            )
+        elif args.typ == "tls:index/selfSignedCert:SelfSignedCert":
+            # Not a real certificate: deterministic bytes in PEM armour, enough for fingerprints.
+            body = base64.b64encode(hashlib.sha256(f"cert/{args.name}".encode()).digest() * 8).decode()
+            state["certPem"] = "-----BEGIN CERTIFICATE-----\n" + "\n".join(
+                body[i : i + 64] for i in range(0, len(body), 64)
+            ) + "\n-----END CERTIFICATE-----\n"
+        elif args.typ == "random:index/randomPassword:RandomPassword":
+            length = int(args.inputs.get("length", 32))
+            state["result"] = (_digest("password", args.name, length=64) * 4)[:length]
+        return resource_id, state
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        self.invokes.append((args.token, dict(args.args)))
+        if args.token == "aws:ec2/getAmi:getAmi":
+            image_filter = {f["name"]: f["values"] for f in args.args.get("filters", [])}
+            image_id = image_filter.get("image-id", ["ami-0" + _digest(json.dumps(args.args, sort_keys=True), length=16)])[0]
+            return {"id": image_id, "imageId": image_id, "rootDeviceName": "/dev/sda1", "architecture": "x86_64"}
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            return {"id": "us-east-1", "locations": list(MOCK_ZONES), "locationTypes": ["availability-zone"] * 3}
+        if args.token == "aws:index/getPartition:getPartition":
+            return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
+        if args.token == "aws:ec2/getSubnet:getSubnet":
+            return {
+                "id": args.args.get("id"),
+                "availabilityZone": MOCK_ZONES[1],
+                "vpcId": "vpc-existing",
+                "cidrBlock": "172.31.128.0/20",
+            }
+        raise NotImplementedError(f"the mock cloud does not answer {args.token}")
+
+
+# How the SDK marks a secret value on the wire (pulumi.runtime.rpc._special_secret_sig).
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+
+
+def unsecret(value: Any) -> Any:
+    """The plain value of an input that may arrive wrapped as a secret."""
+    if isinstance(value, dict) and value.get("4dabf18193072939515e22adb298388d") == SECRET_SIG:
+        return value["value"]
+    return value
+
+
+def real_private_key(algorithm: str) -> dict[str, str]:
+    """What the TLS provider computes, made with OpenSSH and OpenSSL."""
+    with tempfile.TemporaryDirectory() as scratch:
+        key = Path(scratch) / "key"
+        if algorithm == "ED25519":
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vllm-cluster", "-f", str(key)], check=True)
+            private = key.read_text()
+            return {
+                "privateKeyOpenssh": private,
+                "privateKeyPem": private,
+                "publicKeyOpenssh": (Path(scratch) / "key.pub").read_text(),
+            }
+        subprocess.run(
+            ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(key)],
+            check=True, capture_output=True,
+        )
+        return {"privateKeyPem": key.read_text()}
+
+
+def real_self_signed_cert(private_key_pem: str, ip_addresses: list[str]) -> str:
+    with tempfile.TemporaryDirectory() as scratch:
+        key, cert = Path(scratch) / "key.pem", Path(scratch) / "cert.pem"
+        key.write_text(private_key_pem)
+        alt_names = ",".join(f"IP:{ip}" for ip in ip_addresses)
+        subprocess.run(
+            ["openssl", "req", "-x509", "-key", str(key), "-out", str(cert), "-days", "2",
+             "-subj", "/CN=vllm-cluster gateway", "-addext", f"subjectAltName={alt_names}"],
+            check=True, capture_output=True,
+        )
+        return cert.read_text()
+
+
+class RecordingMonitor(MockMonitor):
+    """The SDK's mock monitor, also keeping what each registration asked for
+    (parent, options) that `Mocks.new_resource` is not shown."""
+
+    def __init__(self, mocks: MockCloud):
+        super().__init__(mocks)
+        self.requests = []
+
+    def RegisterResource(self, request):
+        if request.type != "pulumi:pulumi:Stack":
+            self.requests.append(request)
+        return super().RegisterResource(request)
+
+
+class _CollectWarnings:
+    def __init__(self, sink: list[str]):
+        self.sink = sink
+
+    def debug(self, msg, *a, **k):
+        pass
+
+    info = debug
+
+    def warning(self, msg, *a, **k):
+        self.sink.append(str(msg))
+
+    def error(self, msg, *a, **k):
+        self.sink.append(str(msg))
+
+
+def run_program(
+    config: Mapping[str, Any],
+    *,
+    stack: str = "test",
+    instance_ips: Mapping[str, str] | None = None,
+    secret_keys: list[str] | None = None,
+    preview: bool = False,
+    apply_project: bool = True,
+    public_ips: Mapping[str, str] | None = None,
+    real_crypto: bool = False,
+    key_store: dict | None = None,
+) -> ProgramRun:
+    """Run `__main__.py` with `config` (YAML-style values; keys with or without
+    the project namespace) and return what it declared and exported.
+
+    With `apply_project` (the default) the config first goes through what the
+    Pulumi CLI does with Pulumi.yaml (required keys, types, defaults); turn it off
+    to hand the program a config the CLI would have let through unchecked."""
+    mocks = MockCloud(instance_ips=instance_ips, public_ips=public_ips, real_crypto=real_crypto, key_store=key_store)
+    monitor = RecordingMonitor(mocks)
+    run = ProgramRun()
+    pulumi.runtime.settings.ROOT.set(None)
+    pulumi.runtime.set_mocks(
+        mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor, logger=_CollectWarnings(run.warnings)
+    )
+    engine_config = as_engine_config(apply_project_config(stack, _namespaced(config)) if apply_project else config)
+    pulumi.runtime.set_all_config(
+        engine_config, [k if ":" in k else f"{PROJECT}:{k}" for k in (secret_keys or [])]
+    )
+    root = pulumi.runtime.settings.get_root_resource()
+
+    async def resolve_outputs():
+        for key, value in root.outputs.items():
+            output = pulumi.Output.from_input(value)
+            run.outputs[key] = await output.future()
+            if await output.is_secret():
+                run.secret_outputs.add(key)
+
+    def program():
+        runpy.run_path(str(PROGRAM), run_name="__main__")
+        return resolve_outputs()
+
+    try:
+        _sync_await(run_pulumi_func(program))
+    except Exception as error:  # the program's own failure is the result under test
+        run.error = error
+
+    for request in monitor.requests:
+        run.resources.append(
+            DeclaredResource(
+                type=request.type,
+                name=request.name,
+                urn=monitor.make_urn(request.parent, request.type, request.name),
+                parent=request.parent,
+                custom=request.custom,
+                inputs=_whole_numbers(mocks.inputs.get((request.type, request.name), {})),
+                retain_on_delete=bool(request.retainOnDelete),
+                additional_secret_outputs=list(request.additionalSecretOutputs),
+                dependencies=list(request.dependencies),
+                ignore_changes=list(request.ignoreChanges),
+            )
+        )
+    run.invokes = mocks.invokes
+    return run
+
+
+def run_stack(stack: str, overrides: Mapping[str, Any] | None = None, **kwargs) -> ProgramRun:
+    """Run the program against `stacks/Pulumi.<stack>.yaml`, optionally with some keys changed
+    (a value of None removes the key)."""
+    config = stack_config(stack)
+    for key, value in (overrides or {}).items():
+        full_key = key if ":" in key else f"{PROJECT}:{key}"
+        if value is None:
+            config.pop(full_key, None)
+        else:
+            config[full_key] = value
+    return run_program(config, stack=stack, **kwargs)

@@ -1,0 +1,189 @@
+"""`vllm-cluster plan --stack NAME`: what a stack would create and whether it works,
+offline (no AWS, no Pulumi CLI). The resource list comes from running the real
+program under the mock runtime; the figures from components/sizing.py; the
+`vllm serve` arguments from the same function the bootstrap uses.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+from components import bootstrap, catalog, models, sizing
+from components.spec import NAMESPACE, load_spec
+from components.topology import node_name, topology_summary
+
+# Secret values in a stack file are ciphertext (`secure:`) the planner cannot read
+# offline; they do not change the plan, so stand-ins that pass validation are used.
+SECRET_STAND_INS = {
+    "apiKey": "planner-stand-in-for-the-api-key-0000",
+    "hfToken": "hf_planner_stand_in",
+    "tlsPrivateKey": "-----BEGIN PRIVATE KEY-----\nUExBTk5FUg==\n-----END PRIVATE KEY-----\n",
+}
+
+
+def readable_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The stack's vllm-cluster keys (namespace stripped), secrets replaced by stand-ins."""
+    values, secret = {}, []
+    for key, value in config.items():
+        if not key.startswith(f"{NAMESPACE}:"):
+            continue
+        name = key.split(":", 1)[1]
+        if isinstance(value, dict) and "secure" in value:
+            values[name] = SECRET_STAND_INS.get(name, value)
+            secret.append(name)
+        else:
+            values[name] = value
+    return values, secret
+
+
+def resources_by_component(run) -> dict[str, dict[str, int]]:
+    components = {r.urn: r.name + " (" + r.type.rsplit(":", 1)[1] + ")" for r in run.resources if r.type.startswith("vllm-cluster:index:")}
+    grouped: dict[str, Counter] = defaultdict(Counter)
+    for resource in run.resources:
+        if resource.urn in components:
+            continue
+        owner = components.get(resource.parent, "(stack)")
+        grouped[owner][resource.type] += 1
+    return {owner: dict(sorted(counts.items())) for owner, counts in sorted(grouped.items(), key=lambda kv: kv[0].split("(")[1])}
+
+
+def build_plan(stack: str, params_b: float | None = None, dtype: str | None = None) -> dict[str, Any]:
+    from cli.mock_runtime import apply_project_config, run_program, stack_config
+
+    config, secret_keys = readable_config(apply_project_config(stack, stack_config(stack)))
+    spec = load_spec(config, stack=stack, secret_keys=set(secret_keys))
+    run = run_program({k: v for k, v in config.items()}, stack=stack, secret_keys=secret_keys)
+    if run.error is not None:
+        raise RuntimeError(f"the program failed under the mock runtime: {run.error}")
+
+    info = models.lookup(spec.model)
+    model = sizing.ModelSize.of(info, spec.model, params_b, dtype)
+    tp, pp, instance = spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.instance
+    the_fit = sizing.fit(model, instance, tp, pp, spec.gpu_memory_utilization, spec.max_model_len)
+    the_cost = sizing.cost(instance, spec.nodes, spec.gateway_instance_type, the_fit.weights_gb)
+    terms = sizing.time_to_first_token(model, spec.nodes, model.params_b)
+    topology = topology_summary(spec.nodes, spec.gpus_per_node, tp, pp)
+    layers = sizing.stage_layers(model.layers, pp) if model.layers else None
+    smallest = None
+    if not the_fit.fits:
+        option = sizing.smallest_fit(model, spec.gpu_memory_utilization, spec.max_model_len)
+        smallest = option.__dict__ if option else None
+
+    nodes = []
+    for node in topology["nodes"]:
+        nodes.append({
+            "node": node["node"],
+            "role": node["role"],
+            "ip": f"<{node_name(node['node'])}-ip>",
+            "gpus": node["gpus"],
+            "ranks": node["ranks"],
+            "stages": [
+                {"stage": stage, "layers": list(layers[stage]) if layers else None} for stage in node["pipelineStages"]
+            ],
+        })
+    return {
+        "stack": stack,
+        "model": {"name": model.name, "paramsB": model.params_b, "dtype": model.dtype,
+                  "source": "model table" if info and params_b is None else "--params-b/--dtype",
+                  "layers": model.layers},
+        "cluster": {"instanceType": instance.name, "nodes": spec.nodes, "gpusPerNode": instance.gpus,
+                    "gpuModel": instance.gpu_model, "gpuMemoryGiB": instance.gpu_memory_gib,
+                    "tensorParallelSize": tp, "pipelineParallelSize": pp, "efa": spec.efa},
+        "resources": resources_by_component(run),
+        "resourceCount": len(run.resources),
+        "nodes": nodes,
+        "ranks": topology["ranks"],
+        "weightsGB": round(the_fit.weights_gb, 1),
+        "fits": the_fit.fits,
+        "fit": {
+            "weightsPerGpuGiB": round(the_fit.weights_per_rank_gib, 2),
+            "gpuMemoryGiB": the_fit.gpu_memory_gib,
+            "gpuMemoryUtilization": spec.gpu_memory_utilization or sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+            "usablePerGpuGiB": round(the_fit.usable_per_rank_gib, 2),
+            "runtimeOverheadGiB": sizing.RUNTIME_OVERHEAD_GIB,
+            "kvCachePerGpuGiB": round(the_fit.kv_room_per_rank_gib, 2),
+            "contextTokens": the_fit.context_tokens,
+            "maxModelLen": the_fit.max_model_len,
+            "verdict": the_fit.reason,
+        },
+        "smallestFit": smallest,
+        "costPerHourUsd": round(the_cost.per_hour, 4),
+        "costPerDayUsd": round(the_cost.per_day, 2),
+        "cost": {"gpuNodes": round(the_cost.gpu_nodes, 4), "gateway": the_cost.gateway,
+                 "natGateway": the_cost.nat_gateway, "modelCache": round(the_cost.model_cache, 4),
+                 "priceDate": instance.price_date, "priceSource": instance.price_source},
+        "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
+        "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
+        "warnings": sizing.warnings_for(model, instance, spec.nodes, tp, spec.efa, the_fit) + list(spec.warnings),
+        "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
+        "secretsNotRead": secret_keys,
+    }
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
+def render(plan: dict[str, Any]) -> str:
+    m, c, f = plan["model"], plan["cluster"], plan["fit"]
+    out = [f"vllm-cluster plan: stack {plan['stack']} (offline: no AWS, no Pulumi CLI)", ""]
+    out.append(f"Model     {m['name']}, {m['paramsB']:g} B parameters, {m['dtype']} (from the {m['source']})")
+    out.append(
+        f"Cluster   {c['nodes']} x {c['instanceType']} ({c['gpusPerNode']} x {c['gpuModel']} {c['gpuMemoryGiB']:g} GiB), "
+        f"TP {c['tensorParallelSize']} x PP {c['pipelineParallelSize']} = "
+        f"{c['tensorParallelSize'] * c['pipelineParallelSize']} ranks, EFA {'on' if c['efa'] else 'off'}"
+    )
+    out += ["", f"Resources ({plan['resourceCount']}, by component)"]
+    for owner, counts in plan["resources"].items():
+        listed = ", ".join(f"{t.split(':')[-1]} x{n}" if n > 1 else t.split(":")[-1] for t, n in counts.items())
+        out.append(f"  {owner:34s} {listed}")
+    out += ["", "Topology (rank = pp_rank x TP + tp_rank)",
+            f"  {'node':5s}{'role':8s}{'ip':16s}{'GPUs':6s}{'ranks':8s}{'stage':7s}layers"]
+    for node in plan["nodes"]:
+        for i, stage in enumerate(node["stages"]):
+            layers = f"{stage['layers'][0]}-{stage['layers'][1] - 1}" if stage["layers"] else "(unknown)"
+            first = i == 0
+            out.append(
+                f"  {str(node['node']) if first else '':5s}{node['role'] if first else '':8s}"
+                f"{node['ip'] if first else '':16s}{str(node['gpus']) if first else '':6s}"
+                f"{_ranks(node['ranks']) if first else '':8s}{str(stage['stage']):7s}{layers}"
+            )
+    tokens = f"about {f['contextTokens']:,} tokens of context" if f["contextTokens"] is not None else "context unknown (architecture not in the table)"
+    out += ["", "Fit",
+            f"  weights        {plan['weightsGB']:g} GB ({m['paramsB']:g} B x {m['dtype']})",
+            f"  per GPU        {f['weightsPerGpuGiB']:g} GiB of weights; {f['usablePerGpuGiB']:g} of {f['gpuMemoryGiB']:g} GiB usable at gpuMemoryUtilization {f['gpuMemoryUtilization']:g}, {f['runtimeOverheadGiB']:g} GiB runtime",
+            f"  KV cache       {f['kvCachePerGpuGiB']:g} GiB per GPU: {tokens} (max-model-len {f['maxModelLen']})",
+            f"  verdict        {'FITS' if plan['fits'] else 'DOES NOT FIT'}: {f['verdict']}"]
+    if plan["smallestFit"]:
+        s = plan["smallestFit"]
+        out.append(f"  smallest fit   {s['nodes']} x {s['instance_type']} (TP {s['tp']} x PP {s['pp']}), ${s['cost_per_hour']:.2f}/h for the GPUs")
+    elif not plan["fits"]:
+        out.append("  smallest fit   none in the catalog up to 16 nodes")
+    k = plan["cost"]
+    out += ["", f"Cost (us-east-1 on-demand, prices of {k['priceDate']})",
+            f"  GPU nodes      ${k['gpuNodes']:.4f}/h ({c['nodes']} x {c['instanceType']})",
+            f"  gateway        ${k['gateway']:.4f}/h",
+            f"  NAT gateway    ${k['natGateway']:.4f}/h (plus data processed)",
+            f"  model cache    ${k['modelCache']:.4f}/h (EFS storage for the weights)",
+            f"  total          ${plan['costPerHourUsd']:.2f}/h, ${plan['costPerDayUsd']:.2f}/day"]
+    out += ["", "Time to first token from a cold `pulumi up` (estimate)"]
+    for term in plan["timeToFirstToken"]:
+        out.append(f"  {term['term']:16s}{term['seconds']:6d} s   {term['assumes']}")
+    total = plan["timeToFirstTokenSeconds"]
+    out.append(f"  {'total':16s}{total:6d} s   ({total / 60:.1f} min)")
+    out += ["", "Warnings"] + ([f"  - {w}" for w in plan["warnings"]] or ["  (none)"])
+    args = plan["vllmServeArgs"]
+    out += ["", "vllm serve on the head (API key from a root-only env file, never an argument)",
+            "  vllm serve " + args[0]]
+    i = 1
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out.append(f"    {args[i]} {args[i + 1]}")
+            i += 2
+        else:
+            out.append(f"    {args[i]}")
+            i += 1
+    if plan["secretsNotRead"]:
+        out += ["", f"(secrets not read offline: {', '.join(plan['secretsNotRead'])})"]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,225 @@
+"""Sizing arithmetic for the planner: does the model fit, how much context the KV
+cache holds, what the cluster costs, how long a cold `pulumi up` takes to the
+first token. Pure functions over plain values; every assumption is a named
+constant with where it comes from, and the planner prints each one it used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from components import catalog
+from components.catalog import InstanceType
+from components.models import DTYPE_BYTES, ModelInfo
+
+GIB = 2**30
+GB = 10**9
+MIB = 2**20
+
+# vLLM's default --gpu-memory-utilization.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# Per GPU, outside weights and KV cache: CUDA context, activations at the profiled
+# batch, CUDA graphs, NCCL buffers. vLLM measures this at start-up; 2 GiB is a
+# typical figure for these GPUs (an estimate, shown as such).
+RUNTIME_OVERHEAD_GIB = 2.0
+
+# us-east-1 on-demand list prices (aws.amazon.com/vpc/pricing, /ec2/pricing,
+# /efs/pricing), checked 2026-01-21.
+GATEWAY_PRICE_PER_HOUR = {"t3.small": 0.0208, "t3.micro": 0.0104, "t3.medium": 0.0416, "t4g.small": 0.0168}
+NAT_GATEWAY_PER_HOUR = 0.045
+EFS_STANDARD_GB_MONTH = 0.30
+HOURS_PER_MONTH = 730
+
+# Cold `pulumi up` to first token: the terms and the figures they assume.
+INSTANCE_BOOT_SECONDS = 180  # launch to SSH for a GPU instance on the DLAMI (SkyPilot 101-147 s; ParallelCluster 294 s)
+SOFTWARE_INSTALL_SECONDS = 240  # efs-utils build and pip install of vLLM and Ray (~9 GB) in parallel on every node
+EFS_ELASTIC_CLIENT_MIB_S = 1500  # Elastic throughput, per client (AWS EFS User Guide, "Amazon EFS performance")
+ENGINE_START_BASE_SECONDS = 60  # vLLM process, Ray placement, P2P check
+ENGINE_START_SECONDS_PER_B = 2.5  # compile and CUDA graphs grow with size: 70B TP 8 ~ 3-4 min (vllm #19824)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What the planner knows of a model: from the table, or --params-b/--dtype."""
+
+    name: str
+    params_b: float
+    dtype: str
+    layers: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    max_context: int | None = None
+
+    @classmethod
+    def of(cls, info: ModelInfo | None, name: str, params_b: float | None = None, dtype: str | None = None) -> "ModelSize":
+        if info is None and params_b is None:
+            raise ValueError(f"{name} is not in the model table (components/models.py): give --params-b and --dtype")
+        chosen_dtype = dtype or (info.dtype if info else "bf16")
+        if chosen_dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype {chosen_dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        if info is None:
+            return cls(name, float(params_b), chosen_dtype)
+        return cls(name, float(params_b if params_b is not None else info.params_b), chosen_dtype,
+                   info.layers, info.kv_heads, info.head_dim, info.max_context)
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params_b * 1e9 * DTYPE_BYTES[self.dtype]
+
+    def kv_bytes_per_token_per_rank(self, tp: int, pp: int) -> float | None:
+        """K and V, for this rank's layers (1/PP of them) and KV heads (1/TP of them; a
+        head is replicated when TP exceeds the KV heads)."""
+        if self.layers is None or self.kv_heads is None or self.head_dim is None:
+            return None
+        layers = math.ceil(self.layers / pp)
+        heads = max(1.0, self.kv_heads / tp)
+        return 2 * layers * heads * self.head_dim * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Fit:
+    weights_gb: float
+    weights_per_rank_gib: float
+    gpu_memory_gib: float
+    usable_per_rank_gib: float  # at gpuMemoryUtilization
+    kv_room_per_rank_gib: float
+    context_tokens: int | None  # tokens of KV cache the cluster holds; None when the architecture is unknown
+    max_model_len: int | None
+    fits: bool
+    reason: str
+
+
+def fit(model: ModelSize, instance: InstanceType, tp: int, pp: int, utilization: float | None,
+        max_model_len: int | None) -> Fit:
+    ranks = tp * pp
+    weights_per_rank = model.weight_bytes / ranks
+    gpu_bytes = instance.gpu_memory_gib * GIB
+    usable = (utilization or DEFAULT_GPU_MEMORY_UTILIZATION) * gpu_bytes
+    room = usable - weights_per_rank - RUNTIME_OVERHEAD_GIB * GIB
+    per_token = model.kv_bytes_per_token_per_rank(tp, pp)
+    tokens = int(room // per_token) if per_token and room > 0 else (0 if per_token else None)
+    context = max_model_len or model.max_context
+    if room <= 0:
+        fits, reason = False, (
+            f"weights need {weights_per_rank / GIB:.1f} GiB per GPU, {usable / GIB:.1f} GiB usable "
+            f"less {RUNTIME_OVERHEAD_GIB:g} GiB runtime leaves no room"
+        )
+    elif tokens is not None and context is not None and tokens < context:
+        fits, reason = False, (
+            f"the KV cache holds {tokens} tokens, fewer than one sequence of max-model-len {context}; "
+            "vLLM refuses to start (lower maxModelLen or add GPUs)"
+        )
+    else:
+        fits, reason = True, f"{room / GIB:.1f} GiB per GPU left for the KV cache"
+    return Fit(
+        weights_gb=model.weight_bytes / GB,
+        weights_per_rank_gib=weights_per_rank / GIB,
+        gpu_memory_gib=instance.gpu_memory_gib,
+        usable_per_rank_gib=usable / GIB,
+        kv_room_per_rank_gib=max(room, 0) / GIB,
+        context_tokens=tokens,
+        max_model_len=context,
+        fits=fits,
+        reason=reason,
+    )
+
+
+@dataclass(frozen=True)
+class Option:
+    instance_type: str
+    nodes: int
+    tp: int
+    pp: int
+    cost_per_hour: float
+
+
+def smallest_fit(model: ModelSize, utilization: float | None, max_model_len: int | None,
+                 max_nodes: int = 16) -> Option | None:
+    """The cheapest catalog configuration (TP = a node's GPUs, PP = nodes) that fits."""
+    best = None
+    for name in catalog.known_instance_types():
+        instance = catalog.CATALOG[name]
+        for nodes in range(1, max_nodes + 1):
+            if fit(model, instance, instance.gpus, nodes, utilization, max_model_len).fits:
+                option = Option(name, nodes, instance.gpus, nodes, instance.price_per_hour_usd * nodes)
+                if best is None or (option.cost_per_hour, option.nodes) < (best.cost_per_hour, best.nodes):
+                    best = option
+                break
+    return best
+
+
+@dataclass(frozen=True)
+class Cost:
+    gpu_nodes: float
+    gateway: float
+    nat_gateway: float
+    model_cache: float
+
+    @property
+    def per_hour(self) -> float:
+        return self.gpu_nodes + self.gateway + self.nat_gateway + self.model_cache
+
+    @property
+    def per_day(self) -> float:
+        return self.per_hour * 24
+
+
+def cost(instance: InstanceType, nodes: int, gateway_type: str, weights_gb: float) -> Cost:
+    return Cost(
+        gpu_nodes=instance.price_per_hour_usd * nodes,
+        gateway=GATEWAY_PRICE_PER_HOUR.get(gateway_type, GATEWAY_PRICE_PER_HOUR["t3.small"]),
+        nat_gateway=NAT_GATEWAY_PER_HOUR,
+        model_cache=weights_gb * EFS_STANDARD_GB_MONTH / HOURS_PER_MONTH,
+    )
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    seconds: float
+    assumes: str
+
+
+def time_to_first_token(model: ModelSize, nodes: int, params_b: float) -> list[Term]:
+    """The terms of a cold `pulumi up` to the first token, each with its assumption."""
+    rate = EFS_ELASTIC_CLIENT_MIB_S * MIB
+    download = model.weight_bytes / rate
+    load = model.weight_bytes / nodes / rate
+    engine = ENGINE_START_BASE_SECONDS + ENGINE_START_SECONDS_PER_B * params_b
+    return [
+        Term("instance boot", INSTANCE_BOOT_SECONDS, "launch to SSH on the Deep Learning AMI"),
+        Term("software install", SOFTWARE_INSTALL_SECONDS, "efs-utils and pip install of vLLM + Ray, nodes in parallel"),
+        Term("model download", download, f"{model.weight_bytes / GB:.1f} GB at EFS Elastic's {EFS_ELASTIC_CLIENT_MIB_S} MiB/s per client"),
+        Term("model load", load, f"each node reads its 1/{nodes} at {EFS_ELASTIC_CLIENT_MIB_S} MiB/s"),
+        Term("engine start", engine, f"{ENGINE_START_BASE_SECONDS} s + {ENGINE_START_SECONDS_PER_B} s per billion parameters"),
+    ]
+
+
+def stage_layers(layers: int, pp: int) -> list[tuple[int, int]]:
+    """[start, end) of each pipeline stage's layers, split as vLLM's get_pp_indices
+    does: evenly, the remainder going to the stages before the last."""
+    partitions = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        partitions[-i] += 1
+    ranges, start = [], 0
+    for size in partitions:
+        ranges.append((start, start + size))
+        start += size
+    return ranges
+
+
+def warnings_for(model: ModelSize, instance: InstanceType, nodes: int, tp: int, efa: bool, the_fit: Fit) -> list[str]:
+    warnings = []
+    if tp > instance.gpus:
+        warnings.append(f"tensor parallelism {tp} spans nodes ({instance.gpus} GPUs each): TP traffic crosses the network")
+    if nodes > 1 and not efa:
+        warnings.append(f"{nodes} nodes without EFA: pipeline traffic between nodes goes over TCP")
+    if model.weight_bytes > instance.gpus * instance.gpu_memory_gib * GIB:
+        warnings.append(
+            f"the weights ({model.weight_bytes / GB:.0f} GB) exceed one node's GPU memory "
+            f"({instance.gpus} x {instance.gpu_memory_gib:g} GiB): the model needs pipeline stages on several nodes"
+        )
+    if not the_fit.fits:
+        warnings.append(f"does not fit: {the_fit.reason}")
+    return warnings

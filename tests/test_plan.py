@@ -1,0 +1,72 @@
+"""`scripts/vllm-cluster plan`: the printed plan of every stack against a golden copy
+(tests/golden/plan-<stack>.txt; VLLM_CLUSTER_UPDATE_GOLDEN=1 rewrites them after
+a deliberate change), and the --json document's contract."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cli import plan
+from components import bootstrap
+from components.spec import load_spec
+from pulumi_mocks import stack_config, stack_names
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_the_printed_plan_matches_its_golden_copy(stack):
+    printed = plan.render(plan.build_plan(stack))
+    golden = GOLDEN / f"plan-{stack}.txt"
+    if os.environ.get("VLLM_CLUSTER_UPDATE_GOLDEN"):
+        golden.write_text(printed)
+    assert printed == golden.read_text()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "scripts" / "vllm-cluster"), *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_json_has_the_documented_fields():
+    result = run_cli("plan", "--stack", "prod", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert isinstance(document["costPerHourUsd"], float) and document["costPerHourUsd"] > 40
+    assert document["weightsGB"] == pytest.approx(141.2)
+    assert document["fits"] is True
+    assert document["ranks"][0] == {"rank": 0, "node": 0, "gpu": 0, "tpRank": 0, "ppRank": 0}
+    assert document["ranks"][15] == {"rank": 15, "node": 1, "gpu": 7, "tpRank": 7, "ppRank": 1}
+    assert isinstance(document["timeToFirstTokenSeconds"], int) and document["timeToFirstTokenSeconds"] > 0
+    assert isinstance(document["warnings"], list)
+
+
+def test_the_serve_args_are_the_bootstraps_own():
+    document = plan.build_plan("prod")
+    config = {k.split(":", 1)[1]: v for k, v in stack_config("prod").items() if k.startswith("vllm-cluster:")}
+    assert document["vllmServeArgs"] == bootstrap.vllm_serve_args(load_spec(config, stack="prod"), "<head-ip>")
+    assert all("apiKey" not in a and "--api-key" != a for a in document["vllmServeArgs"])
+
+
+def test_every_resource_the_program_declares_is_listed():
+    document = plan.build_plan("h100")
+    listed = sum(n for counts in document["resources"].values() for n in counts.values())
+    components = len(document["resources"])
+    assert listed + components == document["resourceCount"]
+    assert document["resources"]["vllm (ClusterServices)"]["command:remote:Command"] == 13
+
+
+def test_a_model_outside_the_table_is_sized_from_params_and_dtype():
+    result = run_cli("plan", "--stack", "dev", "--json", "--params-b", "70", "--dtype", "bf16")
+    document = json.loads(result.stdout)
+    assert document["weightsGB"] == 140.0 and document["fits"] is False
+    assert document["smallestFit"] is not None
+    assert any(w.startswith("does not fit") for w in document["warnings"])
+
+
+def test_a_bad_stack_is_a_clear_error():
+    result = run_cli("plan", "--stack", "nosuchstack")
+    assert result.returncode == 2 and "nosuchstack" in result.stderr

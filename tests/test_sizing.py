@@ -1,0 +1,91 @@
+"""The planner's arithmetic, with cases a user can check by hand."""
+
+import pytest
+
+from components import catalog, models, sizing
+
+LLAMA_70B = sizing.ModelSize.of(models.lookup("meta-llama/Llama-3.1-70B-Instruct"), "meta-llama/Llama-3.1-70B-Instruct")
+
+
+def test_a_70b_bf16_model_needs_about_140_gb_of_weights():
+    assert LLAMA_70B.weight_bytes / 1e9 == pytest.approx(141.2, abs=0.1)
+    assert sizing.ModelSize.of(None, "x", params_b=70, dtype="bf16").weight_bytes == 140e9
+    assert sizing.ModelSize.of(None, "x", params_b=70, dtype="int4").weight_bytes == 35e9
+
+
+def test_a_70b_model_does_not_fit_on_one_g5_12xlarge():
+    result = sizing.fit(LLAMA_70B, catalog.CATALOG["g5.12xlarge"], 4, 1, None, 8192)
+    assert not result.fits and "no room" in result.reason
+    assert result.weights_per_rank_gib == pytest.approx(141.2e9 / 4 / 2**30, rel=1e-3)
+
+
+def test_a_70b_model_fits_on_two_p4d_with_tp8_pp2():
+    result = sizing.fit(LLAMA_70B, catalog.CATALOG["p4d.24xlarge"], 8, 2, 0.92, 16384)
+    assert result.fits
+    # 0.92 x 40 GiB - 141.2 GB / 16 - 2 GiB runtime
+    assert result.kv_room_per_rank_gib == pytest.approx(0.92 * 40 - 141.2e9 / 16 / 2**30 - 2, abs=0.01)
+
+
+def test_kv_cache_per_token_counts_this_ranks_layers_and_heads():
+    # Llama-3.1-70B: 80 layers, 8 KV heads of 128, bf16. TP 8 PP 2: 40 layers, 1 head per rank.
+    assert LLAMA_70B.kv_bytes_per_token_per_rank(8, 2) == 2 * 40 * 1 * 128 * 2
+    # TP 16 > 8 KV heads: each rank still holds a whole (replicated) head.
+    assert LLAMA_70B.kv_bytes_per_token_per_rank(16, 1) == 2 * 80 * 1 * 128 * 2
+    assert sizing.ModelSize.of(None, "x", params_b=7).kv_bytes_per_token_per_rank(1, 1) is None
+
+
+def test_a_kv_cache_shorter_than_one_sequence_does_not_fit():
+    # 8 x L40S 48 GiB at 0.40: 19.2 GiB usable - 16.4 GiB weights - 2 GiB runtime = 0.8 GiB,
+    # about 21k tokens at 40 KiB a token: less than Llama's 131072-token context.
+    result = sizing.fit(LLAMA_70B, catalog.CATALOG["g6e.48xlarge"], 8, 1, 0.40, None)
+    assert result.kv_room_per_rank_gib > 0 and result.context_tokens < 131072
+    assert not result.fits and "vLLM refuses to start" in result.reason
+    assert sizing.fit(LLAMA_70B, catalog.CATALOG["g6e.48xlarge"], 8, 1, 0.40, 8192).fits
+
+
+def test_the_smallest_fit_for_70b_is_cheaper_than_anything_else_that_fits():
+    option = sizing.smallest_fit(LLAMA_70B, None, 8192)
+    assert option is not None
+    chosen = catalog.CATALOG[option.instance_type]
+    assert sizing.fit(LLAMA_70B, chosen, option.tp, option.pp, None, 8192).fits
+    for name in catalog.known_instance_types():
+        instance = catalog.CATALOG[name]
+        for nodes in range(1, 17):
+            if instance.price_per_hour_usd * nodes < option.cost_per_hour:
+                assert not sizing.fit(LLAMA_70B, instance, instance.gpus, nodes, None, 8192).fits, (name, nodes)
+
+
+def test_stage_layers_split_as_vllm_does():
+    assert sizing.stage_layers(80, 2) == [(0, 40), (40, 80)]
+    # vLLM's get_pp_indices: the remainder goes to the stages before the last.
+    assert sizing.stage_layers(24, 5) == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 24)]
+    assert sizing.stage_layers(7, 1) == [(0, 7)]
+
+
+def test_cost_adds_gateway_nat_and_cache_to_the_gpus():
+    cost = sizing.cost(catalog.CATALOG["p4d.24xlarge"], 2, "t3.small", 141.2)
+    assert cost.gpu_nodes == pytest.approx(2 * 21.958)
+    assert cost.per_hour == pytest.approx(2 * 21.958 + 0.0208 + 0.045 + 141.2 * 0.30 / 730)
+    assert cost.per_day == pytest.approx(cost.per_hour * 24)
+
+
+def test_time_to_first_token_terms_show_their_figures():
+    terms = {t.name: t for t in sizing.time_to_first_token(LLAMA_70B, 2, LLAMA_70B.params_b)}
+    assert terms["model download"].seconds == pytest.approx(141.2e9 / (1500 * 2**20), rel=1e-3)
+    assert terms["model load"].seconds == pytest.approx(terms["model download"].seconds / 2)
+    assert "1500 MiB/s" in terms["model download"].assumes
+
+
+def test_warnings_name_what_is_risky():
+    big = sizing.fit(LLAMA_70B, catalog.CATALOG["g5.12xlarge"], 4, 1, None, 8192)
+    warnings = sizing.warnings_for(LLAMA_70B, catalog.CATALOG["g5.12xlarge"], 2, 4, False, big)
+    assert any("without EFA" in w for w in warnings)
+    assert any("exceed one node's GPU memory" in w for w in warnings)
+    assert any(w.startswith("does not fit") for w in warnings)
+
+
+def test_an_unknown_model_needs_its_size():
+    with pytest.raises(ValueError, match="--params-b"):
+        sizing.ModelSize.of(None, "org/unknown")
+    with pytest.raises(ValueError, match="dtype"):
+        sizing.ModelSize.of(None, "org/unknown", params_b=7, dtype="fp12")
