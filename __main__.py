@@ -150,6 +150,7 @@ services = ClusterServices(
         tls_private_key_pem=certificate.private_key_pem,
         tls_self_signed=certificate.self_signed,
         endpoint_host=certificate.hostname,
+        efa_interfaces=efa_interfaces,
         nodes=[nodes.head, *nodes.workers],
         gateway=gateway.resources,
     ),

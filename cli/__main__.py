@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in (("preflight", "check every node before vLLM starts"), ("status", "gang health of the running cluster")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--stack", required=True)
+        sub.add_argument("--stack-file", help="the stack's config file (default: stacks/Pulumi.<stack>.yaml)")
         sub.add_argument("--outputs", help="the stack's outputs as JSON (default: pulumi stack output --json --show-secrets)")
         sub.add_argument("--json", action="store_true")
         if name == "status":

@@ -69,6 +69,8 @@ class ProjectConfigError(Exception):
 
 def _fits_declared_type(declared: dict, value: Any) -> bool:
     kind = declared["type"]
+    if isinstance(value, dict) and set(value) == {"secure"}:
+        return True  # an encrypted value: the CLI decrypts it to the declared type
     if kind == "array":
         return isinstance(value, list) and all(_fits_declared_type(declared["items"], item) for item in value)
     if isinstance(value, (list, dict)):

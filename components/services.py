@@ -3,7 +3,8 @@
   every node's setup (the user data again: waits for cloud-init's run, converges)
     -> secrets into root-only files -> Ray head -> every Ray worker, in parallel
     -> cluster ready (every node and GPU) -> model staged on the cache
-    -> vLLM started -> readiness: a real completion through the gateway.
+    -> preflight (every node's facts, compared on the head) -> vLLM started
+    -> readiness: a real completion through the gateway.
   The gateway in parallel: setup -> certificate and key -> nginx site.
 
 Every command runs one idempotent subcommand of scripts/node/vllm-cluster-node or
@@ -59,6 +60,7 @@ class ServicesArgs:
     tls_private_key_pem: pulumi.Output[str]
     tls_self_signed: bool
     endpoint_host: pulumi.Output[str]
+    efa_interfaces: int
     # The instances (and the gateway's address): a command starts after its host exists.
     nodes: Sequence[pulumi.Resource]
     gateway: Sequence[pulumi.Resource]
@@ -205,9 +207,27 @@ class ClusterServices(pulumi.ComponentResource):
         # Restarted Ray nodes take vLLM's workers with them, and a new vLLM version
         # needs a restart: then check (and if need be restart) vLLM again.
         vllm_restarts = [spec.vllm_version, *[node.id for node in ray_nodes]]
+
+        # Preflight: every node's facts onto the shared cache, then the head compares
+        # them, so a broken node fails `pulumi up` with a diagnosis before vLLM starts.
+        model_dir = bootstrap.model_directory(spec.model, spec.model_revision)
+        facts = [
+            run(f"preflight-{node_name(index)}", through_gateway(args.node_ips[index]),
+                f"sudo {NODE_COMMAND} preflight-facts --model-dir {model_dir}",
+                after=[model, ray_nodes[index]], triggers=vllm_restarts)
+            for index in range(spec.nodes)
+        ]
+        efa_flag = f" --efa {args.efa_interfaces}" if spec.efa else ""
+        preflight = run(
+            "preflight", head,
+            f"sudo {NODE_COMMAND} preflight --nodes {','.join(node_name(i) for i in range(spec.nodes))}"
+            f" --gpus {spec.gpus_per_node} --gpu-memory-gib {spec.instance.gpu_memory_gib:g}{efa_flag}",
+            # Compare again whenever the facts were gathered again.
+            after=facts, triggers=[*vllm_restarts, model_dir],
+        )
         serve = run(
             "vllm", head, f"sudo {NODE_COMMAND} start-vllm", stdin=vllm_settings,
-            after=[model, cluster_ready], triggers=vllm_restarts,
+            after=[model, cluster_ready, preflight], triggers=vllm_restarts,
         )
         self.readiness = run(
             "readiness", head,
@@ -229,6 +249,7 @@ class ClusterServices(pulumi.ComponentResource):
             "ray": ray_nodes,
             "cluster_ready": cluster_ready,
             "model": model,
+            "preflight": [*facts, preflight],
             "vllm": serve,
         }
         self.register_outputs({"readiness": self.readiness.stdout})

@@ -50,6 +50,7 @@ BASE_PACKAGES = (
 )
 HF_HUB_VERSION = "2.4.0"
 VLLM_DOUBLE = ROOT / "tests" / "doubles" / "vllm_double"
+NVIDIA_SMI_DOUBLE = ROOT / "tests" / "doubles" / "bin" / "nvidia-smi"
 
 BRIDGE = "vcbr0"
 BRIDGE_IP = "10.99.0.254"
@@ -180,7 +181,8 @@ class Fleet:
     made (hosts, namespaces, the bridge, mounts, files) is removed on exit, also
     when a test fails."""
 
-    def __init__(self, workdir: Path, nodes: int, authorized_key: str, private_key: str):
+    def __init__(self, workdir: Path, nodes: int, authorized_key: str, private_key: str,
+                 gpus_per_node: int = 4, gpu_name: str = "NVIDIA A10G", gpu_memory_mib: int = 23028):
         self.workdir = Path(workdir)
         self.authorized_key = authorized_key.strip()
         self.key_file = self.workdir / "ssh-key"
@@ -188,6 +190,8 @@ class Fleet:
         self.gateway = Host("gateway", GATEWAY_IP, "gateway", self.workdir / "gateway")
         self.nodes = [Host(f"node{i}", node_ip(i), "node", self.workdir / f"node{i}") for i in range(nodes)]
         self._private_key = private_key
+        # What the nvidia-smi double reports on every node host (default: a g5.12xlarge).
+        self.gpu_conf = f"GPUS={gpus_per_node}\nNAME={gpu_name}\nMEMORY_MIB={gpu_memory_mib}\nDRIVER=570.133.20\n"
         self._made_bridge = False
         self._netns: list[str] = []
         self._mounts: list[Path] = []
@@ -263,6 +267,10 @@ class Fleet:
         (host.root / "etc" / "hostname").write_text(f"{host.name}\n")
         (host.root / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{host.ip} {host.name}\n")
         _run("ssh-keygen", "-A", "-f", str(host.root))  # this host's own host keys
+        if host.role == "node":
+            # No GPU here: the nvidia-smi test double, describing this host's emulated GPUs.
+            shutil.copy(NVIDIA_SMI_DOUBLE, host.root / "usr" / "bin" / "nvidia-smi")
+            (host.root / "etc" / "nvidia-smi-double.conf").write_text(self.gpu_conf)
         ssh_dir = host.root / "home" / SSH_USER / ".ssh"
         ssh_dir.mkdir(mode=0o700, exist_ok=True)
         # What EC2 and cloud-init do with the instance's key pair.

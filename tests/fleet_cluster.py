@@ -25,6 +25,7 @@ from replay import Outcome, replay, start_cloud_init, user_data_of
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
+SECRET_KEYS = ("apiKey", "hfToken", "tlsPrivateKey")
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 # Ends in "=": a base64 key, which the node must keep whole (an `IFS==` read would not).
 API_KEY = "ZmxlZXQtdGVzdC1hcGkta2V5LXdpdGgtcGFkZGluZy0x="
@@ -116,6 +117,7 @@ class ClusterUnderTest:
     fleet: Fleet
     hub: FakeHub
     key_store: dict
+    config: dict[str, Any] = field(default_factory=dict)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     booted_at: float = 0.0
     ready_at: float = 0.0
@@ -175,6 +177,24 @@ class ClusterUnderTest:
             time.sleep(2)
         raise TimeoutError(f"no successful completion through {self.endpoint} within {timeout:g} s")
 
+    def operator_files(self, workdir: Path) -> list[str]:
+        """Arguments for scripts/vllm-cluster: the fleet's stack file and its outputs
+        (what `pulumi stack output --json --show-secrets` would print)."""
+        import yaml
+
+        stack_file, outputs = workdir / "Pulumi.fleet.yaml", workdir / "outputs.json"
+        # Secrets as a stack file holds them: encrypted (the tools never need their values).
+        config = {f"vllm-cluster:{k}": ({"secure": "v1:ciphertext"} if k in SECRET_KEYS else v)
+                  for k, v in self.config.items()}
+        stack_file.write_text(yaml.safe_dump({"config": config}))
+        outputs.write_text(json.dumps(self.run.outputs))
+        return ["--stack", "fleet", "--stack-file", str(stack_file), "--outputs", str(outputs)]
+
+    def operator(self, *args: str) -> subprocess.CompletedProcess:
+        """scripts/vllm-cluster SUBCOMMAND against the fleet."""
+        return subprocess.run([str(ROOT / "scripts" / "vllm-cluster"), *args, *self.operator_files(self.fleet.workdir)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300)
+
     def node_shell(self, index: int, command: str, check: bool = True) -> subprocess.CompletedProcess:
         return self.fleet.ssh(self.fleet.nodes[index], command, check=check)
 
@@ -190,7 +210,8 @@ def serving_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> Iterator
     run = fleet_program(nodes, key_store, **overrides)
     public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
     with Fleet(workdir, nodes, public_key, run.outputs["sshPrivateKey"]) as fleet, FakeHub(workdir) as hub:
-        cluster = ClusterUnderTest(run, fleet, hub, key_store, booted_at=time.monotonic())
+        cluster = ClusterUnderTest(run, fleet, hub, key_store, config=fleet_config(nodes, **overrides),
+                                   booted_at=time.monotonic())
         hosts = {"vllm-host": fleet.gateway, "vllm-head": fleet.nodes[0]}
         hosts.update({f"vllm-worker-{i}": fleet.nodes[i] for i in range(1, nodes)})
         for instance, script in user_data_of(run).items():

@@ -9,6 +9,7 @@ namespaces); under CI (VLLM_CLUSTER_CI) that is a failure instead.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -160,6 +161,75 @@ def test_new_vllm_settings_restart_only_vllm(cluster):
     assert cluster.hub.downloads() == downloads
     assert "--gpu-memory-utilization 0.8" in cluster.node_shell(0, "sudo cat /etc/vllm-cluster/vllm.env").stdout
     cluster.run = updated
+    cluster.config["gpuMemoryUtilization"] = "0.8"
+
+
+# --- operator tools against the fleet ------------------------------------------------------
+
+
+def test_preflight_passes_on_a_healthy_cluster(cluster):
+    result = cluster.operator("preflight")
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = result.stdout.splitlines()
+    assert table[0].split() == ["check", "head", *[f"worker-{i}" for i in range(1, NODES)]]
+    for check in ("python", "ray", "vllm", "gpus", "interface", "model", "gcs"):
+        row = next(line for line in table if line.startswith(check + " "))
+        assert "XX" not in row and row.count("ok") == NODES, row
+
+
+def test_preflight_names_the_node_with_another_ray_version(cluster):
+    metadata = "/opt/vllm-cluster/venv/lib/python3.11/site-packages/ray-*.dist-info/METADATA"
+    worker = 1
+    cluster.node_shell(worker, f"sed 's/^Version: .*/Version: 2.59.0/' {metadata} > /tmp/METADATA && "
+                               f"sudo mount --bind /tmp/METADATA {metadata}")
+    try:
+        result = cluster.operator("preflight")
+    finally:
+        cluster.node_shell(worker, f"sudo umount {metadata}")
+    assert result.returncode == 1
+    assert "worker-1: ray is 2.59.0" in result.stderr, result.stderr
+    assert "head: ray" not in result.stderr
+
+
+def test_status_is_healthy_with_metrics(cluster):
+    result = cluster.operator("status", "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["verdict"] == "healthy", report["problems"]
+    assert report["ray"] == {"nodes": NODES, "expectedNodes": NODES, "gpus": NODES * GPUS_PER_NODE,
+                             "expectedGpus": NODES * GPUS_PER_NODE}
+    assert report["completion"]["status"] == 200 and report["completion"]["seconds"] > 0
+    assert set(report["metrics"]) == {"running", "waiting", "kv_cache_usage", "tokens_per_second"}
+    printed = cluster.operator("status")
+    assert printed.returncode == 0 and "HEALTHY" in printed.stdout
+
+
+def test_status_is_degraded_naming_a_stopped_worker(cluster):
+    worker = NODES - 1
+    cluster.node_shell(worker, "sudo systemctl stop ray-worker")
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            result = cluster.operator("status")
+            if result.returncode == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        assert result.returncode == 1, result.stdout
+        assert "DEGRADED" in result.stdout
+        assert f"worker-{worker} ({node_ip(worker)}) is not in the Ray cluster" in result.stdout
+    finally:
+        cluster.node_shell(worker, "sudo systemctl start ray-worker")
+    cluster.wait_for_completion(timeout=300)
+
+
+def test_status_is_down_when_vllm_is_stopped(cluster):
+    cluster.node_shell(0, "sudo systemctl stop vllm")
+    try:
+        result = cluster.operator("status")
+        assert result.returncode == 2, result.stdout
+        assert "DOWN" in result.stdout and "vLLM is not serving" in result.stdout
+    finally:
+        cluster.node_shell(0, "sudo systemctl start vllm")
+    cluster.wait_for_completion(timeout=300)
 
 
 # --- faults --------------------------------------------------------------------------------

@@ -85,6 +85,10 @@ def test_the_chain_cluster_ready_model_vllm_readiness(run):
     assert rays <= depends_on(run, "vllm-cluster-ready")
     assert "vllm-cluster-ready" in depends_on(run, "vllm-model")
     assert "vllm-model" in depends_on(run, "vllm-vllm")
+    # Preflight: every node's facts after the model is staged, compared on the head, before vLLM.
+    facts = {f"vllm-preflight-{n}" for n in node_names(run)}
+    assert {"vllm-model"} <= depends_on(run, "vllm-preflight") and facts <= depends_on(run, "vllm-preflight")
+    assert "vllm-preflight" in depends_on(run, "vllm-vllm")
     assert {"vllm-vllm", "vllm-gateway-proxy"} <= depends_on(run, "vllm-readiness")
     assert ["vllm-gateway-setup", "vllm-gateway-tls"] == sorted(depends_on(run, "vllm-gateway-proxy"))
 
@@ -184,6 +188,12 @@ def command_inputs(result) -> dict[str, dict]:
     return {c.name: c.inputs for c in result.of_type(COMMAND)}
 
 
+def preflight_of(result) -> set[str]:
+    """The preflight commands: they run again before any restart of vLLM that a new
+    model or version brings."""
+    return {c.name for c in result.of_type(COMMAND) if c.name.startswith("vllm-preflight")}
+
+
 def changed_commands(before, after) -> set[str]:
     a, b = command_inputs(before), command_inputs(after)
     assert set(a) == set(b)
@@ -209,7 +219,7 @@ def test_a_new_parallel_layout_restarts_only_vllm():
 def test_a_new_model_stages_it_and_restarts_only_vllm():
     before = run_stack("dev")
     after = run_stack("dev", {"model": "Qwen/Qwen2.5-7B-Instruct"})
-    assert changed_commands(before, after) == {"vllm-model", "vllm-vllm", "vllm-readiness"}
+    assert changed_commands(before, after) == {"vllm-model", "vllm-vllm", "vllm-readiness"} | preflight_of(after)
     assert "--model Qwen/Qwen2.5-7B-Instruct " in command_inputs(after)["vllm-model"]["create"]
 
 
@@ -232,7 +242,9 @@ def test_a_new_ray_version_reinstalls_and_restarts_ray_then_everything_after_it(
 def test_a_new_vllm_version_reinstalls_and_restarts_vllm_but_not_ray():
     before = run_stack("prod")
     after = run_stack("prod", {"vllmVersion": "0.34.0"})
-    assert changed_commands(before, after) == {"vllm-setup-head", "vllm-setup-worker-1", "vllm-vllm", "vllm-readiness"}
+    assert changed_commands(before, after) == (
+        {"vllm-setup-head", "vllm-setup-worker-1", "vllm-vllm", "vllm-readiness"} | preflight_of(after)
+    )
 
 
 def test_a_new_admin_cidr_reconfigures_only_the_gateway():

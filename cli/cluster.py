@@ -1,0 +1,110 @@
+"""Reaching a deployed stack from the operator's machine: its outputs (from the
+Pulumi CLI, or a JSON file), SSH to its nodes through the gateway with the
+stack's key, and HTTPS to its endpoint pinned to the stack's certificate."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cli.mock_runtime import apply_project_config, stack_config
+from cli.plan import readable_config
+from components.services import SSH_USER
+from components.spec import ClusterSpec, load_spec
+from components.topology import node_name
+
+ROOT = Path(__file__).resolve().parent.parent
+SSH_OPTIONS = (
+    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+    "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+)
+
+
+def stack_spec(stack: str, stack_file: str | None = None) -> ClusterSpec:
+    """The stack's validated spec, from stacks/Pulumi.<stack>.yaml or `stack_file`."""
+    raw = yaml.safe_load(Path(stack_file).read_text())["config"] if stack_file else stack_config(stack)
+    config, secret_keys = readable_config(apply_project_config(stack, raw))
+    return load_spec(config, stack=stack, secret_keys=set(secret_keys))
+
+
+def stack_outputs(stack: str, outputs_file: str | None) -> dict[str, Any]:
+    """The stack's outputs, secrets included: from `outputs_file`, or from the Pulumi
+    CLI with the same backend and passphrase as scripts/deploy."""
+    if outputs_file:
+        return json.loads(Path(outputs_file).read_text())
+    command = f'. "{ROOT}/scripts/pulumi-env.sh" && pulumi stack output --stack "$1" --json --show-secrets'
+    result = subprocess.run(["bash", "-c", command, "outputs", stack], capture_output=True, text=True, cwd=ROOT)
+    if result.returncode != 0:
+        raise RuntimeError(f"pulumi stack output --stack {stack} failed: {result.stderr.strip()}")
+    return json.loads(result.stdout)
+
+
+@dataclass
+class Node:
+    index: int
+    ip: str
+
+    @property
+    def name(self) -> str:
+        return node_name(self.index)
+
+
+class Cluster:
+    """A deployed stack as its outputs describe it."""
+
+    def __init__(self, outputs: dict[str, Any]):
+        self.outputs = outputs
+        self.gateway = outputs["gatewayPublicIp"]
+        self.nodes = [Node(0, outputs["headPrivateIp"])] + [
+            Node(i + 1, ip) for i, ip in enumerate(outputs.get("workerPrivateIps") or [])
+        ]
+        self._scratch = tempfile.TemporaryDirectory(prefix="vllm-cluster-")
+        self.key_file = Path(self._scratch.name) / "key"
+        self.key_file.write_text(outputs["sshPrivateKey"])
+        os.chmod(self.key_file, 0o600)
+
+    def close(self) -> None:
+        self._scratch.cleanup()
+
+    def ssh(self, node: Node, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        jump = " ".join(["ssh", "-i", str(self.key_file), *SSH_OPTIONS, "-W", "%h:%p", f"{SSH_USER}@{self.gateway}"])
+        args = ["ssh", "-i", str(self.key_file), *SSH_OPTIONS, "-o", f"ProxyCommand={jump}", f"{SSH_USER}@{node.ip}", command]
+        try:
+            return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(args, 255, "", f"no answer from {node.name} ({node.ip}) in {timeout:g} s")
+
+    def tls_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        # The stack's own certificate as a trust anchor (self-signed); a public one is
+        # checked by the system store as usual.
+        context.load_verify_locations(cadata=self.outputs["tlsCertificate"])
+        return context
+
+    def completion(self, model: str, timeout: float = 60) -> tuple[int, float, str]:
+        """(HTTP status, seconds, error) of one small completion through the endpoint."""
+        body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1}).encode()
+        request = urllib.request.Request(
+            self.outputs["endpoint"].rstrip("/") + "/completions", data=body, method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.outputs['apiKey']}"},
+        )
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(request, context=self.tls_context(), timeout=timeout) as response:
+                response.read()
+                return response.status, time.monotonic() - started, ""
+        except urllib.error.HTTPError as error:
+            return error.code, time.monotonic() - started, error.read().decode(errors="replace")[:200]
+        except OSError as error:
+            return 0, time.monotonic() - started, str(error)

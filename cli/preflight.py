@@ -1,0 +1,63 @@
+"""`vllm-cluster preflight --stack NAME`: the checks the bootstrap runs before vLLM
+starts, on demand. Each node's facts are collected over SSH by the node's own
+preflight-check, and compared here by the same file (scripts/node/preflight-check)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+from pathlib import Path
+
+from cli.cluster import Cluster, stack_outputs, stack_spec
+from components import bootstrap
+from components.topology import interface_layout
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_checks():
+    """scripts/node/preflight-check, the file the nodes run, as a module."""
+    loader = SourceFileLoader("preflight_check", str(ROOT / "scripts" / "node" / "preflight-check"))
+    module = module_from_spec(spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+CHECKS = _load_checks()
+
+
+def main(args) -> int:
+    spec = stack_spec(args.stack, args.stack_file)
+    cluster = Cluster(stack_outputs(args.stack, args.outputs))
+    try:
+        model_dir = bootstrap.model_directory(spec.model, spec.model_revision)
+        command = (f"sudo {bootstrap.INSTALL_DIR}/venv/bin/python {bootstrap.BIN_DIR}/preflight-check "
+                   f"collect --model-dir {model_dir}")
+        with ThreadPoolExecutor(len(cluster.nodes)) as pool:
+            results = list(pool.map(lambda node: (node, cluster.ssh(node, command)), cluster.nodes))
+    finally:
+        cluster.close()
+    facts, unreachable = [], []
+    for node, result in results:
+        if result.returncode == 0:
+            facts.append(json.loads(result.stdout))
+        else:
+            unreachable.append(f"{node.name} ({node.ip}): {result.stderr.strip() or 'no answer'}")
+    efa = sum(1 for slot in interface_layout(spec.instance, spec.efa) if slot.is_efa) if spec.efa else 0
+    rows = CHECKS.compare(facts, spec.gpus_per_node, spec.instance.gpu_memory_gib, efa) if facts else []
+    problems = [f"{u}. Fix: check the node is running and reachable through the gateway" for u in unreachable]
+    problems += CHECKS.failures(rows)
+    if args.json:
+        print(json.dumps({"ok": not problems, "problems": problems, "facts": facts,
+                          "checks": [{"check": r["check"], "nodes": {n: {"ok": ok, "value": v} for n, (ok, v) in r["cells"].items()}}
+                                     for r in rows]}, indent=2))
+    else:
+        if rows:
+            print(CHECKS.render(rows))
+        for problem in problems:
+            print(f"FAILED {problem}", file=sys.stderr)
+        print("preflight: " + ("every node passed every check" if not problems else f"{len(problems)} problem(s)"))
+    return 1 if problems else 0
