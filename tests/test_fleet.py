@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +24,7 @@ from fleet_cluster import MODEL, fleet_program, serving_cluster
 from pulumi_mocks import run_program
 from replay import COMMAND, replay
 
+ROOT = Path(__file__).resolve().parent.parent
 NODES = int(os.environ.get("VLLM_CLUSTER_FLEET_NODES", "3"))
 GPUS_PER_NODE = 4  # g5.12xlarge in fleet_config
 
@@ -201,6 +205,19 @@ def test_status_is_healthy_with_metrics(cluster):
     assert set(report["metrics"]) == {"running", "waiting", "kv_cache_usage", "tokens_per_second"}
     printed = cluster.operator("status")
     assert printed.returncode == 0 and "HEALTHY" in printed.stdout
+
+
+def test_status_watch_redraws_in_place(cluster):
+    args = [str(ROOT / "scripts" / "vllm-cluster"), "status", "--watch", "--interval", "1",
+            *cluster.operator_files(cluster.fleet.workdir)]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    time.sleep(15)
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=60)
+    frames = out.split("\x1b[H\x1b[2J")
+    assert frames[0] == "" and len(frames) >= 3, out[-500:]
+    assert all(frame.count("vllm-cluster status:") == 1 for frame in frames[1:])
+    assert process.returncode == 0
 
 
 def test_status_is_degraded_naming_a_stopped_worker(cluster):

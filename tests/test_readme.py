@@ -56,3 +56,12 @@ def test_every_export_is_documented():
     assert len(exports) >= 9
     for name in exports:
         assert f"`{name}`" in README, name
+
+
+def test_the_operator_tools_are_documented_as_they_are_called():
+    tool = ROOT / "scripts" / "vllm-cluster"
+    assert tool.stat().st_mode & 0o111
+    for command in ("plan --stack prod", "preflight --stack prod", "status --stack prod"):
+        assert f"scripts/vllm-cluster {command}" in README, command
+    for flag in ("--json", "--watch", "--params-b", "--dtype", "--outputs", "--stack-file"):
+        assert flag in README, flag
