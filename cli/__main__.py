@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+
+
+def positive_number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of billions of parameters")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = commands.add_parser("plan", help="offline: resources, topology, fit, cost, time to first token")
     plan.add_argument("--stack", required=True, help="reads stacks/Pulumi.<stack>.yaml")
     plan.add_argument("--json", action="store_true")
-    plan.add_argument("--params-b", type=float, help="model size in billions of parameters (models not in the table)")
+    plan.add_argument("--params-b", type=positive_number, help="model size in billions of parameters (models not in the table)")
     plan.add_argument("--dtype", help="weight type: bf16, fp16, fp32, fp8, int8, int4")
 
     for name, text in (("preflight", "check every node before vLLM starts"), ("status", "gang health of the running cluster")):

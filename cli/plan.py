@@ -6,6 +6,7 @@ program under the mock runtime; the figures from components/sizing.py; the
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -37,6 +38,17 @@ def readable_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return values, secret
 
 
+def _kv_flag(spec) -> list[str]:
+    """The --kv-cache-dtype setting among vllmExtraArgs (as `--kv-cache-dtype fp8` or `=fp8`)."""
+    args = list(spec.vllm_extra_args)
+    for i, arg in enumerate(args):
+        if arg == "--kv-cache-dtype" and i + 1 < len(args):
+            return [arg, args[i + 1]]
+        if arg.startswith("--kv-cache-dtype="):
+            return [arg]
+    return []
+
+
 def resources_by_component(run) -> dict[str, dict[str, int]]:
     components = {r.urn: r.name + " (" + r.type.rsplit(":", 1)[1] + ")" for r in run.resources if r.type.startswith("vllm-cluster:index:")}
     grouped: dict[str, Counter] = defaultdict(Counter)
@@ -59,6 +71,8 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
 
     info = models.lookup(spec.model)
     model = sizing.ModelSize.of(info, spec.model, params_b, dtype)
+    if any(arg.startswith("--kv-cache-dtype") and "fp8" in arg or arg.startswith("fp8") for arg in _kv_flag(spec)):
+        model = dataclasses.replace(model, kv_cache_dtype="fp8")
     tp, pp, instance = spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.instance
     the_fit = sizing.fit(model, instance, tp, pp, spec.gpu_memory_utilization, spec.max_model_len)
     the_cost = sizing.cost(instance, spec.nodes, spec.gateway_instance_type, the_fit.weights_gb)
@@ -85,7 +99,7 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
     return {
         "stack": stack,
         "model": {"name": model.name, "paramsB": model.params_b, "dtype": model.dtype,
-                  "source": "model table" if info and params_b is None else "--params-b/--dtype",
+                  "source": "model table" if info and params_b is None else "--params-b",
                   "layers": model.layers},
         "cluster": {"instanceType": instance.name, "nodes": spec.nodes, "gpusPerNode": instance.gpus,
                     "gpuModel": instance.gpu_model, "gpuMemoryGiB": instance.gpu_memory_gib,
@@ -115,7 +129,7 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
                  "priceDate": instance.price_date, "priceSource": instance.price_source},
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
         "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
-        "warnings": sizing.warnings_for(model, instance, spec.nodes, tp, spec.efa, the_fit) + list(spec.warnings),
+        "warnings": sizing.warnings_for(model, instance, tp, the_fit) + list(spec.warnings),
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
         "secretsNotRead": secret_keys,
     }
@@ -128,7 +142,7 @@ def _ranks(ranks: list[int]) -> str:
 def render(plan: dict[str, Any]) -> str:
     m, c, f = plan["model"], plan["cluster"], plan["fit"]
     out = [f"vllm-cluster plan: stack {plan['stack']} (offline: no AWS, no Pulumi CLI)", ""]
-    out.append(f"Model     {m['name']}, {m['paramsB']:g} B parameters, {m['dtype']} (from the {m['source']})")
+    out.append(f"Model     {m['name']}, {m['paramsB']:g} B parameters, {m['dtype']} (size from the {m['source']})")
     out.append(
         f"Cluster   {c['nodes']} x {c['instanceType']} ({c['gpusPerNode']} x {c['gpuModel']} {c['gpuMemoryGiB']:g} GiB), "
         f"TP {c['tensorParallelSize']} x PP {c['pipelineParallelSize']} = "
@@ -153,7 +167,7 @@ def render(plan: dict[str, Any]) -> str:
     out += ["", "Fit",
             f"  weights        {plan['weightsGB']:g} GB ({m['paramsB']:g} B x {m['dtype']})",
             f"  per GPU        {f['weightsPerGpuGiB']:g} GiB of weights; {f['usablePerGpuGiB']:g} of {f['gpuMemoryGiB']:g} GiB usable at gpuMemoryUtilization {f['gpuMemoryUtilization']:g}, {f['runtimeOverheadGiB']:g} GiB runtime",
-            f"  KV cache       {f['kvCachePerGpuGiB']:g} GiB per GPU: {tokens} (max-model-len {f['maxModelLen']})",
+            f"  KV cache       {f['kvCachePerGpuGiB']:g} GiB per GPU: {tokens} (max-model-len {f['maxModelLen'] or 'unknown'})",
             f"  verdict        {'FITS' if plan['fits'] else 'DOES NOT FIT'}: {f['verdict']}"]
     if plan["smallestFit"]:
         s = plan["smallestFit"]

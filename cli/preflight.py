@@ -29,9 +29,23 @@ def _load_checks():
 CHECKS = _load_checks()
 
 
+def _facts(result) -> dict | None:
+    """A node's facts from its answer, or None when it gave none."""
+    if result.returncode != 0:
+        return None
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError:
+        return None
+
+
 def main(args) -> int:
-    spec = stack_spec(args.stack, args.stack_file)
-    cluster = Cluster(stack_outputs(args.stack, args.outputs))
+    try:
+        spec = stack_spec(args.stack, args.stack_file)
+        cluster = Cluster(stack_outputs(args.stack, args.outputs))
+    except Exception as error:  # no stack, no outputs: a tool error, not a failed check
+        print(f"vllm-cluster preflight: cannot look at stack {args.stack}: {error}", file=sys.stderr)
+        return 2
     try:
         model_dir = bootstrap.model_directory(spec.model, spec.model_revision)
         command = (f"sudo {bootstrap.INSTALL_DIR}/venv/bin/python {bootstrap.BIN_DIR}/preflight-check "
@@ -42,12 +56,14 @@ def main(args) -> int:
         cluster.close()
     facts, unreachable = [], []
     for node, result in results:
-        if result.returncode == 0:
-            facts.append(json.loads(result.stdout))
+        node_facts = _facts(result)
+        if node_facts is None:
+            unreachable.append(f"{node.name} ({node.ip}): {result.stderr.strip() or 'no facts in its answer'}")
         else:
-            unreachable.append(f"{node.name} ({node.ip}): {result.stderr.strip() or 'no answer'}")
+            facts.append(node_facts)
     efa = sum(1 for slot in interface_layout(spec.instance, spec.efa) if slot.is_efa) if spec.efa else 0
-    rows = CHECKS.compare(facts, spec.gpus_per_node, spec.instance.gpu_memory_gib, efa) if facts else []
+    pinned = {"ray": spec.ray_version, "vllm": spec.vllm_version}
+    rows = CHECKS.compare(facts, spec.gpus_per_node, spec.instance.gpu_memory_gib, efa, pinned) if facts else []
     problems = [f"{u}. Fix: check the node is running and reachable through the gateway" for u in unreachable]
     problems += CHECKS.failures(rows)
     if args.json:

@@ -3,7 +3,8 @@ nodes and GPUs against what the stack expects, vLLM's unit and /health, a real
 small completion through the endpoint with its latency, and vLLM's metrics.
 
 Exit 0 healthy; 1 degraded (vLLM is up but a node or GPU is missing, or completions
-fail: what is wrong is named); 2 down (vLLM is not serving).
+fail: what is wrong is named); 2 down (vLLM is not serving); 3 unknown (the tool
+could not look: no outputs, no answer from the head, and no completion either).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from datetime import datetime, timezone
 from cli.cluster import Cluster, stack_outputs, stack_spec
 from components import bootstrap
 
-HEALTHY, DEGRADED, DOWN = 0, 1, 2
-VERDICTS = {HEALTHY: "healthy", DEGRADED: "degraded", DOWN: "down"}
+HEALTHY, DEGRADED, DOWN, UNKNOWN = 0, 1, 2, 3
+VERDICTS = {HEALTHY: "healthy", DEGRADED: "degraded", DOWN: "down", UNKNOWN: "unknown"}
 
 
 def snapshot(cluster: Cluster, spec) -> dict:
@@ -30,24 +31,32 @@ def snapshot(cluster: Cluster, spec) -> dict:
 
 
 def assess(cluster: Cluster, spec, snap: dict) -> dict:
-    facts = snap["facts"] or {}
-    alive = facts.get("alive", {})
+    facts = snap["facts"]
+    seen = facts is not None and "ray_error" not in facts  # did we see Ray's membership at all?
+    alive = (facts or {}).get("alive", {})
     gpus_expected = spec.nodes * spec.gpus_per_node
-    nodes = [{"node": n.name, "ip": n.ip, "alive": n.ip in alive, "gpus": alive.get(n.ip)} for n in cluster.nodes]
+    nodes = [{"node": n.name, "ip": n.ip, "alive": (n.ip in alive) if seen else None, "gpus": alive.get(n.ip)}
+             for n in cluster.nodes]
     gpus = sum(alive.get(n.ip, 0) for n in cluster.nodes)
-    problems = [f"{n['node']} ({n['ip']}) is not in the Ray cluster" for n in nodes if not n["alive"]]
-    if snap["facts"] is None:
-        problems.append(f"the head did not answer: {snap['factsError']}")
-    elif gpus < gpus_expected:
-        problems.append(f"Ray has {gpus:g} of {gpus_expected} GPUs")
     completion = snap["completion"]
-    serving = facts.get("health") == 200
+    problems = []
+    if facts is None:
+        problems.append(f"the head did not answer: {snap['factsError']}")
+    elif not seen:
+        problems.append(f"Ray's GCS did not answer on the head: {facts['ray_error']}")
+    else:
+        problems += [f"{n['node']} ({n['ip']}) is not in the Ray cluster" for n in nodes if not n["alive"]]
+        if gpus < gpus_expected:
+            problems.append(f"Ray has {gpus:g} of {gpus_expected} GPUs")
     if completion["status"] != 200:
         problems.append(f"a completion through the endpoint got HTTP {completion['status'] or 'nothing'}"
                         + (f" ({completion['error']})" if completion["error"] else ""))
-    if not serving and completion["status"] != 200:
+    if facts is None and completion["status"] != 200:
+        verdict = UNKNOWN  # nothing answered: we cannot tell down from unreachable
+    elif facts is not None and facts.get("health") != 200 and completion["status"] != 200:
         verdict = DOWN
-        problems.insert(0, f"vLLM is not serving (unit {facts.get('vllm_unit', 'unknown')}, /health {facts.get('health', 'no answer')})")
+        problems.insert(0, f"vLLM is not serving (unit {facts.get('vllm_unit', 'unknown')}, "
+                           f"/health {facts.get('health') or 'no answer'})")
     else:
         verdict = DEGRADED if problems else HEALTHY
     return {
@@ -55,11 +64,11 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         "exitCode": verdict,
         "problems": problems,
         "nodes": nodes,
-        "ray": {"nodes": sum(n["alive"] for n in nodes), "expectedNodes": spec.nodes,
+        "ray": {"nodes": sum(bool(n["alive"]) for n in nodes), "expectedNodes": spec.nodes,
                 "gpus": gpus, "expectedGpus": gpus_expected},
-        "vllm": {"unit": facts.get("vllm_unit"), "health": facts.get("health")},
+        "vllm": {"unit": (facts or {}).get("vllm_unit"), "health": (facts or {}).get("health")},
         "completion": completion,
-        "metrics": facts.get("metrics"),
+        "metrics": (facts or {}).get("metrics"),
     }
 
 
@@ -69,7 +78,8 @@ def render(stack: str, report: dict, endpoint: str) -> str:
              f"  {'node':10s}{'ip':17s}{'ray':9s}GPUs"]
     for node in report["nodes"]:
         gpus = f"{node['gpus']:g}" if node["gpus"] is not None else "-"
-        lines.append(f"  {node['node']:10s}{node['ip']:17s}{'alive' if node['alive'] else 'MISSING':9s}{gpus}")
+        state = {True: "alive", False: "MISSING", None: "unknown"}[node["alive"]]
+        lines.append(f"  {node['node']:10s}{node['ip']:17s}{state:9s}{gpus}")
     ray, vllm, completion, metrics = report["ray"], report["vllm"], report["completion"], report["metrics"]
     lines += ["",
               f"  ray         {ray['nodes']}/{ray['expectedNodes']} nodes, {ray['gpus']:g}/{ray['expectedGpus']} GPUs",
@@ -84,21 +94,27 @@ def render(stack: str, report: dict, endpoint: str) -> str:
 
 
 def main(args) -> int:
-    spec = stack_spec(args.stack, args.stack_file)
-    cluster = Cluster(stack_outputs(args.stack, args.outputs))
+    try:
+        spec = stack_spec(args.stack, args.stack_file)
+        cluster = Cluster(stack_outputs(args.stack, args.outputs))
+    except Exception as error:  # no stack, no outputs: say so, and that nothing was checked
+        print(f"vllm-cluster status: cannot look at stack {args.stack}: {error}", file=sys.stderr)
+        return UNKNOWN
+    report = None
     try:
         while True:
             report = assess(cluster, spec, snapshot(cluster, spec))
-            text = json.dumps(report, indent=2) if args.json else render(args.stack, report, cluster.outputs["endpoint"])
-            if args.watch:
+            if args.watch and args.json:
+                print(json.dumps(report), flush=True)  # one document a line, for scripts
+            elif args.watch:
                 # Home and clear: the new report replaces the old one instead of piling up.
-                sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+                sys.stdout.write("\x1b[H\x1b[2J" + render(args.stack, report, cluster.outputs["endpoint"]) + "\n")
                 sys.stdout.flush()
-                time.sleep(args.interval)
-                continue
-            print(text)
-            return report["exitCode"]
+            else:
+                print(json.dumps(report, indent=2) if args.json else render(args.stack, report, cluster.outputs["endpoint"]))
+                return report["exitCode"]
+            time.sleep(args.interval)
     except KeyboardInterrupt:
-        return report["exitCode"] if "report" in locals() else DOWN
+        return report["exitCode"] if report else UNKNOWN
     finally:
         cluster.close()

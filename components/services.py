@@ -221,7 +221,8 @@ class ClusterServices(pulumi.ComponentResource):
         preflight = run(
             "preflight", head,
             f"sudo {NODE_COMMAND} preflight --nodes {','.join(node_name(i) for i in range(spec.nodes))}"
-            f" --gpus {spec.gpus_per_node} --gpu-memory-gib {spec.instance.gpu_memory_gib:g}{efa_flag}",
+            f" --gpus {spec.gpus_per_node} --gpu-memory-gib {spec.instance.gpu_memory_gib:g}{efa_flag}"
+            f" --ray {spec.ray_version} --vllm {spec.vllm_version}",
             # Compare again whenever the facts were gathered again.
             after=facts, triggers=[*vllm_restarts, model_dir],
         )

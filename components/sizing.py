@@ -50,6 +50,15 @@ class ModelSize:
     kv_heads: int | None = None
     head_dim: int | None = None
     max_context: int | None = None
+    # vLLM's KV cache takes the model's dtype ("auto"), 16-bit for quantized weights,
+    # unless --kv-cache-dtype fp8 asks for 8 bits.
+    kv_cache_dtype: str | None = None
+
+    @property
+    def kv_dtype(self) -> str:
+        if self.kv_cache_dtype:
+            return self.kv_cache_dtype
+        return self.dtype if self.dtype in ("bf16", "fp16", "fp32") else "bf16"
 
     @classmethod
     def of(cls, info: ModelInfo | None, name: str, params_b: float | None = None, dtype: str | None = None) -> "ModelSize":
@@ -58,7 +67,8 @@ class ModelSize:
         chosen_dtype = dtype or (info.dtype if info else "bf16")
         if chosen_dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype {chosen_dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
-        if info is None:
+        if info is None or params_b is not None:
+            # A size given by hand is another model than the table's: no architecture.
             return cls(name, float(params_b), chosen_dtype)
         return cls(name, float(params_b if params_b is not None else info.params_b), chosen_dtype,
                    info.layers, info.kv_heads, info.head_dim, info.max_context)
@@ -74,7 +84,14 @@ class ModelSize:
             return None
         layers = math.ceil(self.layers / pp)
         heads = max(1.0, self.kv_heads / tp)
-        return 2 * layers * heads * self.head_dim * DTYPE_BYTES[self.dtype]
+        return 2 * layers * heads * self.head_dim * DTYPE_BYTES[self.kv_dtype]
+
+    def weight_bytes_per_rank(self, tp: int, pp: int) -> float:
+        """The rank of the largest pipeline stage: stages split layers unevenly."""
+        if self.layers is None:
+            return self.weight_bytes / (tp * pp)
+        largest = max(end - start for start, end in stage_layers(self.layers, pp))
+        return self.weight_bytes * largest / self.layers / tp
 
 
 @dataclass(frozen=True)
@@ -92,8 +109,7 @@ class Fit:
 
 def fit(model: ModelSize, instance: InstanceType, tp: int, pp: int, utilization: float | None,
         max_model_len: int | None) -> Fit:
-    ranks = tp * pp
-    weights_per_rank = model.weight_bytes / ranks
+    weights_per_rank = model.weight_bytes_per_rank(tp, pp)
     gpu_bytes = instance.gpu_memory_gib * GIB
     usable = (utilization or DEFAULT_GPU_MEMORY_UTILIZATION) * gpu_bytes
     room = usable - weights_per_rank - RUNTIME_OVERHEAD_GIB * GIB
@@ -209,12 +225,11 @@ def stage_layers(layers: int, pp: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def warnings_for(model: ModelSize, instance: InstanceType, nodes: int, tp: int, efa: bool, the_fit: Fit) -> list[str]:
+def warnings_for(model: ModelSize, instance: InstanceType, tp: int, the_fit: Fit) -> list[str]:
+    """The planner's own warnings; the spec's (several nodes without EFA) come with the spec."""
     warnings = []
     if tp > instance.gpus:
         warnings.append(f"tensor parallelism {tp} spans nodes ({instance.gpus} GPUs each): TP traffic crosses the network")
-    if nodes > 1 and not efa:
-        warnings.append(f"{nodes} nodes without EFA: pipeline traffic between nodes goes over TCP")
     if model.weight_bytes > instance.gpus * instance.gpu_memory_gib * GIB:
         warnings.append(
             f"the weights ({model.weight_bytes / GB:.0f} GB) exceed one node's GPU memory "

@@ -26,6 +26,32 @@ def test_a_70b_model_fits_on_two_p4d_with_tp8_pp2():
     assert result.kv_room_per_rank_gib == pytest.approx(0.92 * 40 - 141.2e9 / 16 / 2**30 - 2, abs=0.01)
 
 
+def test_the_prod_figures_by_hand():
+    # 70.6e9 x 2 bytes / 16 ranks = 8.825e9 B per GPU; 0.92 x 40 GiB - that - 2 GiB = 28.54e9 B;
+    # 2 x 40 layers x 1 head x 128 x 2 bytes = 20480 B a token -> 1,393,614 tokens.
+    result = sizing.fit(LLAMA_70B, catalog.CATALOG["p4d.24xlarge"], 8, 2, 0.92, 16384)
+    assert result.context_tokens == 1_393_614
+    assert round(sum(t.seconds for t in sizing.time_to_first_token(LLAMA_70B, 2, 70.6))) == 791
+
+
+def test_quantized_weights_keep_a_16_bit_kv_cache_unless_fp8_is_asked_for():
+    int4 = sizing.ModelSize.of(models.lookup("meta-llama/Llama-3.1-70B-Instruct"), "m", dtype="int4")
+    assert int4.kv_bytes_per_token_per_rank(8, 2) == LLAMA_70B.kv_bytes_per_token_per_rank(8, 2)
+    import dataclasses
+    assert dataclasses.replace(int4, kv_cache_dtype="fp8").kv_bytes_per_token_per_rank(8, 2) == 2 * 40 * 128
+
+
+def test_the_largest_pipeline_stage_decides_the_weights_per_gpu():
+    # 80 layers over 3 stages: 27, 27, 26 -> the 27-layer stages hold 27/80 of the weights.
+    assert LLAMA_70B.weight_bytes_per_rank(8, 3) == pytest.approx(LLAMA_70B.weight_bytes * 27 / 80 / 8)
+    assert sizing.ModelSize.of(None, "x", params_b=8).weight_bytes_per_rank(2, 2) == 8e9 * 2 / 4
+
+
+def test_a_size_given_by_hand_drops_the_tables_architecture():
+    sized = sizing.ModelSize.of(models.lookup("Qwen/Qwen2.5-1.5B-Instruct"), "Qwen/Qwen2.5-1.5B-Instruct", params_b=70)
+    assert sized.layers is None and sized.kv_bytes_per_token_per_rank(1, 1) is None
+
+
 def test_kv_cache_per_token_counts_this_ranks_layers_and_heads():
     # Llama-3.1-70B: 80 layers, 8 KV heads of 128, bf16. TP 8 PP 2: 40 layers, 1 head per rank.
     assert LLAMA_70B.kv_bytes_per_token_per_rank(8, 2) == 2 * 40 * 1 * 128 * 2
@@ -78,8 +104,7 @@ def test_time_to_first_token_terms_show_their_figures():
 
 def test_warnings_name_what_is_risky():
     big = sizing.fit(LLAMA_70B, catalog.CATALOG["g5.12xlarge"], 4, 1, None, 8192)
-    warnings = sizing.warnings_for(LLAMA_70B, catalog.CATALOG["g5.12xlarge"], 2, 4, False, big)
-    assert any("without EFA" in w for w in warnings)
+    warnings = sizing.warnings_for(LLAMA_70B, catalog.CATALOG["g5.12xlarge"], 4, big)
     assert any("exceed one node's GPU memory" in w for w in warnings)
     assert any(w.startswith("does not fit") for w in warnings)
 
