@@ -193,6 +193,7 @@ class Fleet:
         # What the nvidia-smi double reports on every node host (default: a g5.12xlarge).
         self.gpu_conf = f"GPUS={gpus_per_node}\nNAME={gpu_name}\nMEMORY_MIB={gpu_memory_mib}\nDRIVER=570.133.20\n"
         self._made_bridge = False
+        self.run_id = f"{os.getpid()}{int(time.time()) % 100000}"
         self._netns: list[str] = []
         self._mounts: list[Path] = []
 
@@ -267,6 +268,12 @@ class Fleet:
         (host.root / "etc" / "hostname").write_text(f"{host.name}\n")
         (host.root / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{host.ip} {host.name}\n")
         _run("ssh-keygen", "-A", "-f", str(host.root))  # this host's own host keys
+        # Logins must not hang on systemd-user-sessions (seen failing in a container now and
+        # then, which leaves /run/nologin and refuses every SSH login): no nologin file at boot.
+        nologin = host.root / "etc" / "tmpfiles.d" / "systemd-nologin.conf"
+        nologin.parent.mkdir(parents=True, exist_ok=True)
+        if not nologin.is_symlink():
+            nologin.symlink_to("/dev/null")
         if host.role == "node":
             # No GPU here: the nvidia-smi test double, describing this host's emulated GPUs.
             shutil.copy(NVIDIA_SMI_DOUBLE, host.root / "usr" / "bin" / "nvidia-smi")
@@ -283,8 +290,11 @@ class Fleet:
     def boot(self, host: Host) -> None:
         log = open(host.dir / "console.log", "ab")
         host.process = subprocess.Popen(
+            # A machine name of this run's own: nspawn keeps per-machine state under
+            # /run/systemd/nspawn that an earlier run's container may have left behind.
             ["systemd-nspawn", "-D", str(host.root), "--boot", "--register=no", "--keep-unit",
-             f"--network-namespace-path=/run/netns/{host.netns}", "-M", host.name, *host.binds],
+             f"--network-namespace-path=/run/netns/{host.netns}", "-M", f"{host.name}-{self.run_id}",
+             f"--hostname={host.name}", *host.binds],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
@@ -377,6 +387,10 @@ class Fleet:
             if host.dir.exists():
                 shutil.rmtree(host.dir / "upper", ignore_errors=True)
                 shutil.rmtree(host.dir / "work", ignore_errors=True)
+            # What nspawn made for this run's machine and could not remove itself.
+            propagate = Path("/run/systemd/nspawn/propagate") / f"{host.name}-{self.run_id}"
+            if propagate.is_dir() and not any(propagate.iterdir()):
+                propagate.rmdir()
 
 
 def _venv_python_prefix(venv: Path) -> Path:
