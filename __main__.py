@@ -16,7 +16,7 @@ from components.security import SecurityArgs, SecurityGroups
 from components.services import SSH_USER, ClusterServices, ServicesArgs
 from components.spec import CONFIG_KEYS, NAMESPACE, SpecError, load_spec
 from components.storage import ModelStorage, ModelStorageArgs
-from components.topology import interface_layout, topology_summary
+from components.topology import efa_interface_count, topology_summary
 
 
 def secret_config_keys() -> set[str]:
@@ -75,7 +75,7 @@ storage = ModelStorage(
         retain_on_destroy=spec.retain_model_cache,
     ),
 )
-efa_interfaces = sum(1 for slot in interface_layout(spec.instance, spec.efa) if slot.is_efa)
+efa_interfaces = efa_interface_count(spec.instance, spec.efa)
 
 
 def node_user_data(index: int, head_ip: pulumi.Output | None) -> pulumi.Output:
@@ -94,7 +94,6 @@ def node_user_data(index: int, head_ip: pulumi.Output | None) -> pulumi.Output:
                 subnet_cidr=values[1],
                 gpus=spec.gpus_per_node,
                 efa=spec.efa,
-                efa_interfaces=efa_interfaces,
                 file_system_id=values[2],
                 access_point_id=values[3],
                 file_system_dns=values[4],

@@ -16,12 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from cli.mock_runtime import apply_project_config, stack_config
-from cli.plan import readable_config
+from cli.plan import read_stack
 from components.services import SSH_USER
-from components.spec import ClusterSpec, load_spec
+from components.spec import ClusterSpec
 from components.topology import node_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,9 +30,7 @@ SSH_OPTIONS = (
 
 def stack_spec(stack: str, stack_file: str | None = None) -> ClusterSpec:
     """The stack's validated spec, from stacks/Pulumi.<stack>.yaml or `stack_file`."""
-    raw = yaml.safe_load(Path(stack_file).read_text())["config"] if stack_file else stack_config(stack)
-    config, secret_keys = readable_config(apply_project_config(stack, raw))
-    return load_spec(config, stack=stack, secret_keys=set(secret_keys))
+    return read_stack(stack, stack_file)[2]
 
 
 def stack_outputs(stack: str, outputs_file: str | None) -> dict[str, Any]:

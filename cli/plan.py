@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from components import bootstrap, catalog, models, sizing
 from components.spec import NAMESPACE, load_spec
@@ -38,15 +41,25 @@ def readable_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return values, secret
 
 
-def _kv_flag(spec) -> list[str]:
-    """The --kv-cache-dtype setting among vllmExtraArgs (as `--kv-cache-dtype fp8` or `=fp8`)."""
+def read_stack(stack: str, stack_file: str | None = None) -> tuple[dict[str, Any], list[str], Any]:
+    """(config, names of the secrets stood in for, validated spec) of a stack, from
+    stacks/Pulumi.<stack>.yaml or `stack_file`, with Pulumi.yaml's defaults applied."""
+    from cli.mock_runtime import apply_project_config, stack_config
+
+    raw = yaml.safe_load(Path(stack_file).read_text())["config"] if stack_file else stack_config(stack)
+    config, secret_keys = readable_config(apply_project_config(stack, raw))
+    return config, secret_keys, load_spec(config, stack=stack, secret_keys=set(secret_keys))
+
+
+def _kv_cache_dtype(spec) -> str | None:
+    """The value of --kv-cache-dtype among vllmExtraArgs (`--kv-cache-dtype fp8` or `=fp8`)."""
     args = list(spec.vllm_extra_args)
     for i, arg in enumerate(args):
         if arg == "--kv-cache-dtype" and i + 1 < len(args):
-            return [arg, args[i + 1]]
+            return args[i + 1]
         if arg.startswith("--kv-cache-dtype="):
-            return [arg]
-    return []
+            return arg.split("=", 1)[1]
+    return None
 
 
 def resources_by_component(run) -> dict[str, dict[str, int]]:
@@ -61,17 +74,16 @@ def resources_by_component(run) -> dict[str, dict[str, int]]:
 
 
 def build_plan(stack: str, params_b: float | None = None, dtype: str | None = None) -> dict[str, Any]:
-    from cli.mock_runtime import apply_project_config, run_program, stack_config
+    from cli.mock_runtime import run_program
 
-    config, secret_keys = readable_config(apply_project_config(stack, stack_config(stack)))
-    spec = load_spec(config, stack=stack, secret_keys=set(secret_keys))
+    config, secret_keys, spec = read_stack(stack)
     run = run_program({k: v for k, v in config.items()}, stack=stack, secret_keys=secret_keys)
     if run.error is not None:
         raise RuntimeError(f"the program failed under the mock runtime: {run.error}")
 
     info = models.lookup(spec.model)
     model = sizing.ModelSize.of(info, spec.model, params_b, dtype)
-    if any(arg.startswith("--kv-cache-dtype") and "fp8" in arg or arg.startswith("fp8") for arg in _kv_flag(spec)):
+    if (_kv_cache_dtype(spec) or "").startswith("fp8"):
         model = dataclasses.replace(model, kv_cache_dtype="fp8")
     tp, pp, instance = spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.instance
     the_fit = sizing.fit(model, instance, tp, pp, spec.gpu_memory_utilization, spec.max_model_len)

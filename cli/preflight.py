@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cli.cluster import Cluster, stack_outputs, stack_spec
 from components import bootstrap
-from components.topology import interface_layout
+from components.topology import efa_interface_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def main(args) -> int:
             unreachable.append(f"{node.name} ({node.ip}): {result.stderr.strip() or 'no facts in its answer'}")
         else:
             facts.append(node_facts)
-    efa = sum(1 for slot in interface_layout(spec.instance, spec.efa) if slot.is_efa) if spec.efa else 0
+    efa = efa_interface_count(spec.instance, spec.efa)
     pinned = {"ray": spec.ray_version, "vllm": spec.vllm_version}
     rows = CHECKS.compare(facts, spec.gpus_per_node, spec.instance.gpu_memory_gib, efa, pinned) if facts else []
     problems = [f"{u}. Fix: check the node is running and reachable through the gateway" for u in unreachable]

@@ -65,7 +65,6 @@ class NodeBoot:
     subnet_cidr: str
     gpus: int
     efa: bool
-    efa_interfaces: int
     file_system_id: str
     access_point_id: str
     file_system_dns: str
@@ -83,7 +82,6 @@ def cluster_env(boot: NodeBoot) -> str:
         "NODE_SUBNET_CIDR": boot.subnet_cidr,
         "GPUS_PER_NODE": str(boot.gpus),
         "EFA_ENABLED": "true" if boot.efa else "false",
-        "EFA_INTERFACES": str(boot.efa_interfaces),
         "MODEL_CACHE_FILE_SYSTEM_ID": boot.file_system_id,
         "MODEL_CACHE_ACCESS_POINT_ID": boot.access_point_id,
         "MODEL_CACHE_DNS": boot.file_system_dns,
@@ -322,6 +320,3 @@ def certificate_fingerprint(pem: str) -> str:
     return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
 
 
-def content_hash(*parts: str) -> str:
-    """A short, stable digest of what a command depends on, for `triggers`."""
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

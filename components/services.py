@@ -243,14 +243,4 @@ class ClusterServices(pulumi.ComponentResource):
             triggers=[vllm_settings, pulumi.Output.secret(args.api_key), *vllm_restarts],
         )
 
-        self.commands = {
-            "gateway": [gateway_setup, gateway_tls, gateway_proxy],
-            "setup": setups,
-            "secrets": secrets,
-            "ray": ray_nodes,
-            "cluster_ready": cluster_ready,
-            "model": model,
-            "preflight": [*facts, preflight],
-            "vllm": serve,
-        }
         self.register_outputs({"readiness": self.readiness.stdout})

@@ -130,6 +130,11 @@ def interface_layout(instance: InstanceType, efa: bool) -> list[InterfaceSlot]:
     return slots
 
 
+def efa_interface_count(instance: InstanceType, efa: bool) -> int:
+    """How many EFA interfaces each node gets (0 with EFA off)."""
+    return sum(1 for slot in interface_layout(instance, efa) if slot.is_efa)
+
+
 @dataclass(frozen=True)
 class SubnetPlan:
     public: str

@@ -25,7 +25,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -327,9 +326,6 @@ class Fleet:
             raise RuntimeError(f"{host.name}: {command!r} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
-    def node(self, index: int) -> Host:
-        return self.nodes[index]
-
     def power_off(self, host: Host, timeout: float = 20) -> None:
         """SIGTERM to the host's nspawn (an orderly poweroff inside); if the host has not
         halted in `timeout` seconds, SIGKILL to every process in its network namespace
@@ -407,14 +403,6 @@ def _uid_gid(root: Path, user: str) -> tuple[int, int]:
         if fields[0] == user:
             return int(fields[2]), int(fields[3])
     raise KeyError(user)
-
-
-def port_open(ip: str, port: int, timeout: float = 2) -> bool:
-    try:
-        with socket.create_connection((ip, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def main() -> int:

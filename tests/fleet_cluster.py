@@ -166,7 +166,7 @@ class ClusterUnderTest:
 
     @property
     def served_model(self) -> str:
-        return self.run.config_served_model if hasattr(self.run, "config_served_model") else MODEL
+        return self.config.get("servedModelName") or self.config["model"]
 
     def wait_for_completion(self, timeout: float) -> float:
         """Seconds until a completion through the gateway succeeds; raises on timeout."""

@@ -44,7 +44,6 @@ def boot(index: int = 1, **overrides) -> NodeBoot:
         subnet_cidr="10.42.128.0/17",
         gpus=8,
         efa=True,
-        efa_interfaces=4,
         file_system_id="fs-0123456789abcdef0",
         access_point_id="fsap-0123456789abcdef0",
         file_system_dns="fs-0123456789abcdef0.efs.us-east-1.amazonaws.com",
