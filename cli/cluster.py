@@ -22,10 +22,22 @@ from components.spec import ClusterSpec
 from components.topology import node_name
 
 ROOT = Path(__file__).resolve().parent.parent
+# Host keys are not pinned: the README's "Host keys" says why (the remote commands do the same).
 SSH_OPTIONS = (
     "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-    "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+    "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15",
 )
+
+
+def ssh_args(key_file: Path, user: str, host: str, command: str,
+             jump_user: str | None = None, jump_host: str | None = None) -> list[str]:
+    """`ssh` arguments that run `command` on user@host, through jump_user@jump_host when
+    one is given (the gateway in front of the GPU nodes), with the one key for both hops."""
+    args = ["ssh", "-i", str(key_file), *SSH_OPTIONS]
+    if jump_host:
+        jump = " ".join(["ssh", "-i", str(key_file), *SSH_OPTIONS, "-W", "%h:%p", f"{jump_user}@{jump_host}"])
+        args += ["-o", f"ProxyCommand={jump}"]
+    return [*args, f"{user}@{host}", command]
 
 
 def stack_spec(stack: str, stack_file: str | None = None) -> ClusterSpec:
@@ -73,8 +85,7 @@ class Cluster:
         self._scratch.cleanup()
 
     def ssh(self, node: Node, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        jump = " ".join(["ssh", "-i", str(self.key_file), *SSH_OPTIONS, "-W", "%h:%p", f"{SSH_USER}@{self.gateway}"])
-        args = ["ssh", "-i", str(self.key_file), *SSH_OPTIONS, "-o", f"ProxyCommand={jump}", f"{SSH_USER}@{node.ip}", command]
+        args = ssh_args(self.key_file, SSH_USER, node.ip, command, SSH_USER, self.gateway)
         try:
             return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

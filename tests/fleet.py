@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cli.cluster import ssh_args  # noqa: E402
 from components import versions  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
@@ -59,10 +60,6 @@ GATEWAY_IP = "10.99.0.10"
 VPC_CIDR = "10.99.0.0/16"
 NETNS_PREFIX = "vc-"
 SSH_USER = "ubuntu"
-SSH_OPTIONS = (
-    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-    "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=10",
-)
 
 
 def node_ip(index: int) -> str:
@@ -304,7 +301,7 @@ class Fleet:
         while time.monotonic() < deadline:
             if host.process is not None and host.process.poll() is not None:
                 raise RuntimeError(f"{host.name} exited while booting; see {host.dir / 'console.log'}")
-            if self.ssh(host, "true", check=False, timeout=10).returncode == 0:
+            if self.ssh(host, "true", check=False, timeout=30).returncode == 0:
                 return
             time.sleep(0.5)
         raise TimeoutError(f"{host.name} ({host.ip}) did not answer SSH within {timeout:g} s")
@@ -312,11 +309,9 @@ class Fleet:
     # --- operating ---------------------------------------------------------------------
 
     def ssh_command(self, host: Host, command: str) -> list[str]:
-        args = ["ssh", "-i", str(self.key_file), *SSH_OPTIONS]
-        if host.role == "node":
-            proxy = " ".join(["ssh", "-i", str(self.key_file), *SSH_OPTIONS, "-W", "%h:%p", f"{SSH_USER}@{GATEWAY_IP}"])
-            args += ["-o", f"ProxyCommand={proxy}"]
-        return [*args, f"{SSH_USER}@{host.ip}", command]
+        """Nodes through the gateway, as the stack reaches them."""
+        jump = GATEWAY_IP if host.role == "node" else None
+        return ssh_args(self.key_file, SSH_USER, host.ip, command, SSH_USER, jump)
 
     def ssh(self, host: Host, command: str, *, input: str | None = None, check: bool = True,
             timeout: float = 300) -> subprocess.CompletedProcess:

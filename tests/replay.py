@@ -20,13 +20,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from cli.cluster import ssh_args
 from pulumi_mocks import ProgramRun, unsecret
 
 COMMAND = "command:remote:Command"
-SSH_OPTIONS = (
-    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-    "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15",
-)
 
 
 @dataclass(frozen=True)
@@ -90,17 +87,11 @@ def steps_of(run: ProgramRun, only: set[str] | None = None) -> dict[str, Step]:
     return steps
 
 
-def ssh_args(step: Step, key_file: Path) -> list[str]:
-    args = ["ssh", "-i", str(key_file), *SSH_OPTIONS]
-    if step.proxy_host:
-        jump = " ".join(["ssh", "-i", str(key_file), *SSH_OPTIONS, "-W", "%h:%p", f"{step.proxy_user}@{step.proxy_host}"])
-        args += ["-o", f"ProxyCommand={jump}"]
-    return [*args, f"{step.user}@{step.host}", step.create]
-
-
 def run_step(step: Step, key_file: Path, timeout: float, running: set | None = None) -> Outcome:
     started = time.monotonic()
-    process = subprocess.Popen(ssh_args(step, key_file), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    # The step's own connection: its host and user, and its proxy (the gateway) if it has one.
+    command = ssh_args(key_file, step.user, step.host, step.create, step.proxy_user, step.proxy_host)
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     if running is not None:
         running.add(process)
