@@ -78,30 +78,34 @@ storage = ModelStorage(
 efa_interfaces = efa_interface_count(spec.instance, spec.efa)
 
 
-def node_user_data(index: int, head_ip: pulumi.Output | None) -> pulumi.Output:
-    """The first-boot script of node `index`: plain values only, no secret."""
+def node_boot(index: int, head_ip: pulumi.Output | None) -> pulumi.Output:
+    """What node `index` is told at boot and at setup: plain values only, no secret."""
     return pulumi.Output.all(
         head_ip if head_ip is not None else "",
         network.private_subnet_cidr,
         storage.file_system_id,
         storage.access_point_id,
         storage.dns_name,
+        credentials.login_probe_public_key,
     ).apply(
-        lambda values: bootstrap.node_user_data(
-            bootstrap.NodeBoot(
-                index=index,
-                head_ip=values[0],
-                subnet_cidr=values[1],
-                gpus=spec.gpus_per_node,
-                efa=spec.efa,
-                file_system_id=values[2],
-                access_point_id=values[3],
-                file_system_dns=values[4],
-                ray_version=spec.ray_version,
-                vllm_version=spec.vllm_version,
-            )
+        lambda values: bootstrap.NodeBoot(
+            index=index,
+            head_ip=values[0],
+            subnet_cidr=values[1],
+            gpus=spec.gpus_per_node,
+            efa=spec.efa,
+            file_system_id=values[2],
+            access_point_id=values[3],
+            file_system_dns=values[4],
+            ray_version=spec.ray_version,
+            vllm_version=spec.vllm_version,
+            login_probe_key=values[5],
         )
     )
+
+
+def node_user_data(index: int, head_ip: pulumi.Output | None) -> pulumi.Output:
+    return node_boot(index, head_ip).apply(bootstrap.node_user_data)
 
 
 nodes = GpuNodes(
@@ -140,9 +144,13 @@ services = ClusterServices(
         gateway_public_ip=gateway.public_ip,
         gateway_private_ip=gateway.private_ip,
         node_ips=[nodes.head.private_ip, *[worker.private_ip for worker in nodes.workers]],
-        node_user_data=nodes.user_data,
+        node_setup_scripts=[
+            node_boot(index, None if index == 0 else nodes.head_private_ip).apply(bootstrap.node_setup_script)
+            for index in range(spec.nodes)
+        ],
         gateway_user_data=gateway_user_data,
         ray_token=credentials.ray_token,
+        login_probe_private_key=credentials.login_probe_private_key,
         api_key=credentials.api_key,
         hf_token=spec.hf_token,
         tls_certificate_pem=certificate.certificate_pem,

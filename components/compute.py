@@ -19,14 +19,11 @@ from typing import Callable, Optional, Sequence
 import pulumi
 import pulumi_aws as aws
 
+from components import image
 from components.spec import ClusterSpec
 from components.tagging import tags
 from components.topology import interface_layout, node_name, node_role
 
-# AWS Deep Learning Base OSS Nvidia Driver GPU AMI: Ubuntu with the NVIDIA driver,
-# CUDA, EFA installer and aws-ofi-nccl. Published by Amazon; the newest is used.
-DLAMI_OWNER = "amazon"
-DLAMI_NAME_PATTERN = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
 
 # Called with (node index, the head's private IP or None for the head) and returns
 # the node's user data. The node bootstrap plugs in here.
@@ -48,18 +45,19 @@ class GpuNodesArgs:
 
 
 def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
-    """The configured AMI, or the newest Deep Learning Base AMI. Looked up either
-    way because the root volume's device name comes from the image."""
+    """The configured AMI, or the newest Deep Learning Base AMI (components/image.py:
+    Ubuntu 24.04, NVIDIA driver, CUDA, EFA installer and aws-ofi-nccl). Looked up
+    either way because the root volume's device name comes from the image."""
     if ami_id is not None:
         filters = [{"name": "image-id", "values": [ami_id]}]
         owners = None
     else:
         filters = [
-            {"name": "name", "values": [DLAMI_NAME_PATTERN]},
+            {"name": "name", "values": [image.DLAMI_NAME_PATTERN]},
             {"name": "architecture", "values": ["x86_64"]},
             {"name": "state", "values": ["available"]},
         ]
-        owners = [DLAMI_OWNER]
+        owners = [image.DLAMI_OWNER]
     return aws.ec2.get_ami_output(most_recent=True, owners=owners, filters=filters, opts=opts)
 
 

@@ -1,6 +1,8 @@
 """Credentials generated in the stack: the SSH key pair that the gateway and the
-GPU nodes trust, the API key clients present to the gateway, and the token Ray's
-nodes and clients authenticate with.
+GPU nodes trust, the API key clients present to the gateway, the token Ray's
+nodes and clients authenticate with, and the gateway's login probe: a key the
+nodes authorize only to print one word, so the gateway can tell when a booting
+node accepts logins without ever holding the stack's SSH key.
 
 Both live only in Pulumi state, where they are secrets (encrypted by the stack's
 secrets provider), and leave it only as secret outputs.
@@ -33,6 +35,8 @@ class Credentials(pulumi.ComponentResource):
     key_pair_name: pulumi.Output[str]
     api_key: pulumi.Output[str]
     ray_token: pulumi.Output[str]
+    login_probe_private_key: pulumi.Output[str]
+    login_probe_public_key: pulumi.Output[str]
 
     def __init__(self, name: str, args: CredentialsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Credentials", name, None, opts)
@@ -60,5 +64,9 @@ class Credentials(pulumi.ComponentResource):
         # the GCS and the dashboard (the Jobs API runs code: CVE-2023-48022).
         ray_token = random.RandomPassword(f"{name}-ray-token", length=RAY_TOKEN_LENGTH, special=False, opts=child)
         self.ray_token = pulumi.Output.secret(ray_token.result)
+
+        probe = tls.PrivateKey(f"{name}-login-probe", algorithm="ED25519", opts=child)
+        self.login_probe_private_key = pulumi.Output.secret(probe.private_key_openssh)
+        self.login_probe_public_key = probe.public_key_openssh
 
         self.register_outputs({"keyPairName": self.key_pair_name})

@@ -1,11 +1,13 @@
 """The services on the hosts, brought up over SSH by remote commands, in order:
 
-  every node's setup (the user data again: waits for cloud-init's run, converges)
+  the gateway waits until each node accepts logins (with its login probe)
+    -> every node's setup (scripts, units, model cache, software; converges)
     -> secrets into root-only files -> Ray head -> every Ray worker, in parallel
     -> cluster ready (every node and GPU) -> model staged on the cache
     -> preflight (every node's facts, compared on the head) -> vLLM started
     -> readiness: a real completion through the gateway.
-  The gateway in parallel: setup -> certificate and key -> nginx site.
+  The gateway: setup -> login probe key -> (waits for the nodes); certificate and
+  key -> nginx site.
 
 Every command runs one idempotent subcommand of scripts/node/vllm-cluster-node or
 scripts/gateway/vllm-cluster-gateway, so re-running one by hand converges. A
@@ -23,13 +25,13 @@ from typing import Sequence
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap
-from components.bootstrap import GATEWAY_COMMAND, NODE_COMMAND
+from components import bootstrap, image
+from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.spec import ClusterSpec, Secret
 from components.topology import node_name
 
 # The default user of the Deep Learning AMI and of Ubuntu's own images.
-SSH_USER = "ubuntu"
+SSH_USER = image.DEFAULT_USER
 # GPU instances can take many minutes from launch to sshd (capacity, EFA, driver
 # init); pulumi-command's default of 10 x 15 s gives up too early.
 DIAL_ERROR_LIMIT = 80
@@ -37,6 +39,8 @@ PER_DIAL_TIMEOUT_SECONDS = 15
 
 # How long the node scripts wait for each stage before failing with a diagnosis.
 CLUSTER_READY_TIMEOUT_SECONDS = 900
+# From launch to a node that accepts logins: boot, /run/nologin, cloud-init's start.
+LOGIN_TIMEOUT_SECONDS = 1200
 READINESS_TIMEOUT_SECONDS = 900
 
 # Secret stdin must not come back through logs or plain outputs.
@@ -51,9 +55,10 @@ class ServicesArgs:
     gateway_public_ip: pulumi.Output[str]
     gateway_private_ip: pulumi.Output[str]
     node_ips: Sequence[pulumi.Output[str]]  # head first
-    node_user_data: Sequence[pulumi.Output[str]]
+    node_setup_scripts: Sequence[pulumi.Output[str]]  # head first
     gateway_user_data: str
     ray_token: pulumi.Output[str]
+    login_probe_private_key: pulumi.Output[str]
     api_key: pulumi.Output[str]
     hf_token: Secret | None
     tls_certificate_pem: pulumi.Output[str]
@@ -147,13 +152,29 @@ class ClusterServices(pulumi.ComponentResource):
             "gateway-proxy", gateway_connection, f"sudo {GATEWAY_COMMAND} configure", stdin=site, after=[gateway_tls]
         )
 
+        # The gateway's login probe: pulumi-command retries a refused login on the same
+        # tunnelled connection, so a node still booting (/run/nologin) would fail its
+        # first command at once. The gateway waits for each node with this key first.
+        login_probe = run(
+            "gateway-login-probe", gateway_connection, f"sudo {GATEWAY_COMMAND} install-login-probe",
+            stdin=args.login_probe_private_key, after=[gateway_setup], secret=True,
+        )
+
         # --- every node: setup and secrets ---------------------------------------------
         hf_token = args.hf_token.reveal() if args.hf_token is not None else None
         setups, secrets = [], []
-        for index, (host, user_data, instance) in enumerate(zip(args.node_ips, args.node_user_data, args.nodes)):
+        for index, (host, setup_script, instance) in enumerate(zip(args.node_ips, args.node_setup_scripts, args.nodes)):
             node = node_name(index)
             connection = through_gateway(host)
-            setup = run(f"setup-{node}", connection, "sudo bash -s", stdin=user_data, after=[instance])
+            accepts_logins = run(
+                f"login-{node}", gateway_connection,
+                pulumi.Output.concat(
+                    f"sudo {GATEWAY_COMMAND} wait-login --host ", host,
+                    f" --user {SSH_USER} --expect {LOGIN_READY_WORD} --timeout {LOGIN_TIMEOUT_SECONDS}",
+                ),
+                after=[login_probe, instance],
+            )
+            setup = run(f"setup-{node}", connection, "sudo bash -s", stdin=setup_script, after=[instance, accepts_logins])
             lines = pulumi.Output.secret(
                 pulumi.Output.all(args.ray_token, args.api_key).apply(
                     lambda values, is_head=(index == 0): node_secrets(values[0], values[1], hf_token, is_head)

@@ -11,6 +11,17 @@ guesses:
 RAY_VERSION = "2.60.0"
 VLLM_VERSION = "0.33.0"
 
+# Requires-Python as each release declares it on PyPI (the wheels' metadata, shown by
+# the index's JSON API: `python tools/requires_python.py vllm==0.33.0 ray==2.60.0`,
+# read 2026-11-30). The nodes' Python must satisfy both: setup refuses early
+# otherwise, and tests/test_image.py holds the pins against the image's Python, so a
+# pin that drops it fails a test instead of a deploy. For a release missing here
+# (a stack's own vllmVersion) setup cannot check ahead, and pip decides.
+REQUIRES_PYTHON = {
+    ("vllm", "0.33.0"): ">=3.11,<3.15",
+    ("ray", "2.60.0"): ">=3.10",
+}
+
 RAY_MIN_VERSION = "2.54.0"
 VLLM_MIN_VERSION = "0.22.0"
 
@@ -24,3 +35,35 @@ def parse_version(text: str) -> tuple[int, int, int]:
         raise ValueError(f"{text!r} is not a release version of the form MAJOR.MINOR.PATCH")
     major, minor, patch = (int(p) for p in parts)
     return major, minor, patch
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def python_bounds(*releases: tuple[str, str]) -> tuple[tuple[int, ...], tuple[int, ...] | None] | None:
+    """The Python versions every one of `releases` ((package, version) pairs) accepts,
+    as (lowest, first refused or None), from REQUIRES_PYTHON; None when a release is
+    not recorded there. Only `>=` and `<` clauses occur in the recorded releases; any
+    other clause is an error here, so a new pin is read correctly or not at all."""
+    lowest: tuple[int, ...] = (3,)
+    below: tuple[int, ...] | None = None
+    for release in releases:
+        requirement = REQUIRES_PYTHON.get(release)
+        if requirement is None:
+            return None
+        for clause in requirement.split(","):
+            clause = clause.strip()
+            if clause.startswith(">="):
+                lowest = max(lowest, _version_tuple(clause[2:]))
+            elif clause.startswith("<") and not clause.startswith("<="):
+                bound = _version_tuple(clause[1:])
+                below = bound if below is None else min(below, bound)
+            else:
+                raise ValueError(f"{release[0]} {release[1]} declares Requires-Python clause {clause!r}: only >= and < are read")
+    return lowest, below
+
+
+def python_accepts(bounds: tuple[tuple[int, ...], tuple[int, ...] | None], python: tuple[int, ...]) -> bool:
+    lowest, below = bounds
+    return python >= lowest and (below is None or python < below)

@@ -23,6 +23,7 @@ from tests.pulumi_mocks import stack_config
 ROOT = Path(__file__).resolve().parent.parent
 SHELLCHECK = shutil.which("shellcheck") or str(ROOT / "venv" / "bin" / "shellcheck")
 NODE_SCRIPT = (ROOT / "scripts" / "node" / "vllm-cluster-node").read_text()
+LIBRARY = (ROOT / "scripts" / "lib" / "vllm-cluster-lib.sh").read_text()
 UNITS = ROOT / "scripts" / "node" / "units"
 
 BASE = {
@@ -49,6 +50,7 @@ def boot(index: int = 1, **overrides) -> NodeBoot:
         file_system_dns="fs-0123456789abcdef0.efs.us-east-1.amazonaws.com",
         ray_version="2.60.0",
         vllm_version="0.33.0",
+        login_probe_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHprobeprobeprobeprobeprobeprobeprobeprobe01",
     )
     values.update(overrides)
     return NodeBoot(**values)
@@ -134,38 +136,63 @@ def test_cluster_env_carries_role_head_subnet_and_model_cache():
     assert head["NODE_ROLE"] == "head" and head["HEAD_IP"] == ""
 
 
-def test_user_data_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
-    """Run the user data's file-writing part against a scratch root: every file
-    it writes is the repository's file, unchanged."""
-    text = bootstrap.node_user_data(boot(1))
+def write_files_of(script: str, root: Path, last_line: str) -> None:
+    """Run a rendered script's file-writing part against a scratch root."""
+    assert script.endswith(last_line)
     lines = []
-    for line in text.replace("exec /opt/vllm-cluster/bin/vllm-cluster-node setup\n", "").split("\n"):
-        # Only the user data's own commands move to the scratch root, not the files' contents.
+    for line in script.removesuffix(last_line).split("\n"):
+        # Only the script's own commands move to the scratch root, not the files' contents.
         if line.startswith("install "):
             for path in ("/opt/vllm-cluster", "/etc/vllm-cluster", "/etc/systemd/system"):
-                line = line.replace(f" {path}", f" {tmp_path}{path}").replace(f"\"{path}", f"\"{tmp_path}{path}")
+                line = line.replace(f" {path}", f" {root}{path}").replace(f"\"{path}", f"\"{root}{path}")
         lines.append(line)
     subprocess.run(["bash", "-c", "\n".join(lines)], check=True)
-    assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-node").read_text() == NODE_SCRIPT
-    assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-node").stat().st_mode & 0o777 == 0o755
+
+
+def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
+    """Every file the stack's setup command writes is the repository's file, unchanged."""
+    write_files_of(bootstrap.node_setup_script(boot(1)), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-node setup\n")
+    installed = tmp_path / "opt/vllm-cluster"
+    for name in ("vllm-cluster-node", "vllm-cluster-first-boot", "ray-cluster-check", "preflight-check"):
+        assert (installed / "bin" / name).read_text() == (ROOT / "scripts/node" / name).read_text(), name
+        assert (installed / "bin" / name).stat().st_mode & 0o777 == 0o755
+    assert (installed / "lib/vllm-cluster-lib.sh").read_text() == LIBRARY
     assert sorted(bootstrap.NODE_UNITS) == sorted(p.name for p in UNITS.iterdir())
     for unit in bootstrap.NODE_UNITS:
         assert (tmp_path / "etc/systemd/system" / unit).read_text() == (UNITS / unit).read_text()
     env_file = tmp_path / "etc/vllm-cluster/cluster.env"
     assert env_file.read_text() == bootstrap.cluster_env(boot(1)) and env_file.stat().st_mode & 0o777 == 0o600
-    assert text.endswith("exec /opt/vllm-cluster/bin/vllm-cluster-node setup\n")
+
+
+def test_user_data_writes_cluster_env_and_the_first_boot_script_only(tmp_path):
+    write_files_of(bootstrap.node_user_data(boot(1)), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-first-boot\n")
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["etc/vllm-cluster/cluster.env", "opt/vllm-cluster/bin/vllm-cluster-first-boot"]
+    assert (tmp_path / "etc/vllm-cluster/cluster.env").read_text() == bootstrap.cluster_env(boot(1))
+
+
+def test_gateway_user_data_writes_the_library_and_the_gateway_command(tmp_path):
+    write_files_of(bootstrap.gateway_user_data(), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-gateway setup\n")
+    assert (tmp_path / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").read_text() == LIBRARY
+    assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-gateway").read_text() == (
+        ROOT / "scripts/gateway/vllm-cluster-gateway").read_text()
 
 
 def test_user_data_fits_ec2s_limit_once_gzipped_and_unpacks_to_the_script():
-    text = bootstrap.node_user_data(boot(1))
-    packed = base64.b64decode(compress_user_data(text))
-    assert len(packed) < bootstrap.USER_DATA_LIMIT_BYTES
-    assert gzip.decompress(packed).decode() == text
-    assert compress_user_data(text) == compress_user_data(text)  # same script, same bytes: no spurious diff
+    for text in (bootstrap.node_user_data(boot(1)), bootstrap.gateway_user_data()):
+        packed = base64.b64decode(compress_user_data(text))
+        assert len(packed) < bootstrap.USER_DATA_LIMIT_BYTES
+        assert gzip.decompress(packed).decode() == text
+        assert compress_user_data(text) == compress_user_data(text)  # same script, same bytes: no spurious diff
 
 
-def test_rendered_user_data_is_shellcheck_clean(tmp_path):
-    for name, text in (("node.sh", bootstrap.node_user_data(boot(0))), ("gateway.sh", bootstrap.gateway_user_data())):
+def test_rendered_scripts_are_shellcheck_clean(tmp_path):
+    rendered = (
+        ("node-user-data.sh", bootstrap.node_user_data(boot(0))),
+        ("node-setup.sh", bootstrap.node_setup_script(boot(0))),
+        ("gateway.sh", bootstrap.gateway_user_data()),
+    )
+    for name, text in rendered:
         path = tmp_path / name
         path.write_text(text)
         result = subprocess.run([SHELLCHECK, str(path)], capture_output=True, text=True)
@@ -195,6 +222,14 @@ def test_ray_units_pin_the_node_ip_and_gpus_and_restart_on_failure():
         assert "--node-ip-address=${NODE_IP}" in start and "--num-gpus=${GPUS_PER_NODE}" in start
         assert "Restart=on-failure" in text and "WantedBy=multi-user.target" in text
         assert "EnvironmentFile=/etc/vllm-cluster/node.env" in text
+
+
+def test_ray_and_vllm_units_lift_the_locked_memory_limit_for_efa():
+    # systemd does not read /etc/security/limits.d, where the EFA installer raises it.
+    for name in ("ray-head.service", "ray-worker.service", "vllm.service"):
+        service = unit(name).split("[Service]", 1)[1].split("[Install]", 1)[0]
+        assert "\nLimitMEMLOCK=infinity\n" in service, name
+        assert int(re.search(r"\nLimitNOFILE=(\d+)\n", service).group(1)) >= 65536, name
 
 
 def test_the_worker_waits_for_the_heads_gcs_and_joins_it():

@@ -114,7 +114,7 @@ def test_every_node_command_goes_through_the_gateway_with_raised_dial_limits(run
         assert connection["user"] == SSH_USER and connection["privateKey"] == run.outputs["sshPrivateKey"]
         assert connection["dialErrorLimit"] == DIAL_ERROR_LIMIT > 10
         assert connection["perDialTimeout"] == PER_DIAL_TIMEOUT_SECONDS
-        if name.startswith("vllm-gateway-"):
+        if name.startswith(("vllm-gateway-", "vllm-login-")):
             assert connection["host"] == gateway_ip and "proxy" not in connection
         else:
             assert connection["host"] in node_ips, name
@@ -129,8 +129,11 @@ def test_each_node_command_runs_on_its_own_node(run):
     for name, command in commands(run).items():
         host = plain(command.inputs["connection"])["host"]
         for node, ip in ips.items():
-            if name.endswith(f"-{node}"):
+            if name.endswith(f"-{node}") and not name.startswith("vllm-login-"):
                 assert host == ip, name
+            elif name == f"vllm-login-{node}":
+                # Runs on the gateway and waits there until this node accepts logins.
+                assert host == run.outputs["gatewayPublicIp"] and f"--host {ip} " in plain(command.inputs["create"])
         if name in ("vllm-cluster-ready", "vllm-model", "vllm-vllm", "vllm-readiness"):
             assert host == ips["head"], name
 
@@ -138,13 +141,28 @@ def test_each_node_command_runs_on_its_own_node(run):
 # --- what runs ----------------------------------------------------------------------------
 
 
-def test_setup_sends_the_same_script_the_instance_booted_with(run):
+def cluster_env_in(script: str) -> str:
+    return script.split("/etc/vllm-cluster/cluster.env <<'VLLM_CLUSTER_FILE_END'\n", 1)[1].split("VLLM_CLUSTER_FILE_END", 1)[0]
+
+
+def test_setup_tells_the_node_what_the_instance_booted_with(run):
     for node in node_names(run):
         instance = run.named(f"vllm-{node}", "aws:ec2/instance:Instance")
         booted = gzip.decompress(base64.b64decode(instance.inputs["userDataBase64"])).decode()
         setup = commands(run)[f"vllm-setup-{node}"]
-        assert setup.inputs["create"] == "sudo bash -s" and plain(setup.inputs["stdin"]) == booted
+        assert setup.inputs["create"] == "sudo bash -s"
+        assert cluster_env_in(plain(setup.inputs["stdin"])) == cluster_env_in(booted)
         assert "userDataBase64" in instance.ignore_changes
+
+
+def test_each_node_is_dialled_only_once_the_gateway_saw_it_accept_a_login(run):
+    for node in node_names(run):
+        assert f"vllm-login-{node}" in depends_on(run, f"vllm-setup-{node}")
+        assert "vllm-gateway-login-probe" in depends_on(run, f"vllm-login-{node}")
+    probe = commands(run)["vllm-gateway-login-probe"]
+    assert unwrap(probe.inputs["stdin"])[1], "the probe's private key must travel as a secret"
+    assert "BEGIN OPENSSH PRIVATE KEY" in plain(probe.inputs["stdin"])
+    assert plain(probe.inputs["stdin"]) != run.outputs["sshPrivateKey"], "the gateway must not get the stack's key"
 
 
 def test_vllm_runs_with_the_configured_parallelism_on_the_head_ip(run):

@@ -1,0 +1,56 @@
+"""The GPU nodes' image: every fact the program, the node scripts, preflight, the
+planner and the tests rely on about it, in one place, each with its source.
+
+The image is the AWS Deep Learning Base OSS Nvidia Driver GPU AMI for Ubuntu 24.04.
+The Ubuntu 22.04 flavour cannot serve: its Python is 3.10 and vLLM 0.32 and later
+declare Requires-Python >=3.11, so installing vLLM there fails (see versions.py).
+
+Sources:
+- [release-notes] AWS DLAMI release notes, "AWS Deep Learning Base OSS Nvidia Driver
+  GPU AMI (Ubuntu 24.04)": the AMI name, the owner `amazon`, `python_location
+  /usr/bin/python3.12`, the local NVMe instance store mounted at /opt/dlami/nvme,
+  the EFA installer and aws-ofi-nccl included (read 2026-11-30, ../shared/FACTS.md
+  section 9).
+  https://docs.aws.amazon.com/dlami/latest/devguide/appendix-ami-release-notes.html
+- [efa-guide] EC2 User Guide, "Get started with EFA and NCCL": the EFA installer puts
+  libfabric and its tools (fi_info) under /opt/amazon/efa and aws-ofi-nccl under
+  /opt/amazon/ofi-nccl; /opt/amazon/efa/bin is not on sudo's secure_path, so tools
+  are called by full path. The installer raises the locked-memory limit in
+  /etc/security/limits.d, which systemd services do not read.
+  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html
+- [ubuntu-ami] Ubuntu's EC2 images (and the DLAMI built on them): the default user
+  is `ubuntu`, with passwordless sudo, set up by cloud-init.
+  https://documentation.ubuntu.com/aws/en/latest/aws-how-to/instances/connect-to-instance/
+"""
+
+from __future__ import annotations
+
+# [release-notes] The AMI the program looks up when amiId is empty: the newest one.
+DLAMI_OWNER = "amazon"
+DLAMI_NAME_PATTERN = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) *"
+DLAMI_DESCRIPTION = "AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)"
+
+# [release-notes] The image's Python: where it is and which version.
+PYTHON = "/usr/bin/python3.12"
+PYTHON_VERSION = (3, 12)
+
+# [efa-guide] Where the EFA installer puts libfabric, its tools and aws-ofi-nccl.
+EFA_BIN_DIR = "/opt/amazon/efa/bin"
+FI_INFO = f"{EFA_BIN_DIR}/fi_info"
+EFA_LIB_DIR = "/opt/amazon/efa/lib"
+# aws-ofi-nccl's NCCL net plugin; releases before 1.8 put it in lib/, later ones in
+# lib/x86_64-linux-gnu: the node takes whichever exists.
+OFI_NCCL_LIB_DIRS = ("/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu", "/opt/amazon/ofi-nccl/lib")
+
+# The NVIDIA driver package installs nvidia-smi here (on sudo's secure_path).
+NVIDIA_SMI = "/usr/bin/nvidia-smi"
+
+# [release-notes] The local NVMe instance store, formatted and mounted at boot.
+NVME_MOUNT = "/opt/dlami/nvme"
+
+# [ubuntu-ami] The login the instance's key pair is authorized for.
+DEFAULT_USER = "ubuntu"
+
+
+def python_label(version: tuple[int, int] = PYTHON_VERSION) -> str:
+    return f"{version[0]}.{version[1]}"
