@@ -41,8 +41,9 @@ TLS_DIR = f"{CONFIG_DIR}/tls"
 NGINX_SITE = "/etc/nginx/conf.d/vllm-cluster.conf"
 
 # amazon-efs-utils has no Ubuntu package; the node builds this tag (github.com/aws/efs-utils).
-# The last 1.x release: Python and stunnel. 2.x needs a newer Rust (and Go) than Ubuntu
-# 22.04 ships (aws/efs-utils #303, #312).
+# The last 1.x release: Python and stunnel, which Ubuntu packages. 2.x builds a Rust
+# proxy (and Go), toolchains a GPU node should not install at first boot
+# (aws/efs-utils #303, #312).
 EFS_UTILS_VERSION = "v1.36.0"
 
 # EC2 refuses user data above 16 KiB (before base64).

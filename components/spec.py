@@ -99,7 +99,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("vpcId", "string", "Existing VPC to deploy into, with publicSubnetId and privateSubnetId. Empty: a new VPC.", default="", auto=True),
     ConfigKey("publicSubnetId", "string", "Existing public subnet (route to an internet gateway) for the gateway.", default="", auto=True),
     ConfigKey("privateSubnetId", "string", "Existing private subnet (route to a NAT) for the GPU nodes.", default="", auto=True),
-    ConfigKey("amiId", "string", "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04).", default="", auto=True),
+    ConfigKey("amiId", "string", "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04).", default="", auto=True),
     ConfigKey("capacityReservationId", "string", "Launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block (cr-...). Empty: none.", default="", auto=True),
     ConfigKey("capacityBlock", "boolean", "capacityReservationId is a Capacity Block for ML (launched with market type capacity-block).", default=False),
     ConfigKey("rootVolumeGiB", "integer", "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),

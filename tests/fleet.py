@@ -11,6 +11,15 @@ bind-mounted read-only where setup would install it; Ray's GPUs are logical
 (`--num-gpus`). Everything else (systemd units, sshd, the SSH jump through the
 gateway, nginx with TLS, Ray with token auth, env files) is what runs on AWS.
 
+The hosts behave like the real image where it matters (components/image.py): the
+login user `ubuntu` with passwordless sudo and sudo's secure_path; `/run/nologin`
+until systemd-user-sessions runs, held back by a slow boot; the user data run by
+cloud-init's final stage after multi-user.target; on the gateway, an apt run that
+holds the package lists lock at first boot, and nginx installed from a package
+mirror (a local one on the bridge, with Debian's own packages); on the nodes,
+nvidia-smi and fi_info where the image has them. The stand-ins are test doubles
+from tests/doubles, put where the real tools live.
+
 Needs root, systemd-nspawn, debootstrap, overlayfs and network namespaces.
 The base root file system and the virtualenv are cached in
 $VLLM_CLUSTER_TESTBED_CACHE (default /var/cache/vllm-cluster-testbed).
@@ -37,20 +46,29 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cli.cluster import ssh_args  # noqa: E402
-from components import versions  # noqa: E402
+from components import image, versions  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "curl", "python3", "sudo", "nginx",
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "openssh-client", "iproute2", "curl", "python3", "sudo",
     "openssl", "procps", "ca-certificates",
     # The outer machine's Python (bind-mounted for the virtualenv) links against these.
     "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "libreadline8", "libuuid1", "zlib1g", "libexpat1",
 )
+# What the gateway installs from the package mirror (the real one installs nginx at boot).
+MIRROR_PACKAGES = ("nginx",)
 HF_HUB_VERSION = "2.4.0"
-VLLM_DOUBLE = ROOT / "tests" / "doubles" / "vllm_double"
-NVIDIA_SMI_DOUBLE = ROOT / "tests" / "doubles" / "bin" / "nvidia-smi"
+DOUBLES = ROOT / "tests" / "doubles"
+VLLM_DOUBLE = DOUBLES / "vllm_double"
+# Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.
+FLEET_LIB = "/usr/local/lib/vllm-cluster-fleet"
+# How long a booting host refuses logins (/run/nologin) after sshd answers, and how
+# long the gateway's first-boot apt run holds the package lists lock.
+NOLOGIN_SECONDS = int(os.environ.get("VLLM_CLUSTER_FLEET_NOLOGIN_SECONDS", "15"))
+APT_LOCK_SECONDS = int(os.environ.get("VLLM_CLUSTER_FLEET_APT_LOCK_SECONDS", "40"))
+MIRROR_PORT = 8766
 
 BRIDGE = "vcbr0"
 BRIDGE_IP = "10.99.0.254"
@@ -59,7 +77,7 @@ GATEWAY_IP = "10.99.0.10"
 # The program's node subnet for vpcCidr 10.99.0.0/16 is 10.99.128.0/17.
 VPC_CIDR = "10.99.0.0/16"
 NETNS_PREFIX = "vc-"
-SSH_USER = "ubuntu"
+SSH_USER = image.DEFAULT_USER
 
 
 def node_ip(index: int) -> str:
@@ -101,28 +119,61 @@ PROVISION = f"""set -eu
 useradd --create-home --shell /bin/bash {SSH_USER}
 echo '{SSH_USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-cloud-init-users
 chmod 440 /etc/sudoers.d/90-cloud-init-users
-systemctl disable nginx
 rm -f /etc/ssh/ssh_host_*
 """
 
 
-def base_rootfs() -> Path:
-    """A Debian root file system with systemd, sshd, nginx and a sudo user like EC2's,
-    built once by debootstrap and cached."""
-    target = CACHE_DIR / f"rootfs-{SUITE}-{_digest(*BASE_PACKAGES, PROVISION)}"
-    if (target / ".complete").exists():
-        return target
+def base_rootfs() -> tuple[Path, Path]:
+    """A Debian root file system with systemd, sshd and a sudo user like EC2's, and a
+    package mirror (a flat apt repository) with what the hosts install at boot, both
+    built once by debootstrap and apt and cached."""
+    digest = _digest(*BASE_PACKAGES, PROVISION, *MIRROR_PACKAGES)
+    target, mirror = CACHE_DIR / f"rootfs-{SUITE}-{digest}", CACHE_DIR / f"apt-mirror-{SUITE}-{digest}"
+    if (target / ".complete").exists() and (mirror / "Release").exists():
+        return target, mirror
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix="rootfs-building-", dir=CACHE_DIR))
     try:
         _run("debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(building), MIRROR)
         _run("chroot", str(building), "/bin/sh", "-c", PROVISION)
+        _fill_mirror(building, mirror)
         (building / ".complete").write_text(f"{SUITE} {' '.join(BASE_PACKAGES)}\n")
+        if target.exists():
+            shutil.rmtree(target)
         building.rename(target)
     finally:
         if building.exists():
             shutil.rmtree(building)
-    return target
+    return target, mirror
+
+
+def _fill_mirror(rootfs: Path, mirror: Path) -> None:
+    """Download MIRROR_PACKAGES and what they need beyond `rootfs` (from Debian, with
+    the root file system's own apt), and index them as a flat repository."""
+    shutil.copy("/etc/resolv.conf", rootfs / "etc" / "resolv.conf")
+    _run("chroot", str(rootfs), "apt-get", "-q", "update")
+    _run("chroot", str(rootfs), "apt-get", "-q", "-y", "--download-only", "install", *MIRROR_PACKAGES)
+    if mirror.exists():
+        shutil.rmtree(mirror)
+    mirror.mkdir(parents=True)
+    for deb in (rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"):
+        shutil.move(str(deb), mirror / deb.name)
+    _run("chroot", str(rootfs), "apt-get", "clean")
+    for lists in (rootfs / "var" / "lib" / "apt" / "lists").glob("*_*"):
+        lists.unlink()
+    entries = []
+    for deb in sorted(mirror.glob("*.deb")):
+        control = _run("dpkg-deb", "-f", str(deb)).stdout.rstrip("\n")
+        data = deb.read_bytes()
+        entries.append(f"{control}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+                       f"MD5sum: {hashlib.md5(data).hexdigest()}\nSHA256: {hashlib.sha256(data).hexdigest()}\n")
+    packages = "\n".join(entries).encode()
+    (mirror / "Packages").write_bytes(packages)
+    (mirror / "Release").write_text(
+        "Origin: vllm-cluster-fleet\nLabel: vllm-cluster-fleet\nSuite: fleet\nCodename: fleet\n"
+        f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}\n"
+        f"SHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages\n"
+    )
 
 
 def fleet_venv() -> Path:
@@ -178,7 +229,11 @@ class Fleet:
     when a test fails."""
 
     def __init__(self, workdir: Path, nodes: int, authorized_key: str, private_key: str,
-                 gpus_per_node: int = 4, gpu_name: str = "NVIDIA A10G", gpu_memory_mib: int = 23028):
+                 gpus_per_node: int = 4, gpu_name: str = "NVIDIA A10G", gpu_memory_mib: int = 23028,
+                 efa_devices: int = 0, user_data: dict[str, str] | None = None, wait_for_ssh: bool = True):
+        """`user_data`: host name -> the script EC2 would hand that host (run at first
+        boot as cloud-init's final stage does). `wait_for_ssh=False` returns as soon as
+        the hosts are started, as EC2 reports an instance running while it boots."""
         self.workdir = Path(workdir)
         self.authorized_key = authorized_key.strip()
         self.key_file = self.workdir / "ssh-key"
@@ -188,6 +243,11 @@ class Fleet:
         self._private_key = private_key
         # What the nvidia-smi double reports on every node host (default: a g5.12xlarge).
         self.gpu_conf = f"GPUS={gpus_per_node}\nNAME={gpu_name}\nMEMORY_MIB={gpu_memory_mib}\nDRIVER=570.133.20\n"
+        # What the fi_info double reports on every node host: the type's EFA interfaces.
+        self.efa_devices = efa_devices
+        self.user_data = dict(user_data or {})
+        self.wait_at_start = wait_for_ssh
+        self._mirror: subprocess.Popen | None = None
         self._made_bridge = False
         self.run_id = f"{os.getpid()}{int(time.time()) % 100000}"
         self._netns: list[str] = []
@@ -211,12 +271,13 @@ class Fleet:
     # --- bring-up --------------------------------------------------------------------
 
     def start(self) -> None:
-        rootfs, venv = base_rootfs(), fleet_venv()
+        (rootfs, mirror), venv = base_rootfs(), fleet_venv()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_file.write_text(self._private_key)
         self.key_file.chmod(0o600)
         self.shared.mkdir(exist_ok=True)
         self._network()
+        self._serve_mirror(mirror)
         python_prefix = _venv_python_prefix(venv)
         for host in self.hosts:
             self._prepare(host, rootfs)
@@ -229,7 +290,16 @@ class Fleet:
                     f"--bind-ro={python_prefix}",
                 ]
         with ThreadPoolExecutor(len(self.hosts)) as pool:
-            list(pool.map(self.boot, self.hosts))
+            list(pool.map(lambda host: self.boot(host, wait=self.wait_at_start), self.hosts))
+
+    def _serve_mirror(self, mirror: Path) -> None:
+        """The package mirror on the bridge, where the hosts' apt sources point."""
+        log = open(self.workdir / "apt-mirror.log", "ab")
+        self._mirror = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "--bind", BRIDGE_IP, "--directory", str(mirror), str(MIRROR_PORT)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+        log.close()
 
     def _network(self) -> None:
         self._remove_leftovers()
@@ -264,16 +334,39 @@ class Fleet:
         (host.root / "etc" / "hostname").write_text(f"{host.name}\n")
         (host.root / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{host.ip} {host.name}\n")
         _run("ssh-keygen", "-A", "-f", str(host.root))  # this host's own host keys
-        # Logins must not hang on systemd-user-sessions (seen failing in a container now and
-        # then, which leaves /run/nologin and refuses every SSH login): no nologin file at boot.
-        nologin = host.root / "etc" / "tmpfiles.d" / "systemd-nologin.conf"
-        nologin.parent.mkdir(parents=True, exist_ok=True)
-        if not nologin.is_symlink():
-            nologin.symlink_to("/dev/null")
+        # The image's package sources point at a mirror; here, the fleet's own.
+        (host.root / "etc" / "apt" / "sources.list").write_text(
+            f"deb [trusted=yes] http://{BRIDGE_IP}:{MIRROR_PORT}/ ./\n")
+        for listed in (host.root / "etc" / "apt" / "sources.list.d").glob("*"):
+            listed.unlink()
+        self._install_double(host, "bin/cloud-final", f"{FLEET_LIB}/cloud-final")
+        self._enable_double(host, "cloud-final-double.service")
+        self._enable_double(host, "slow-boot-double.service")
+        (host.root / "etc" / "slow-boot-double.conf").write_text(f"NOLOGIN_SECONDS={NOLOGIN_SECONDS}\n")
+        if host.role == "gateway":
+            # The host that runs apt at first boot (nginx) meets another apt holding the lists lock.
+            self._install_double(host, "bin/hold-apt-lists-lock", f"{FLEET_LIB}/hold-apt-lists-lock")
+            self._enable_double(host, "apt-lock-double.service")
+            (host.root / "etc" / "apt-lock-double.conf").write_text(f"APT_LOCK_SECONDS={APT_LOCK_SECONDS}\n")
         if host.role == "node":
-            # No GPU here: the nvidia-smi test double, describing this host's emulated GPUs.
-            shutil.copy(NVIDIA_SMI_DOUBLE, host.root / "usr" / "bin" / "nvidia-smi")
+            # No GPU and no EFA here: the doubles, where the image has the real tools.
+            self._install_double(host, "bin/nvidia-smi", image.NVIDIA_SMI)
             (host.root / "etc" / "nvidia-smi-double.conf").write_text(self.gpu_conf)
+            self._install_double(host, "bin/fi_info", image.FI_INFO)
+            (host.root / "etc" / "fi-info-double.conf").write_text(f"EFA_DEVICES={self.efa_devices}\n")
+            # This machine cannot grant more locked memory than its own hard limit (no
+            # CAP_SYS_RESOURCE: 8 MiB here, unlimited on EC2), which is also systemd's
+            # default for services. A lower default keeps a unit that lifts its limit (it
+            # gets the host's maximum) apart from one that does not (it keeps the default).
+            conf = host.root / "etc" / "systemd" / "system.conf.d" / "fleet-limits.conf"
+            conf.parent.mkdir(parents=True, exist_ok=True)
+            conf.write_text("[Manager]\nDefaultLimitMEMLOCK=64K\n")
+        if host.name in self.user_data:
+            # Where cloud-init keeps the user data EC2 handed it at launch.
+            script = host.root / "var" / "lib" / "cloud" / "instance" / "scripts" / "part-001"
+            script.parent.mkdir(parents=True, exist_ok=True)
+            script.write_text(self.user_data[host.name])
+            script.chmod(0o700)
         ssh_dir = host.root / "home" / SSH_USER / ".ssh"
         ssh_dir.mkdir(mode=0o700, exist_ok=True)
         # What EC2 and cloud-init do with the instance's key pair.
@@ -283,7 +376,25 @@ class Fleet:
             os.chown(path, *uid_gid)
         (ssh_dir / "authorized_keys").chmod(0o600)
 
-    def boot(self, host: Host) -> None:
+    @staticmethod
+    def _install_double(host: Host, double: str, path: str) -> None:
+        target = host.root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(DOUBLES / double, target)
+        target.chmod(0o755)
+
+    @staticmethod
+    def _enable_double(host: Host, unit: str) -> None:
+        """A test double's systemd unit, enabled as `systemctl enable` would."""
+        units = host.root / "etc" / "systemd" / "system"
+        shutil.copy(DOUBLES / "units" / unit, units / unit)
+        wants = units / "multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        link = wants / unit
+        if not link.is_symlink():
+            link.symlink_to(f"/etc/systemd/system/{unit}")
+
+    def boot(self, host: Host, wait: bool = True) -> None:
         log = open(host.dir / "console.log", "ab")
         host.process = subprocess.Popen(
             # A machine name of this run's own: nspawn keeps per-machine state under
@@ -294,9 +405,10 @@ class Fleet:
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
-        self.wait_for_ssh(host)
+        if wait:
+            self.wait_for_ssh(host)
 
-    def wait_for_ssh(self, host: Host, timeout: float = 60) -> None:
+    def wait_for_ssh(self, host: Host, timeout: float = 60 + NOLOGIN_SECONDS) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if host.process is not None and host.process.poll() is not None:
@@ -365,6 +477,10 @@ class Fleet:
 
         with ThreadPoolExecutor(len(self.hosts)) as pool:
             list(pool.map(power_off, self.hosts))
+        if self._mirror is not None:
+            self._mirror.terminate()
+            self._mirror.wait(timeout=10)
+            self._mirror = None
         for mount in reversed(self._mounts):
             subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
         self._mounts.clear()

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from components.catalog import CATALOG
+from components.topology import efa_interface_count
 from fleet import BRIDGE_IP, GATEWAY_IP, VPC_CIDR, Fleet, Host, node_ip
 from pulumi_mocks import ProgramRun, run_program
-from replay import Outcome, replay, start_cloud_init, user_data_of
+from replay import Outcome, replay, user_data_of
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
@@ -33,14 +35,15 @@ API_KEY = "ZmxlZXQtdGVzdC1hcGkta2V5LXdpdGgtcGFkZGluZy0x="
 
 def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
     """A stack config for the fleet: g5.12xlarge nodes (4 logical GPUs each), TP 4
-    inside a node and PP across them, the VPC where the fleet's addresses are."""
+    inside a node and PP across them, EFA on (the type has one EFA interface), the VPC
+    where the fleet's addresses are."""
     config = {
         "model": MODEL,
         "instanceType": "g5.12xlarge",
         "nodes": nodes,
         "tensorParallelSize": 4,
         "pipelineParallelSize": nodes,
-        "efa": "false",
+        "efa": "true",
         "apiAllowedCidrs": [VPC_CIDR],
         "adminCidrs": [f"{BRIDGE_IP}/32"],
         "vpcCidr": VPC_CIDR,
@@ -121,6 +124,8 @@ class ClusterUnderTest:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     booted_at: float = 0.0
     ready_at: float = 0.0
+    # Wall-clock time the hosts were started and the replay began (compared with host logs).
+    started_wall: float = 0.0
 
     @property
     def head(self) -> Host:
@@ -202,20 +207,28 @@ class ClusterUnderTest:
         return self.node_shell(index, f"systemctl show -p {name} --value {unit}").stdout.strip()
 
 
+def efa_devices(config: dict[str, Any]) -> int:
+    """What the fi_info double reports: the interfaces the program gives the type."""
+    return efa_interface_count(CATALOG[config["instanceType"]], config["efa"] == "true")
+
+
 @contextmanager
 def serving_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> Iterator[ClusterUnderTest]:
-    """Boot the fleet, run the user data and replay the program on it; yields once
-    `pulumi up` would have finished (the readiness command passed)."""
+    """Start the fleet's hosts with the program's user data (cloud-init's final stage
+    runs it at boot) and replay the program's commands at once, while the hosts still
+    boot, as `pulumi up` does; yields once `pulumi up` would have finished (the
+    readiness command passed)."""
     key_store: dict = {}
     run = fleet_program(nodes, key_store, **overrides)
+    config = fleet_config(nodes, **overrides)
     public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
-    with Fleet(workdir, nodes, public_key, run.outputs["sshPrivateKey"]) as fleet, FakeHub(workdir) as hub:
-        cluster = ClusterUnderTest(run, fleet, hub, key_store, config=fleet_config(nodes, **overrides),
-                                   booted_at=time.monotonic())
-        hosts = {"vllm-host": fleet.gateway, "vllm-head": fleet.nodes[0]}
-        hosts.update({f"vllm-worker-{i}": fleet.nodes[i] for i in range(1, nodes)})
-        for instance, script in user_data_of(run).items():
-            start_cloud_init(fleet, hosts[instance], script)
+    host_names = {"vllm-host": "gateway", "vllm-head": "node0"}
+    host_names.update({f"vllm-worker-{i}": f"node{i}" for i in range(1, nodes)})
+    user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
+    with Fleet(workdir, nodes, public_key, run.outputs["sshPrivateKey"], efa_devices=efa_devices(config),
+               user_data=user_data, wait_for_ssh=False) as fleet, FakeHub(workdir) as hub:
+        cluster = ClusterUnderTest(run, fleet, hub, key_store, config=config, booted_at=time.monotonic(),
+                                   started_wall=time.time())
         cluster.outcomes = replay(run)
         cluster.ready_at = time.monotonic()
         yield cluster

@@ -1,27 +1,25 @@
 """Replay what the program declared on the local fleet, as Pulumi would run it.
 
-`user_data_of` gives each instance's user data as EC2 hands it to cloud-init;
-`start_cloud_init` runs it on a host the way cloud-init does (as root, once, in the
-background while sshd already answers). `replay` runs every `remote.Command` the
-program declared, with its own connection (host, user, key, jump host), command
-line and stdin, each as soon as the commands it depends on have finished, so
-independent ones run in parallel. Nothing is re-typed here: what the program
-declares is what runs.
+`user_data_of` gives each instance's user data as EC2 hands it to cloud-init (the
+fleet runs it at boot as cloud-init's final stage does). `replay` runs every
+`remote.Command` the program declared, with its own connection (host, user, key,
+jump host, dial limits), command line and stdin, each as soon as the commands it
+depends on have finished, so independent ones run in parallel, and dials as
+pulumi-command does (tests/ssh_dial.py), so it can start while the hosts still
+boot, as `pulumi up` does once EC2 reports an instance running. Nothing is
+re-typed here: what the program declares is what runs.
 """
 
 from __future__ import annotations
 
 import base64
 import gzip
-import subprocess
-import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from pathlib import Path
 
-from cli.cluster import ssh_args
 from pulumi_mocks import ProgramRun, unsecret
+from ssh_dial import DialLog, Endpoint, Session
 
 COMMAND = "command:remote:Command"
 
@@ -29,14 +27,15 @@ COMMAND = "command:remote:Command"
 @dataclass(frozen=True)
 class Step:
     name: str
-    host: str
-    user: str
-    private_key: str
-    proxy_host: str | None
-    proxy_user: str | None
+    target: Endpoint
+    proxy: Endpoint | None
     create: str
     stdin: str
     after: tuple[str, ...]
+
+    @property
+    def host(self) -> str:
+        return self.target.host
 
 
 @dataclass
@@ -47,6 +46,7 @@ class Outcome:
     stderr: str
     started: float
     finished: float
+    dial_log: DialLog
 
     @property
     def seconds(self) -> float:
@@ -70,14 +70,11 @@ def steps_of(run: ProgramRun, only: set[str] | None = None) -> dict[str, Step]:
     steps = {}
     for command in commands:
         connection = unsecret(command.inputs["connection"])
-        proxy = connection.get("proxy") or {}
+        proxy = connection.get("proxy")
         steps[command.name] = Step(
             name=command.name,
-            host=connection["host"],
-            user=connection["user"],
-            private_key=unsecret(connection["privateKey"]),
-            proxy_host=proxy.get("host"),
-            proxy_user=proxy.get("user"),
+            target=_endpoint(connection),
+            proxy=_endpoint(proxy) if proxy else None,
             create=unsecret(command.inputs["create"]),
             stdin=unsecret(command.inputs.get("stdin")) or "",
             after=tuple(
@@ -87,23 +84,29 @@ def steps_of(run: ProgramRun, only: set[str] | None = None) -> dict[str, Step]:
     return steps
 
 
-def run_step(step: Step, key_file: Path, timeout: float, running: set | None = None) -> Outcome:
+def _endpoint(connection: dict) -> Endpoint:
+    """A connection's host, user, key and dial limits (pulumi-command's defaults
+    where the program left them out)."""
+    return Endpoint(
+        host=connection["host"],
+        user=connection.get("user", "root"),
+        private_key=unsecret(connection["privateKey"]),
+        dial_error_limit=int(connection.get("dialErrorLimit", 10)),
+        per_dial_timeout=float(connection.get("perDialTimeout", 15)),
+    )
+
+
+def run_step(step: Step, timeout: float, running: set | None = None) -> Outcome:
     started = time.monotonic()
-    # The step's own connection: its host and user, and its proxy (the gateway) if it has one.
-    command = ssh_args(key_file, step.user, step.host, step.create, step.proxy_user, step.proxy_host)
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    session = Session()
     if running is not None:
-        running.add(process)
+        running.add(session)
     try:
-        stdout, stderr = process.communicate(step.stdin, timeout=timeout)
+        result = session.run(step.target, step.proxy, step.create, step.stdin, timeout)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
         if running is not None:
-            running.discard(process)
-    return Outcome(step, process.returncode, stdout, stderr, started, time.monotonic())
+            running.discard(session)
+    return Outcome(step, result.returncode, result.stdout, result.stderr, started, time.monotonic(), result.dial_log)
 
 
 def replay(run: ProgramRun, *, only: set[str] | None = None, timeout: float = 1800,
@@ -113,25 +116,15 @@ def replay(run: ProgramRun, *, only: set[str] | None = None, timeout: float = 18
     `check`), as `pulumi up` does, and ends the SSH sessions still running."""
     steps = steps_of(run, only)
     outcomes: dict[str, Outcome] = {}
-    processes: set = set()
-    with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(max_workers=max(1, len(steps))) as pool:
-        keys: dict[str, Path] = {}
-
-        def key_file(step: Step) -> Path:
-            if step.private_key not in keys:
-                path = Path(scratch) / f"key{len(keys)}"
-                path.write_text(step.private_key)
-                path.chmod(0o600)
-                keys[step.private_key] = path
-            return keys[step.private_key]
-
+    sessions: set = set()
+    with ThreadPoolExecutor(max_workers=max(1, len(steps))) as pool:
         pending = dict(steps)
         running: dict[Future, str] = {}
         try:
             while pending or running:
                 for name, step in list(pending.items()):
                     if all(dep in outcomes for dep in step.after):
-                        running[pool.submit(run_step, step, key_file(step), timeout, processes)] = name
+                        running[pool.submit(run_step, step, timeout, sessions)] = name
                         del pending[name]
                 if not running:
                     raise RuntimeError(f"commands wait for each other in a cycle: {sorted(pending)}")
@@ -145,8 +138,8 @@ def replay(run: ProgramRun, *, only: set[str] | None = None, timeout: float = 18
                             raise ReplayError(outcome)
                         return outcomes
         finally:
-            for process in list(processes):
-                process.kill()
+            for session in list(sessions):
+                session.close()
     return outcomes
 
 
@@ -162,18 +155,3 @@ def user_data_of(run: ProgramRun) -> dict[str, str]:
     return scripts
 
 
-# cloud-init's final stage runs user-data scripts as root from this directory, once.
-CLOUD_INIT_SCRIPT = "/var/lib/cloud/instance/scripts/part-001"
-
-
-def start_cloud_init(fleet, host, script: str) -> None:
-    """Run `script` on `host` as cloud-init's final stage does: as root, in the
-    background (sshd is already up), output in /var/log/cloud-init-output.log."""
-    fleet.ssh(
-        host,
-        f"sudo install -D -m 0700 /dev/stdin {CLOUD_INIT_SCRIPT} && "
-        f"sudo systemd-run --quiet --unit=cloud-final-user-data --remain-after-exit "
-        f"-p StandardOutput=append:/var/log/cloud-init-output.log -p StandardError=append:/var/log/cloud-init-output.log "
-        f"{CLOUD_INIT_SCRIPT}",
-        input=script,
-    )

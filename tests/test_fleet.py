@@ -9,6 +9,7 @@ namespaces); under CI (VLLM_CLUSTER_CI) that is a failure instead.
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import re
@@ -132,6 +133,105 @@ def test_secrets_on_the_nodes_are_root_only(cluster):
     assert {line.rsplit("/", 1)[1] for line in listing[1:]} == {"ray-token", "vllm-api.env"}
     assert all(line.startswith("600 root ") for line in listing[1:]), listing
     assert cluster.node_shell(0, "cat /etc/vllm-cluster/secrets/ray-token", check=False).returncode != 0
+
+
+# --- first boot as it really happens, on hosts laid out like the node image -------------
+
+
+def boot_log(cluster, host, unit: str) -> str:
+    return cluster.fleet.ssh(host, f"sudo journalctl -b -o short-unix --no-pager -u {unit}").stdout
+
+
+def first_timestamp(log: str, text: str) -> float:
+    return next(float(line.split()[0]) for line in log.splitlines() if text in line)
+
+
+def test_hosts_refused_logins_while_booting_and_the_bootstrap_rode_it_out(cluster):
+    """/run/nologin was there while sshd already answered, on every host, and the
+    replay (dialling as pulumi-command does) started while the hosts booted."""
+    for host in cluster.fleet.hosts:
+        sshd = first_timestamp(boot_log(cluster, host, "ssh.service"), "Server listening")
+        sessions = first_timestamp(boot_log(cluster, host, "systemd-user-sessions.service"), "Finished")
+        assert sessions - sshd >= 5, f"{host.name}: logins were possible {sessions - sshd:.1f} s after sshd started"
+    # The gateway was dialled while it refused logins: pulumi-command retried, with new connections.
+    refused = [e for e in cluster.outcomes["vllm-gateway-setup"].dial_log.stages("Dial") if "Authentication" in e]
+    assert refused, cluster.outcomes["vllm-gateway-setup"].dial_log.failures
+    # `pulumi up` was running while the nodes still refused logins, yet each node was dialled
+    # only once the gateway had seen it accept one: no handshake to a node was ever refused.
+    for index, host in enumerate(cluster.fleet.nodes):
+        node = "head" if index == 0 else f"worker-{index}"
+        sessions = first_timestamp(boot_log(cluster, host, "systemd-user-sessions.service"), "Finished")
+        assert cluster.started_wall < sessions, f"{node} accepted logins before the replay started"
+        assert "accepts logins" in cluster.outcomes[f"vllm-login-{node}"].stderr
+        assert not cluster.outcomes[f"vllm-setup-{node}"].dial_log.stages("Dial"), node
+
+
+def test_the_gateway_waited_for_the_package_lists_lock_at_first_boot(cluster):
+    gateway = cluster.fleet.gateway
+    held = cluster.fleet.ssh(gateway, "cat /var/log/apt-lock-double.log").stdout.split()
+    locked, released = float(held[0]), float(held[2])
+    assert released - locked >= 30
+    output = cluster.fleet.ssh(gateway, "sudo cat /var/log/cloud-init-output.log").stdout
+    assert "another apt holds the package lists lock" in output, output[-2000:]
+    # nginx came from the package mirror after the lock was released (dpkg's own log).
+    log = cluster.fleet.ssh(gateway, "grep ' status installed nginx:' /var/log/dpkg.log").stdout
+    installed = calendar.timegm(time.strptime(log.split()[0] + " " + log.split()[1], "%Y-%m-%d %H:%M:%S"))
+    assert installed >= int(released)
+
+
+def test_efa_tools_are_where_the_image_has_them_and_preflight_found_them(cluster):
+    for index in range(NODES):
+        # Not on sudo's secure_path, as on the real image: a bare `fi_info` finds nothing.
+        assert cluster.node_shell(index, "sudo sh -c 'command -v fi_info'", check=False).returncode != 0
+        assert cluster.node_shell(index, "test -x /opt/amazon/efa/bin/fi_info").returncode == 0
+    report = cluster.outcomes["vllm-preflight"].stdout
+    row = next(line for line in report.splitlines() if line.startswith("efa "))
+    assert row.count("1/1") == NODES, report
+
+
+def test_setup_refuses_a_python_the_pinned_releases_do_not_accept(cluster):
+    """On a real host with its own python3 (3.11 here): demand 3.13 or later, as a pin
+    whose wheels dropped 3.11 would, and setup stops first, saying what to do."""
+    worker = NODES - 1
+    env = "/etc/vllm-cluster/cluster.env"
+    cluster.node_shell(worker, f"sudo cp {env} /tmp/cluster.env.kept && sudo sed -i 's/^PYTHON_MIN=.*/PYTHON_MIN=3.13/' {env}")
+    try:
+        refused = cluster.node_shell(worker, "sudo /opt/vllm-cluster/bin/vllm-cluster-node setup", check=False)
+    finally:
+        cluster.node_shell(worker, f"sudo cp /tmp/cluster.env.kept {env}")
+    assert refused.returncode != 0
+    assert "this node's Python is 3.11" in refused.stderr and ">=3.13,<3.15" in refused.stderr, refused.stderr
+    assert "leave amiId empty" in refused.stderr
+    assert "mounted" not in refused.stderr and "installing" not in refused.stderr, "it must stop before any work"
+
+
+def limits(cluster, index: int, pid: str) -> dict[str, tuple[float, float]]:
+    """/proc/PID/limits on a node: name -> (soft, hard), unlimited as infinity."""
+    table = cluster.node_shell(index, f"sudo cat /proc/{pid}/limits").stdout.splitlines()[1:]
+    found = {}
+    for line in table:
+        match = re.match(r"(.+?)\s{2,}(\S+)\s+(\S+)", line)
+        found[match.group(1)] = tuple(float("inf") if v == "unlimited" else float(v) for v in match.group(2, 3))
+    return found
+
+
+def test_running_raylets_and_vllm_may_lock_all_the_memory_the_host_allows(cluster):
+    """The limits of the running processes, not the unit files. This machine cannot grant
+    more locked memory than its own hard limit (it lacks CAP_SYS_RESOURCE), so "all the
+    host allows" is that limit here and unlimited on EC2; a service that does not lift
+    its limits keeps the hosts' lower default (tests/fleet.py), as sshd shows."""
+    for index in range(NODES):
+        host_max = limits(cluster, index, "1")  # the host's init: the most any service can get
+        default = limits(cluster, index, cluster.unit_property(index, "ssh.service", "MainPID"))
+        pids = [cluster.node_shell(index, "pgrep -x raylet").stdout.split()[0]]
+        if index == 0:
+            pids.append(cluster.unit_property(0, "vllm.service", "MainPID"))
+        for pid in pids:
+            got = limits(cluster, index, pid)
+            memlock, hard_memlock = got["Max locked memory"]
+            assert memlock == hard_memlock == host_max["Max locked memory"][1] > default["Max locked memory"][0], got
+            files = got["Max open files"][0]
+            assert files == min(1048576, host_max["Max open files"][1]) > default["Max open files"][0], got
 
 
 # --- idempotence and day 2 ---------------------------------------------------------------
