@@ -433,6 +433,35 @@ def _check_secret_token(reader: _Reader, key: str, value: str | None, min_length
     return Secret(value)
 
 
+# The AWS pages that state the rule: an instance launches into a Capacity Reservation
+# or a Capacity Block only in the reservation's own Availability Zone.
+RESERVATION_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html"
+CAPACITY_BLOCK_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html"
+
+
+def _check_reservation_zone(
+    reader: _Reader,
+    reservation_id: str | None,
+    capacity_block: bool,
+    availability_zone: str | None,
+    existing_network: ExistingNetwork | None,
+) -> None:
+    """A reservation serves one zone. Without availabilityZone the program picks the
+    first zone (alphabetically) that offers the type, which is the reservation's zone
+    only by luck. With an existing network the private subnet decides the zone."""
+    if reservation_id is None or availability_zone is not None or existing_network is not None:
+        return
+    kind, doc = ("Capacity Block", CAPACITY_BLOCK_LAUNCH_DOC) if capacity_block else ("Capacity Reservation", RESERVATION_LAUNCH_DOC)
+    reader.fail(
+        "capacityReservationId",
+        f"is set but availabilityZone is not: the nodes would launch in the first zone of the region that "
+        f"offers the instance type, and a {kind} serves only its own Availability Zone. "
+        f"Fix: pulumi config set {NAMESPACE}:availabilityZone to the reservation's zone "
+        f"(aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} "
+        f"--query 'CapacityReservations[0].AvailabilityZone'). See {doc}",
+    )
+
+
 def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> UserCertificate | None:
     """tlsCertificate, tlsPrivateKey and endpointHostname: all three or none."""
     certificate = reader.string("tlsCertificate")
@@ -737,6 +766,7 @@ def load_spec(
             "capacityBlock",
             f"is true, but no capacityReservationId names the block. Fix: pulumi config set {NAMESPACE}:capacityReservationId cr-...",
         )
+    _check_reservation_zone(reader, capacity_reservation_id, bool(capacity_block), availability_zone, existing_network)
 
     retain_model_cache = reader.boolean("retainModelCache")
     gateway_instance_type = reader.string("gatewayInstanceType")

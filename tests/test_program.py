@@ -272,9 +272,14 @@ def test_instances_boot_only_after_routes_rules_and_the_mount_target(run):
     assert rules | routes <= set(run.named("vllm-host").dependencies)
 
 
+# A reservation serves one zone: the config names it (the spec refuses one without it).
+RESERVED = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b"}
+RESERVED_BLOCK = {**RESERVED, "capacityBlock": True}
+
+
 def test_gpu_nodes_launch_into_a_configured_capacity_reservation_or_block(run):
     assert "capacityReservationSpecification" not in run.of_type(TEMPLATE)[0].inputs
-    reserved = run_stack(run.stack, {"capacityReservationId": "cr-0123456789abcdef0", "capacityBlock": True})
+    reserved = run_stack(run.stack, RESERVED_BLOCK)
     target = reserved.of_type(TEMPLATE)[0].inputs["capacityReservationSpecification"]["capacityReservationTarget"]
     assert target["capacityReservationId"] == "cr-0123456789abcdef0"
     assert all(n.inputs["instanceMarketOptions"]["marketType"] == "capacity-block" for n in gpu_nodes(reserved))

@@ -123,6 +123,7 @@ BAD_CONFIGS = [
     ("malformed AMI id", {"amiId": "ubuntu"}, "amiId", "ami-"),
     ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId", "cr-"),
     ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock", "capacityReservationId"),
+    ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "availabilityZone"),
     ("root volume too small", {"rootVolumeGiB": 20}, "rootVolumeGiB", "150"),
     ("misspelt key", {"instancetype": "p4d.24xlarge"}, "instancetype", "did you mean instanceType"),
     ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType", "t3.small"),
@@ -214,3 +215,26 @@ def test_every_key_is_understood_by_the_loader():
     source = inspect.getsource(spec_module.load_spec) + inspect.getsource(spec_module._check_user_certificate)
     for key in CONFIG_KEYS:
         assert f'"{key.name}"' in source, f"load_spec never reads {key.name}"
+
+
+RESERVATION = "cr-0123456789abcdef0"
+
+
+@pytest.mark.parametrize("block, page", [(False, "capacity-reservations-launch.html"), (True, "capacity-blocks-launch.html")])
+def test_a_reservation_without_its_zone_names_both_keys_the_value_the_fix_and_the_rule(block, page):
+    """Without availabilityZone the nodes go to the first zone that offers the type; a
+    Capacity Reservation or Capacity Block serves only its own zone."""
+    error = problems_of(capacityReservationId=RESERVATION, capacityBlock=block)
+    [problem] = [p for p in error.problems if p.key == "capacityReservationId"]
+    text = str(problem)
+    assert RESERVATION in text and "availabilityZone" in text
+    assert "pulumi config set vllm-cluster:availabilityZone" in text
+    assert f"https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/{page}" in text
+
+
+def test_a_reservation_in_its_zone_or_in_an_existing_subnet_is_accepted():
+    assert spec_of(capacityReservationId=RESERVATION, availabilityZone="us-east-1b").capacity_reservation_id == RESERVATION
+    # With an existing network the nodes go where privateSubnetId is; availabilityZone does not apply.
+    existing = spec_of(capacityReservationId=RESERVATION, vpcId="vpc-0123456789abcdef0",
+                       publicSubnetId="subnet-0123456789abcdef0", privateSubnetId="subnet-0fedcba9876543210")
+    assert existing.capacity_reservation_id == RESERVATION
