@@ -132,6 +132,7 @@ class DeclaredResource:
     additional_secret_outputs: list[str]
     dependencies: list[str]
     ignore_changes: list[str] = field(default_factory=list)
+    delete_before_replace: bool = False
 
     @property
     def parent_type(self) -> str:
@@ -430,6 +431,7 @@ def run_program(
                 additional_secret_outputs=list(request.additionalSecretOutputs),
                 dependencies=list(request.dependencies),
                 ignore_changes=list(request.ignoreChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace),
             )
         )
     run.invokes = mocks.invokes

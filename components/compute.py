@@ -86,6 +86,16 @@ def efs_client_policy(file_system_arn: str) -> str:
     )
 
 
+def replacement_notice(reservation_id: str) -> str:
+    """What `pulumi preview` says about replacing nodes that run in a reservation."""
+    return (
+        f"The GPU nodes launch into capacity reservation {reservation_id}, which has no spare slot: "
+        "a change to the launch template (root volume, AMI, EFA interfaces) replaces every node, and "
+        "each node stops and is deleted before its replacement starts. The service is down while "
+        "its nodes are replaced."
+    )
+
+
 class GpuNodes(pulumi.ComponentResource):
     head: aws.ec2.Instance
     workers: list[aws.ec2.Instance]
@@ -166,6 +176,8 @@ class GpuNodes(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if spec.ami_id is None else None),
         )
 
+        if spec.capacity_reservation_id is not None:
+            pulumi.log.warn(replacement_notice(spec.capacity_reservation_id), resource=self)
         self.user_data: list = []
         self.head = self._node(name, 0, template, args, None)
         head_ip = self.head.private_ip
@@ -239,5 +251,12 @@ class GpuNodes(pulumi.ComponentResource):
             # User data is first-boot only (cloud-init runs it once per instance), and
             # changing it would stop and start a GPU node. Later changes reach running
             # nodes through the setup command, which sends the same script again.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.boot_after), ignore_changes=["userDataBase64"]),
+            # A reservation is usually full: its replacement node can only launch into the
+            # slot the old node frees, so the old one goes first (see replacement_notice).
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=list(args.boot_after),
+                ignore_changes=["userDataBase64"],
+                delete_before_replace=args.spec.capacity_reservation_id is not None,
+            ),
         )

@@ -286,6 +286,21 @@ def test_gpu_nodes_launch_into_a_configured_capacity_reservation_or_block(run):
     assert "instanceMarketOptions" not in reserved.named("vllm-host").inputs
 
 
+def test_reserved_gpu_nodes_are_replaced_delete_first_and_the_preview_says_so(run):
+    """A launch-template change replaces every GPU node; a full reservation has no slot
+    for a new node beside the old one, so with a reservation the old one goes first."""
+    reserved = run_stack(run.stack, RESERVED)
+    assert reserved.error is None
+    assert gpu_nodes(reserved) and all(node.delete_before_replace for node in gpu_nodes(reserved))
+    assert not reserved.named("vllm-host").delete_before_replace
+    assert any("cr-0123456789abcdef0" in w and "stops" in w and "before its replacement" in w for w in reserved.warnings)
+
+
+def test_unreserved_gpu_nodes_keep_the_default_create_first_replacement(run):
+    assert not any(node.delete_before_replace for node in gpu_nodes(run))
+    assert not any("reservation" in w for w in run.warnings)
+
+
 def test_gateway_is_public_with_an_elastic_ip(run):
     gateway = run.named("vllm-host")
     assert gateway.inputs["subnetId"] == run.id_of(run.named("vllm-public", SUBNET))
