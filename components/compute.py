@@ -107,12 +107,14 @@ class GpuNodes(pulumi.ComponentResource):
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
 
-        placement_group = None
-        if spec.needs_placement_group:
+        # An existing group by name (a reservation made in a cluster placement group serves
+        # only instances launched into that group), or one of our own when needed.
+        placement_group_name = spec.placement_group_name
+        if spec.creates_placement_group:
             # "cluster": all nodes on one low-latency network spine in one zone, which EFA requires.
-            placement_group = aws.ec2.PlacementGroup(
+            placement_group_name = aws.ec2.PlacementGroup(
                 f"{name}-placement", strategy="cluster", tags=tags(f"{name}-placement"), opts=child
-            )
+            ).name
 
         profile = self._instance_profile(name, args.model_cache_arn, child)
         image = node_image(spec.ami_id, pulumi.InvokeOptions(parent=self))
@@ -159,7 +161,7 @@ class GpuNodes(pulumi.ComponentResource):
                 }
             ],
             network_interfaces=interfaces,
-            placement={"group_name": placement_group.name} if placement_group is not None else None,
+            placement={"group_name": placement_group_name} if placement_group_name is not None else None,
             # GPU capacity (p5 above all) usually comes from a reservation or a Capacity Block.
             capacity_reservation_specification=(
                 {"capacity_reservation_target": {"capacity_reservation_id": spec.capacity_reservation_id}}
@@ -186,7 +188,7 @@ class GpuNodes(pulumi.ComponentResource):
         self.head_private_ip = head_ip
         self.worker_private_ips = pulumi.Output.all(*[w.private_ip for w in self.workers])
         self.launch_template_id = template.id
-        self.placement_group_name = placement_group.name if placement_group is not None else None
+        self.placement_group_name = placement_group_name
         self.register_outputs(
             {
                 "headPrivateIp": self.head_private_ip,

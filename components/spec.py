@@ -102,6 +102,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("amiId", "string", "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04).", default="", auto=True),
     ConfigKey("capacityReservationId", "string", "Launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block (cr-...). Empty: none.", default="", auto=True),
     ConfigKey("capacityBlock", "boolean", "capacityReservationId is a Capacity Block for ML (launched with market type capacity-block).", default=False),
+    ConfigKey("placementGroupName", "string", "Existing cluster placement group for the GPU nodes, such as the one a capacity reservation was made in. Empty: the stack creates one when nodes > 1 or EFA is on.", default="", auto=True),
     ConfigKey("rootVolumeGiB", "integer", "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),
     ConfigKey("tlsCertificate", "string", "PEM certificate (with its chain) for the gateway's HTTPS. Empty: a self-signed certificate for the gateway's IP, generated in the stack.", default="", auto=True),
     ConfigKey("tlsPrivateKey", "string", "PEM private key of tlsCertificate. Secret: set it with --secret.", default="", auto=True, secret=True),
@@ -181,6 +182,7 @@ class ClusterSpec:
     root_volume_gib: int
     capacity_reservation_id: str | None
     capacity_block: bool
+    placement_group_name: str | None
     retain_model_cache: bool
     gateway_instance_type: str
     tls: UserCertificate | None
@@ -203,6 +205,11 @@ class ClusterSpec:
         # A cluster placement group keeps the nodes on one low-latency network
         # spine; EFA requires it, and multi-node NCCL over TCP benefits too.
         return self.nodes > 1 or self.efa
+
+    @property
+    def creates_placement_group(self) -> bool:
+        """The stack makes its own group unless the config names an existing one."""
+        return self.needs_placement_group and self.placement_group_name is None
 
 
 @dataclass(frozen=True)
@@ -460,6 +467,26 @@ def _check_reservation_zone(
         f"(aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} "
         f"--query 'CapacityReservations[0].AvailabilityZone'). See {doc}",
     )
+
+
+PLACEMENT_GROUP_NAME_MAX = 255  # EC2: up to 255 ASCII characters
+
+
+def _check_placement_group_name(reader: _Reader, name: str | None) -> str | None:
+    """An existing placement group by name: EC2 takes up to 255 ASCII characters; this
+    program also refuses whitespace and shell characters, which no group needs."""
+    if name is None:
+        return None
+    meta = _shell_meta_in(name)
+    if not name.isascii():
+        reader.fail("placementGroupName", "must be ASCII, as EC2 placement group names are. Fix: the group's name as aws ec2 describe-placement-groups shows it")
+    elif len(name) > PLACEMENT_GROUP_NAME_MAX:
+        reader.fail("placementGroupName", f"is {len(name)} characters; EC2 placement group names have at most {PLACEMENT_GROUP_NAME_MAX}")
+    elif meta:
+        reader.fail("placementGroupName", f"contains {meta}; a placement group name here may not hold whitespace or shell characters. Fix: rename the group or pick another")
+    else:
+        return name
+    return None
 
 
 def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> UserCertificate | None:
@@ -767,6 +794,7 @@ def load_spec(
             f"is true, but no capacityReservationId names the block. Fix: pulumi config set {NAMESPACE}:capacityReservationId cr-...",
         )
     _check_reservation_zone(reader, capacity_reservation_id, bool(capacity_block), availability_zone, existing_network)
+    placement_group_name = _check_placement_group_name(reader, reader.string("placementGroupName"))
 
     retain_model_cache = reader.boolean("retainModelCache")
     gateway_instance_type = reader.string("gatewayInstanceType")
@@ -806,6 +834,7 @@ def load_spec(
         root_volume_gib=root_volume_gib,
         capacity_reservation_id=capacity_reservation_id,
         capacity_block=bool(capacity_block),
+        placement_group_name=placement_group_name,
         retain_model_cache=bool(retain_model_cache),
         gateway_instance_type=gateway_instance_type,
         tls=tls,

@@ -225,6 +225,14 @@ def test_one_cluster_placement_group_when_several_nodes_or_efa(run):
         assert groups == [] and "placement" not in template.inputs
 
 
+def test_an_existing_placement_group_is_used_by_name_and_none_is_created(run):
+    """A reservation made in a cluster placement group serves only instances launched into it."""
+    result = run_stack(run.stack, {**RESERVED, "placementGroupName": "reserved-pg"})
+    assert result.error is None
+    assert result.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+    assert result.of_type(TEMPLATE)[0].inputs["placement"] == {"groupName": "reserved-pg"}
+
+
 def test_imdsv2_only_and_encrypted_gp3_root(run):
     template = run.of_type(TEMPLATE)[0].inputs
     assert template["metadataOptions"]["httpTokens"] == "required"

@@ -124,6 +124,10 @@ BAD_CONFIGS = [
     ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId", "cr-"),
     ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock", "capacityReservationId"),
     ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "availabilityZone"),
+    ("placement group with a semicolon", {"placementGroupName": "pg;reboot"}, "placementGroupName", "';'"),
+    ("placement group with a space", {"placementGroupName": "my group"}, "placementGroupName", "' '"),
+    ("placement group name too long", {"placementGroupName": "p" * 256}, "placementGroupName", "255"),
+    ("placement group name not ASCII", {"placementGroupName": "gruppe-\u00fc"}, "placementGroupName", "ASCII"),
     ("root volume too small", {"rootVolumeGiB": 20}, "rootVolumeGiB", "150"),
     ("misspelt key", {"instancetype": "p4d.24xlarge"}, "instancetype", "did you mean instanceType"),
     ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType", "t3.small"),
@@ -238,3 +242,10 @@ def test_a_reservation_in_its_zone_or_in_an_existing_subnet_is_accepted():
     existing = spec_of(capacityReservationId=RESERVATION, vpcId="vpc-0123456789abcdef0",
                        publicSubnetId="subnet-0123456789abcdef0", privateSubnetId="subnet-0fedcba9876543210")
     assert existing.capacity_reservation_id == RESERVATION
+
+
+def test_an_existing_placement_group_is_taken_by_name():
+    assert spec_of().placement_group_name is None
+    assert spec_of(placementGroupName="").placement_group_name is None
+    assert spec_of(placementGroupName="reserved-pg_1.a").placement_group_name == "reserved-pg_1.a"
+    assert spec_of(placementGroupName="p" * 255).placement_group_name == "p" * 255
