@@ -140,6 +140,7 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
                  "natGateway": the_cost.nat_gateway, "modelCache": round(the_cost.model_cache, 4),
                  "priceDate": instance.price_date, "priceSource": instance.price_source},
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
+        "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
         "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
         "warnings": sizing.warnings_for(model, instance, tp, the_fit) + list(spec.warnings),
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
@@ -198,6 +199,11 @@ def render(plan: dict[str, Any]) -> str:
         out.append(f"  {term['term']:16s}{term['seconds']:6d} s   {term['assumes']}")
     total = plan["timeToFirstTokenSeconds"]
     out.append(f"  {'total':16s}{total:6d} s   ({total / 60:.1f} min)")
+    out.append(
+        f"  vLLM gives its engine {plan['engineReadyTimeoutSeconds']} s to start (VLLM_ENGINE_READY_TIMEOUT_S in vllm.env: "
+        f"{sizing.ENGINE_READY_TIMEOUT_FACTOR} x (model load + engine start), at least vLLM's default "
+        f"{sizing.ENGINE_READY_TIMEOUT_FLOOR_SECONDS} s)"
+    )
     out += ["", "Warnings"] + ([f"  - {w}" for w in plan["warnings"]] or ["  (none)"])
     args = plan["vllmServeArgs"]
     out += ["", "vllm serve on the head (API key from a root-only env file, never an argument)",

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from components import ports
+from components import ports, sizing
 from components.spec import ClusterSpec
 from components.topology import node_name, node_role
 
@@ -216,6 +216,8 @@ def vllm_env(spec: ClusterSpec, head_ip: str, node_ips: list[str]) -> str:
             "SERVED_MODEL_NAME": served_model_name(spec),
             "EXPECTED_NODES": expected,
             "EXPECTED_GPUS": str(spec.nodes * spec.gpus_per_node),
+            # vLLM's default (600 s) is too short for a large model's cold start; see sizing.
+            "VLLM_ENGINE_READY_TIMEOUT_S": str(sizing.engine_ready_timeout_for(spec.model, spec.instance, spec.nodes)),
             # The model is staged on the cache before vLLM starts: never download at serve time.
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",

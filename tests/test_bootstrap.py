@@ -105,6 +105,26 @@ def test_vllm_env_names_every_node_and_gpu_it_must_wait_for():
     assert env["VLLM_SERVE_ARGS"].split() == bootstrap.vllm_serve_args(spec, "10.0.0.1")
 
 
+def stack_spec(stack: str):
+    config = {key.split(":", 1)[1]: value for key, value in stack_config(stack).items() if key.startswith("vllm-cluster:")}
+    return load_spec(config, stack=stack)
+
+
+def engine_ready_timeout(stack: str) -> int:
+    env = parse_env(bootstrap.vllm_env(stack_spec(stack), "10.0.0.1", ["10.0.0.1", "10.0.0.2"]))
+    return int(env["VLLM_ENGINE_READY_TIMEOUT_S"])
+
+
+def test_a_70b_cold_start_gets_more_than_vllms_600_second_engine_timeout():
+    """vLLM gives up on its engine after VLLM_ENGINE_READY_TIMEOUT_S (600 s by default);
+    prod's 70B from EFS can take longer, and systemd would restart it in a loop."""
+    assert engine_ready_timeout("prod") > 600
+
+
+def test_a_small_model_keeps_vllms_own_600_second_floor():
+    assert engine_ready_timeout("dev") == 600
+
+
 def test_env_files_refuse_values_a_shell_or_systemd_would_interpret():
     for bad in ("a;b", "$(id)", "x`y`", "a\nb", 'q"uote'):
         with pytest.raises(ValueError):
