@@ -47,6 +47,12 @@ USER_DATA_LIMIT_BYTES = 16 * 1024
 MAX_REQUEST_BODY = "4m"
 RATE_LIMIT_PER_SECOND = 20
 RATE_LIMIT_BURST = 40
+# vLLM's HTTP server closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+# seconds (5 by default, vllm/envs.py); vllm.env sets it explicitly. nginx keeps idle
+# upstream connections for 60 s unless told otherwise, and a request it sends on one the
+# server has just closed fails with 502. So the gateway lets go first.
+VLLM_HTTP_KEEP_ALIVE_SECONDS = 5
+GATEWAY_UPSTREAM_KEEPALIVE_SECONDS = 4
 # The only API routes the gateway forwards; everything else answers 404. vLLM's own
 # API key guards only /v1 and a few prefixes, leaving admin routes such as
 # /collective_rpc or /sleep open, so the allowlist is what keeps them private.
@@ -218,6 +224,8 @@ def vllm_env(spec: ClusterSpec, head_ip: str, node_ips: list[str]) -> str:
             "EXPECTED_GPUS": str(spec.nodes * spec.gpus_per_node),
             # vLLM's default (600 s) is too short for a large model's cold start; see sizing.
             "VLLM_ENGINE_READY_TIMEOUT_S": str(sizing.engine_ready_timeout_for(spec.model, spec.instance, spec.nodes)),
+            # The gateway's upstream keepalive_timeout is shorter (GATEWAY_UPSTREAM_KEEPALIVE_SECONDS).
+            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(VLLM_HTTP_KEEP_ALIVE_SECONDS),
             # The model is staged on the cache before vLLM starts: never download at serve time.
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
@@ -265,6 +273,8 @@ limit_req_zone $binary_remote_addr zone=vllm_api:10m rate={RATE_LIMIT_PER_SECOND
 upstream vllm_api {{
     server {head_ip}:{ports.VLLM_API};
     keepalive 16;
+    # Idle connections close here before vLLM closes them (VLLM_HTTP_TIMEOUT_KEEP_ALIVE {VLLM_HTTP_KEEP_ALIVE_SECONDS} s).
+    keepalive_timeout {GATEWAY_UPSTREAM_KEEPALIVE_SECONDS}s;
 }}
 
 upstream ray_dashboard {{

@@ -285,6 +285,23 @@ def test_nginx_site_forwards_only_the_allowlisted_routes():
     assert site.count("limit_req zone=vllm_api") == len(bootstrap.API_ROUTES)
 
 
+def upstream_block(site: str, name: str) -> str:
+    start = site.index(f"upstream {name} {{")
+    return site[start : site.index("}", start)]
+
+
+def test_the_gateway_drops_idle_upstream_connections_before_vllm_does():
+    """vLLM's server closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    seconds; nginx reusing one it has just closed answers the client 502. So nginx lets go
+    first, and vllm.env states the server's figure instead of trusting vLLM's default."""
+    assert bootstrap.GATEWAY_UPSTREAM_KEEPALIVE_SECONDS < bootstrap.VLLM_HTTP_KEEP_ALIVE_SECONDS
+    upstream = upstream_block(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",)), "vllm_api")
+    nginx_seconds = int(re.search(r"keepalive_timeout (\d+)s;", upstream).group(1))
+    env = parse_env(bootstrap.vllm_env(spec_of(), "10.0.0.1", ["10.0.0.1"]))
+    assert nginx_seconds == bootstrap.GATEWAY_UPSTREAM_KEEPALIVE_SECONDS
+    assert int(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) == bootstrap.VLLM_HTTP_KEEP_ALIVE_SECONDS > nginx_seconds
+
+
 def test_dashboard_is_for_admin_cidrs_only():
     site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32", "2001:db8::/48"))
     dashboard = site[site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;") :]
