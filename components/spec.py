@@ -30,6 +30,17 @@ DEFAULT_ROOT_VOLUME_GIB = 200
 MIN_ROOT_VOLUME_GIB = 150
 MAX_ROOT_VOLUME_GIB = 16384
 DEFAULT_GATEWAY_INSTANCE_TYPE = "t3.small"
+# The gateway's API limits. 600 s covers a non-streamed completion of a few thousand
+# tokens from a 70B model (say 8,000 tokens at 20 a second: 400 s) and frees the connection
+# of a hung request within ten minutes; longer generations should stream (each chunk resets
+# the timer). Above an hour a stuck request holds a connection for longer than any client
+# waits: stream instead.
+DEFAULT_API_READ_TIMEOUT_SECONDS = 600
+MAX_API_READ_TIMEOUT_SECONDS = 3600
+# Per client address: stops a runaway script, not a busy application. Every client behind
+# one NAT shares it; 0 turns it off (the API key still guards the routes).
+DEFAULT_API_RATE_LIMIT_PER_SECOND = 20
+MAX_API_RATE_LIMIT_PER_SECOND = 10000
 MIN_API_KEY_LENGTH = 32
 
 # Flags the program sets itself from dedicated keys; letting vllmExtraArgs set them
@@ -109,6 +120,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("endpointHostname", "string", "DNS name clients use for the gateway; required with tlsCertificate (it must be in the certificate).", default="", auto=True),
     ConfigKey("retainModelCache", "boolean", "Keep the EFS model cache (and the models on it) on pulumi destroy.", default=False),
     ConfigKey("gatewayInstanceType", "string", "Instance type of the gateway (no GPU).", default=DEFAULT_GATEWAY_INSTANCE_TYPE),
+    ConfigKey("apiReadTimeoutSeconds", "integer", f"Seconds the gateway waits for the next bytes of a response before it answers 504; 1 to {MAX_API_READ_TIMEOUT_SECONDS}. Generations longer than this need \"stream\": true.", default=DEFAULT_API_READ_TIMEOUT_SECONDS),
+    ConfigKey("apiRateLimitPerSecond", "integer", f"API requests per second per client address at the gateway (burst: twice as many), up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share it. 0: no limit.", default=DEFAULT_API_RATE_LIMIT_PER_SECOND),
 )
 
 KEYS_BY_NAME = {key.name: key for key in CONFIG_KEYS}
@@ -186,6 +199,8 @@ class ClusterSpec:
     retain_model_cache: bool
     gateway_instance_type: str
     tls: UserCertificate | None
+    api_read_timeout_seconds: int = DEFAULT_API_READ_TIMEOUT_SECONDS
+    api_rate_limit_per_second: int = DEFAULT_API_RATE_LIMIT_PER_SECOND
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -487,6 +502,27 @@ def _check_placement_group_name(reader: _Reader, name: str | None) -> str | None
     else:
         return name
     return None
+
+
+def _check_api_read_timeout(reader: _Reader, seconds: int | None) -> int:
+    if seconds is not None and not 1 <= seconds <= MAX_API_READ_TIMEOUT_SECONDS:
+        reader.fail(
+            "apiReadTimeoutSeconds",
+            f"must be from 1 to {MAX_API_READ_TIMEOUT_SECONDS} seconds. A generation that runs longer should "
+            f"stream (\"stream\": true: each chunk resets the gateway's timer). "
+            f"Fix: pulumi config set {NAMESPACE}:apiReadTimeoutSeconds {DEFAULT_API_READ_TIMEOUT_SECONDS}",
+        )
+    return seconds if seconds is not None else DEFAULT_API_READ_TIMEOUT_SECONDS
+
+
+def _check_api_rate_limit(reader: _Reader, per_second: int | None) -> int:
+    if per_second is not None and not 0 <= per_second <= MAX_API_RATE_LIMIT_PER_SECOND:
+        reader.fail(
+            "apiRateLimitPerSecond",
+            f"must be from 0 to {MAX_API_RATE_LIMIT_PER_SECOND} requests per second per client; 0 turns the limit off. "
+            f"Fix: pulumi config set {NAMESPACE}:apiRateLimitPerSecond {DEFAULT_API_RATE_LIMIT_PER_SECOND}",
+        )
+    return per_second if per_second is not None else DEFAULT_API_RATE_LIMIT_PER_SECOND
 
 
 def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> UserCertificate | None:
@@ -802,6 +838,8 @@ def load_spec(
         reader.fail("gatewayInstanceType", "is not an EC2 instance type such as t3.small")
 
     tls = _check_user_certificate(reader, secret_keys)
+    api_read_timeout_seconds = _check_api_read_timeout(reader, reader.integer("apiReadTimeoutSeconds"))
+    api_rate_limit_per_second = _check_api_rate_limit(reader, reader.integer("apiRateLimitPerSecond"))
 
     if reader.problems:
         raise SpecError(reader.problems)
@@ -838,5 +876,7 @@ def load_spec(
         retain_model_cache=bool(retain_model_cache),
         gateway_instance_type=gateway_instance_type,
         tls=tls,
+        api_read_timeout_seconds=api_read_timeout_seconds,
+        api_rate_limit_per_second=api_rate_limit_per_second,
         warnings=tuple(warnings),
     )

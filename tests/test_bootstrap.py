@@ -285,6 +285,26 @@ def test_nginx_site_forwards_only_the_allowlisted_routes():
     assert site.count("limit_req zone=vllm_api") == len(bootstrap.API_ROUTES)
 
 
+def test_the_read_timeout_and_the_rate_limit_follow_their_settings():
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), read_timeout_seconds=1800, rate_limit_per_second=50)
+    api = site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
+    assert "proxy_read_timeout 1800s;" in api
+    assert "zone=vllm_api:10m rate=50r/s;" in site
+    # The burst follows the rate: twice the per-second figure.
+    assert api.count("limit_req zone=vllm_api burst=100 nodelay;") == len(bootstrap.API_ROUTES)
+
+
+def test_the_default_site_keeps_ten_minutes_and_twenty_requests_a_second():
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    assert "proxy_read_timeout 600s;" in site and "rate=20r/s;" in site and "burst=40 nodelay;" in site
+
+
+def test_a_rate_limit_of_zero_leaves_the_api_unlimited():
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), rate_limit_per_second=0)
+    assert "limit_req" not in site
+    assert re.findall(r"location = (\S+) \{", site) == list(bootstrap.API_ROUTES)
+
+
 def upstream_block(site: str, name: str) -> str:
     start = site.index(f"upstream {name} {{")
     return site[start : site.index("}", start)]
@@ -341,6 +361,11 @@ def test_nginx_accepts_the_site(tmp_path):
         return subprocess.run([NGINX, "-t", "-c", str(main)], capture_output=True, text=True)
 
     result = check(site)
+    assert result.returncode == 0, result.stderr
+    unlimited = tmp_path / "unlimited.conf"
+    unlimited.write_text(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key),
+                                              read_timeout_seconds=1800, rate_limit_per_second=0))
+    result = check(unlimited)
     assert result.returncode == 0, result.stderr
     broken = tmp_path / "broken.conf"
     broken.write_text(site.read_text().replace("deny all;", "deny all"))

@@ -124,6 +124,11 @@ BAD_CONFIGS = [
     ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId", "cr-"),
     ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock", "capacityReservationId"),
     ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "availabilityZone"),
+    ("no read timeout", {"apiReadTimeoutSeconds": 0}, "apiReadTimeoutSeconds", "from 1 to 3600"),
+    ("read timeout over an hour", {"apiReadTimeoutSeconds": 7200}, "apiReadTimeoutSeconds", "stream"),
+    ("read timeout in words", {"apiReadTimeoutSeconds": "ten minutes"}, "apiReadTimeoutSeconds", "whole number"),
+    ("negative rate limit", {"apiRateLimitPerSecond": -1}, "apiRateLimitPerSecond", "0 turns the limit off"),
+    ("rate limit beyond reason", {"apiRateLimitPerSecond": 100000}, "apiRateLimitPerSecond", "10000"),
     ("placement group with a semicolon", {"placementGroupName": "pg;reboot"}, "placementGroupName", "';'"),
     ("placement group with a space", {"placementGroupName": "my group"}, "placementGroupName", "' '"),
     ("placement group name too long", {"placementGroupName": "p" * 256}, "placementGroupName", "255"),
@@ -249,3 +254,10 @@ def test_an_existing_placement_group_is_taken_by_name():
     assert spec_of(placementGroupName="").placement_group_name is None
     assert spec_of(placementGroupName="reserved-pg_1.a").placement_group_name == "reserved-pg_1.a"
     assert spec_of(placementGroupName="p" * 255).placement_group_name == "p" * 255
+
+
+def test_the_gateway_limits_default_to_ten_minutes_and_twenty_requests_a_second():
+    spec = spec_of()
+    assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (600, 20)
+    spec = spec_of(apiReadTimeoutSeconds="1800", apiRateLimitPerSecond=0)
+    assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (1800, 0)
