@@ -553,6 +553,32 @@ def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> Us
     return UserCertificate(certificate_pem=certificate, private_key=Secret(private_key), hostname=hostname)
 
 
+# The EFS page that states it: mounting by the file system's DNS name needs the Amazon
+# DNS server and DNS hostnames in the client's VPC.
+EFS_DNS_NAME_DOC = "https://docs.aws.amazon.com/efs/latest/ug/mounting-fs-mount-cmd-dns-name.html"
+
+
+def existing_vpc_problems(vpc_id: str, dns_support: bool, dns_hostnames: bool) -> list[Problem]:
+    """What an existing VPC (vpcId, looked up by the program) lacks for the model cache:
+    the nodes mount EFS by its DNS name, which resolves only with the VPC's DNS support
+    and DNS hostnames on. Support first: hostnames cannot be enabled without it."""
+    missing = [
+        ("enableDnsSupport", "DNS resolution", "--enable-dns-support", dns_support),
+        ("enableDnsHostnames", "DNS hostnames", "--enable-dns-hostnames", dns_hostnames),
+    ]
+    return [
+        Problem(
+            "vpcId",
+            _show("vpcId", vpc_id),
+            f"has {attribute} off ({label}): the nodes mount the EFS model cache by its DNS name, which never "
+            "resolves in this VPC, so node setup would wait ten minutes and fail. "
+            f"Fix: aws ec2 modify-vpc-attribute --vpc-id {vpc_id} {flag} (see {EFS_DNS_NAME_DOC})",
+        )
+        for attribute, label, flag, enabled in missing
+        if not enabled
+    ]
+
+
 def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
     return sorted(set(raw) - set(KEYS_BY_NAME))
 

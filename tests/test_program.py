@@ -326,13 +326,27 @@ def test_network_is_one_zone_with_public_and_private_subnets_and_a_nat(run):
     assert len(run.of_type("aws:ec2/natGateway:NatGateway")) == 1
 
 
+EXISTING = {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "subnet-0aaaaaaaaaaaaaaaa",
+            "privateSubnetId": "subnet-0bbbbbbbbbbbbbbbb"}
+
+
 def test_existing_network_is_used_instead_of_a_new_one():
-    result = run_stack("prod", {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "subnet-0aaaaaaaaaaaaaaaa",
-                                "privateSubnetId": "subnet-0bbbbbbbbbbbbbbbb"})
+    result = run_stack("prod", EXISTING)
     assert result.error is None
     assert result.of_type("aws:ec2/vpc:Vpc") == [] and result.of_type("aws:ec2/subnet:Subnet") == []
     assert {i["subnetId"] for i in result.of_type(TEMPLATE)[0].inputs["networkInterfaces"]} == {"subnet-0bbbbbbbbbbbbbbbb"}
     assert result.named("vllm-host").inputs["subnetId"] == "subnet-0aaaaaaaaaaaaaaaa"
+
+
+@pytest.mark.parametrize("attribute", ["enableDnsHostnames", "enableDnsSupport"])
+def test_an_existing_vpc_without_dns_declares_nothing_and_names_the_key(attribute):
+    """The EFS mount target is reached by its DNS name, which such a VPC never resolves."""
+    result = run_stack("prod", EXISTING, existing_vpc={attribute: False})
+    assert type(result.error).__name__ == "RunError" and result.resources == []
+    assert "vllm-cluster:vpcId" in str(result.error) and attribute in str(result.error)
+    assert ("aws:ec2/getVpc:getVpc", {"id": EXISTING["vpcId"]}) in [
+        (token, {k: v for k, v in args.items() if v is not None}) for token, args in result.invokes
+    ]
 
 
 # --- graph-wide properties ---------------------------------------------------------------

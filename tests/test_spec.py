@@ -4,7 +4,7 @@ declared, with an error that names the key, shows the value and says what to do.
 import pytest
 
 from components import versions
-from components.spec import CONFIG_KEYS, SpecError, load_spec
+from components.spec import CONFIG_KEYS, SpecError, existing_vpc_problems, load_spec
 
 GOOD = {
     "model": "meta-llama/Llama-3.1-70B-Instruct",
@@ -261,3 +261,25 @@ def test_the_gateway_limits_default_to_ten_minutes_and_twenty_requests_a_second(
     assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (600, 20)
     spec = spec_of(apiReadTimeoutSeconds="1800", apiRateLimitPerSecond=0)
     assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (1800, 0)
+
+
+VPC = "vpc-0123456789abcdef0"
+EFS_DNS_DOC = "https://docs.aws.amazon.com/efs/latest/ug/mounting-fs-mount-cmd-dns-name.html"
+
+
+def test_an_existing_vpc_without_dns_hostnames_is_refused_with_the_fix():
+    """The nodes mount EFS by its DNS name, which never resolves in such a VPC: setup
+    would wait ten minutes and fail."""
+    [problem] = existing_vpc_problems(VPC, dns_support=True, dns_hostnames=False)
+    text = str(problem)
+    assert problem.key == "vpcId" and VPC in text and "enableDnsHostnames" in text
+    assert f"aws ec2 modify-vpc-attribute --vpc-id {VPC} --enable-dns-hostnames" in text
+    assert EFS_DNS_DOC in text
+
+
+def test_an_existing_vpc_without_dns_support_names_both_fixes_support_first():
+    problems = existing_vpc_problems(VPC, dns_support=False, dns_hostnames=False)
+    assert [p.key for p in problems] == ["vpcId", "vpcId"]
+    assert "enableDnsSupport" in str(problems[0]) and "--enable-dns-support" in str(problems[0])
+    assert "enableDnsHostnames" in str(problems[1])
+    assert existing_vpc_problems(VPC, dns_support=True, dns_hostnames=True) == []
