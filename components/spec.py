@@ -199,8 +199,8 @@ class ClusterSpec:
     retain_model_cache: bool
     gateway_instance_type: str
     tls: UserCertificate | None
-    api_read_timeout_seconds: int = DEFAULT_API_READ_TIMEOUT_SECONDS
-    api_rate_limit_per_second: int = DEFAULT_API_RATE_LIMIT_PER_SECOND
+    api_read_timeout_seconds: int
+    api_rate_limit_per_second: int
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -484,7 +484,9 @@ def _check_reservation_zone(
     )
 
 
-PLACEMENT_GROUP_NAME_MAX = 255  # EC2: up to 255 ASCII characters
+PLACEMENT_GROUP_NAME_MAX = 255
+# The rule: "Constraints: Up to 255 ASCII characters" (GroupName).
+PLACEMENT_GROUP_NAME_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreatePlacementGroup.html"
 
 
 def _check_placement_group_name(reader: _Reader, name: str | None) -> str | None:
@@ -494,9 +496,17 @@ def _check_placement_group_name(reader: _Reader, name: str | None) -> str | None
         return None
     meta = _shell_meta_in(name)
     if not name.isascii():
-        reader.fail("placementGroupName", "must be ASCII, as EC2 placement group names are. Fix: the group's name as aws ec2 describe-placement-groups shows it")
+        reader.fail(
+            "placementGroupName",
+            "must be ASCII, as EC2 placement group names are. Fix: the group's name as "
+            f"aws ec2 describe-placement-groups shows it (see {PLACEMENT_GROUP_NAME_DOC})",
+        )
     elif len(name) > PLACEMENT_GROUP_NAME_MAX:
-        reader.fail("placementGroupName", f"is {len(name)} characters; EC2 placement group names have at most {PLACEMENT_GROUP_NAME_MAX}")
+        reader.fail(
+            "placementGroupName",
+            f"is {len(name)} characters; EC2 placement group names have at most {PLACEMENT_GROUP_NAME_MAX}. "
+            f"Fix: the group's name as aws ec2 describe-placement-groups shows it (see {PLACEMENT_GROUP_NAME_DOC})",
+        )
     elif meta:
         reader.fail("placementGroupName", f"contains {meta}; a placement group name here may not hold whitespace or shell characters. Fix: rename the group or pick another")
     else:
