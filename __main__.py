@@ -5,6 +5,7 @@ is bad), builds the components and exports what users need to reach the service.
 """
 
 import pulumi
+import pulumi_aws as aws
 
 from components import bootstrap, ports
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
@@ -14,7 +15,7 @@ from components.gateway import Gateway, GatewayArgs
 from components.network import Network, NetworkArgs
 from components.security import SecurityArgs, SecurityGroups
 from components.services import SSH_USER, ClusterServices, ServicesArgs
-from components.spec import CONFIG_KEYS, NAMESPACE, SpecError, load_spec
+from components.spec import CONFIG_KEYS, NAMESPACE, SpecError, existing_vpc_problems, load_spec
 from components.storage import ModelStorage, ModelStorageArgs
 from components.topology import efa_interface_count, topology_summary
 
@@ -48,6 +49,22 @@ try:
 except SpecError as error:
     # RunError: a clean message, no traceback, and no resource declared.
     raise pulumi.RunError(str(error)) from None
+
+
+def check_existing_vpc() -> None:
+    """An existing VPC must resolve the EFS DNS name. It takes a lookup, so it runs here,
+    before any resource is declared, and fails the way a bad config does."""
+    if spec.existing_network is None:
+        return
+    vpc = aws.ec2.get_vpc(id=spec.existing_network.vpc_id)
+    problems = existing_vpc_problems(
+        spec.existing_network.vpc_id, bool(vpc.enable_dns_support), bool(vpc.enable_dns_hostnames)
+    )
+    if problems:
+        raise pulumi.RunError(str(SpecError(problems)))
+
+
+check_existing_vpc()
 
 for warning in spec.warnings:
     pulumi.log.warn(warning)

@@ -132,6 +132,7 @@ class DeclaredResource:
     additional_secret_outputs: list[str]
     dependencies: list[str]
     ignore_changes: list[str] = field(default_factory=list)
+    delete_before_replace: bool = False
 
     @property
     def parent_type(self) -> str:
@@ -168,7 +169,9 @@ class ProgramRun:
 class MockCloud(pulumi.runtime.Mocks):
     """Answers resource registrations and invokes as AWS, TLS and Random would,
     with deterministic values. `instance_ips` maps an instance's resource name to
-    the private IP it should get (the local fleet maps them to its test hosts)."""
+    the private IP it should get (the local fleet maps them to its test hosts).
+    `existing_vpc` overrides what the getVpc lookup of an existing VPC answers (its DNS
+    attributes are on unless a test turns them off)."""
 
     def __init__(
         self,
@@ -177,8 +180,10 @@ class MockCloud(pulumi.runtime.Mocks):
         public_ips: Mapping[str, str] | None = None,
         real_crypto: bool = False,
         key_store: dict | None = None,
+        existing_vpc: Mapping[str, Any] | None = None,
     ):
         self.instance_ips = dict(instance_ips or {})
+        self.existing_vpc = dict(existing_vpc or {})
         # Real key material by resource name, kept across runs that share the dict (a
         # second `pulumi up` keeps the stack's keys).
         self.key_store = key_store if key_store is not None else {}
@@ -287,6 +292,15 @@ class MockCloud(pulumi.runtime.Mocks):
             return {"id": "us-east-1", "locations": list(MOCK_ZONES), "locationTypes": ["availability-zone"] * 3}
         if args.token == "aws:index/getPartition:getPartition":
             return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
+        if args.token == "aws:ec2/getVpc:getVpc":
+            return {
+                "id": args.args.get("id"),
+                "cidrBlock": "172.31.0.0/16",
+                "enableDnsSupport": True,
+                "enableDnsHostnames": True,
+                "state": "available",
+                **self.existing_vpc,
+            }
         if args.token == "aws:ec2/getSubnet:getSubnet":
             return {
                 "id": args.args.get("id"),
@@ -381,6 +395,7 @@ def run_program(
     public_ips: Mapping[str, str] | None = None,
     real_crypto: bool = False,
     key_store: dict | None = None,
+    existing_vpc: Mapping[str, Any] | None = None,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -388,7 +403,10 @@ def run_program(
     With `apply_project` (the default) the config first goes through what the
     Pulumi CLI does with Pulumi.yaml (required keys, types, defaults); turn it off
     to hand the program a config the CLI would have let through unchecked."""
-    mocks = MockCloud(instance_ips=instance_ips, public_ips=public_ips, real_crypto=real_crypto, key_store=key_store)
+    mocks = MockCloud(
+        instance_ips=instance_ips, public_ips=public_ips, real_crypto=real_crypto, key_store=key_store,
+        existing_vpc=existing_vpc,
+    )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()
     pulumi.runtime.settings.ROOT.set(None)
@@ -430,6 +448,7 @@ def run_program(
                 additional_secret_outputs=list(request.additionalSecretOutputs),
                 dependencies=list(request.dependencies),
                 ignore_changes=list(request.ignoreChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace),
             )
         )
     run.invokes = mocks.invokes

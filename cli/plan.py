@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from components import bootstrap, catalog, models, sizing
+from components import bootstrap, catalog, image, models, sizing
 from components.spec import NAMESPACE, load_spec
 from components.topology import node_name, topology_summary
 
@@ -116,6 +116,9 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
         "cluster": {"instanceType": instance.name, "nodes": spec.nodes, "gpusPerNode": instance.gpus,
                     "gpuModel": instance.gpu_model, "gpuMemoryGiB": instance.gpu_memory_gib,
                     "tensorParallelSize": tp, "pipelineParallelSize": pp, "efa": spec.efa},
+        # components/image.py: what the nodes boot, or the stack's own AMI.
+        "image": ({"amiId": spec.ami_id} if spec.ami_id else
+                  {"name": image.DLAMI_DESCRIPTION, "python": image.python_label()}),
         "resources": resources_by_component(run),
         "resourceCount": len(run.resources),
         "nodes": nodes,
@@ -140,6 +143,7 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
                  "natGateway": the_cost.nat_gateway, "modelCache": round(the_cost.model_cache, 4),
                  "priceDate": instance.price_date, "priceSource": instance.price_source},
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
+        "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
         "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
         "warnings": sizing.warnings_for(model, instance, tp, the_fit) + list(spec.warnings),
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
@@ -160,6 +164,9 @@ def render(plan: dict[str, Any]) -> str:
         f"TP {c['tensorParallelSize']} x PP {c['pipelineParallelSize']} = "
         f"{c['tensorParallelSize'] * c['pipelineParallelSize']} ranks, EFA {'on' if c['efa'] else 'off'}"
     )
+    i = plan["image"]
+    out.append(f"Image     {i['amiId']} (your own: setup checks its Python)" if "amiId" in i
+               else f"Image     {i['name']}, newest; Python {i['python']}")
     out += ["", f"Resources ({plan['resourceCount']}, by component)"]
     for owner, counts in plan["resources"].items():
         listed = ", ".join(f"{t.split(':')[-1]} x{n}" if n > 1 else t.split(":")[-1] for t, n in counts.items())
@@ -198,6 +205,11 @@ def render(plan: dict[str, Any]) -> str:
         out.append(f"  {term['term']:16s}{term['seconds']:6d} s   {term['assumes']}")
     total = plan["timeToFirstTokenSeconds"]
     out.append(f"  {'total':16s}{total:6d} s   ({total / 60:.1f} min)")
+    out.append(
+        f"  vLLM gives its engine {plan['engineReadyTimeoutSeconds']} s to start (VLLM_ENGINE_READY_TIMEOUT_S in vllm.env: "
+        f"{sizing.ENGINE_READY_TIMEOUT_FACTOR} x (model load + engine start), at least vLLM's default "
+        f"{sizing.ENGINE_READY_TIMEOUT_FLOOR_SECONDS} s)"
+    )
     out += ["", "Warnings"] + ([f"  - {w}" for w in plan["warnings"]] or ["  (none)"])
     args = plan["vllmServeArgs"]
     out += ["", "vllm serve on the head (API key from a root-only env file, never an argument)",

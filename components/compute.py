@@ -84,6 +84,16 @@ def efs_client_policy(file_system_arn: str) -> str:
     )
 
 
+def replacement_notice(reservation_id: str) -> str:
+    """What `pulumi preview` says about replacing nodes that run in a reservation."""
+    return (
+        f"The GPU nodes launch into capacity reservation {reservation_id}, which has no spare slot: "
+        "a change to the launch template (root volume, AMI, EFA interfaces) replaces every node, and "
+        "each node stops and is deleted before its replacement starts. The service is down while "
+        "its nodes are replaced."
+    )
+
+
 class GpuNodes(pulumi.ComponentResource):
     head: aws.ec2.Instance
     workers: list[aws.ec2.Instance]
@@ -95,12 +105,14 @@ class GpuNodes(pulumi.ComponentResource):
         spec = args.spec
         child = pulumi.ResourceOptions(parent=self)
 
-        placement_group = None
-        if spec.needs_placement_group:
+        # An existing group by name (a reservation made in a cluster placement group serves
+        # only instances launched into that group), or one of our own when needed.
+        placement_group_name = spec.placement_group_name
+        if spec.creates_placement_group:
             # "cluster": all nodes on one low-latency network spine in one zone, which EFA requires.
-            placement_group = aws.ec2.PlacementGroup(
+            placement_group_name = aws.ec2.PlacementGroup(
                 f"{name}-placement", strategy="cluster", tags=tags(f"{name}-placement"), opts=child
-            )
+            ).name
 
         profile = self._instance_profile(name, args.model_cache_arn, child)
         image = node_image(spec.ami_id, pulumi.InvokeOptions(parent=self))
@@ -147,7 +159,7 @@ class GpuNodes(pulumi.ComponentResource):
                 }
             ],
             network_interfaces=interfaces,
-            placement={"group_name": placement_group.name} if placement_group is not None else None,
+            placement={"group_name": placement_group_name} if placement_group_name is not None else None,
             # GPU capacity (p5 above all) usually comes from a reservation or a Capacity Block.
             capacity_reservation_specification=(
                 {"capacity_reservation_target": {"capacity_reservation_id": spec.capacity_reservation_id}}
@@ -164,6 +176,8 @@ class GpuNodes(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if spec.ami_id is None else None),
         )
 
+        if spec.capacity_reservation_id is not None:
+            pulumi.log.warn(replacement_notice(spec.capacity_reservation_id), resource=self)
         self.user_data: list = []
         self.head = self._node(name, 0, template, args, None)
         head_ip = self.head.private_ip
@@ -172,7 +186,7 @@ class GpuNodes(pulumi.ComponentResource):
         self.head_private_ip = head_ip
         self.worker_private_ips = pulumi.Output.all(*[w.private_ip for w in self.workers])
         self.launch_template_id = template.id
-        self.placement_group_name = placement_group.name if placement_group is not None else None
+        self.placement_group_name = placement_group_name
         self.register_outputs(
             {
                 "headPrivateIp": self.head_private_ip,
@@ -237,5 +251,12 @@ class GpuNodes(pulumi.ComponentResource):
             # User data is first-boot only (cloud-init runs it once per instance), and
             # changing it would stop and start a GPU node. Later changes reach running
             # nodes through the setup command, which sends the same script again.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.boot_after), ignore_changes=["userDataBase64"]),
+            # A reservation is usually full: its replacement node can only launch into the
+            # slot the old node frees, so the old one goes first (see replacement_notice).
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=list(args.boot_after),
+                ignore_changes=["userDataBase64"],
+                delete_before_replace=args.spec.capacity_reservation_id is not None,
+            ),
         )

@@ -147,7 +147,12 @@ class ClusterServices(pulumi.ComponentResource):
             "gateway-tls", gateway_connection, f"sudo {GATEWAY_COMMAND} install-tls",
             stdin=tls_bundle, after=[gateway_setup], secret=True,
         )
-        site = pulumi.Output.from_input(head_ip).apply(lambda ip: bootstrap.nginx_site(ip, spec.admin_cidrs))
+        site = pulumi.Output.from_input(head_ip).apply(
+            lambda ip: bootstrap.nginx_site(
+                ip, spec.admin_cidrs, read_timeout_seconds=spec.api_read_timeout_seconds,
+                rate_limit_per_second=spec.api_rate_limit_per_second,
+            )
+        )
         gateway_proxy = run(
             "gateway-proxy", gateway_connection, f"sudo {GATEWAY_COMMAND} configure", stdin=site, after=[gateway_tls]
         )

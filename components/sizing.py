@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components import catalog
+from components import catalog, models
 from components.catalog import InstanceType
 from components.models import DTYPE_BYTES, ModelInfo
 
@@ -37,6 +37,14 @@ SOFTWARE_INSTALL_SECONDS = 240  # efs-utils build and pip install of vLLM and Ra
 EFS_ELASTIC_CLIENT_MIB_S = 1500  # Elastic throughput, per client (AWS EFS User Guide, "Amazon EFS performance")
 ENGINE_START_BASE_SECONDS = 60  # vLLM process, Ray placement, P2P check
 ENGINE_START_SECONDS_PER_B = 2.5  # compile and CUDA graphs grow with size: 70B TP 8 ~ 3-4 min (vllm #19824)
+
+# vLLM's API server waits VLLM_ENGINE_READY_TIMEOUT_S for its engine (loading the weights,
+# profiling, CUDA graphs) and gives up after it; systemd then restarts it, which loops
+# when the model needs longer. 600 s is vLLM's default (vllm/envs.py of the pinned vLLM), kept as the
+# floor; above it, a generous multiple of the estimate, so that a slow start that is
+# still making progress is not killed.
+ENGINE_READY_TIMEOUT_FLOOR_SECONDS = 600
+ENGINE_READY_TIMEOUT_FACTOR = 3
 
 
 @dataclass(frozen=True)
@@ -197,12 +205,42 @@ class Term:
     assumes: str
 
 
+def model_load_seconds(model: ModelSize, nodes: int) -> float:
+    """Each node reads its share of the weights from the EFS cache."""
+    return model.weight_bytes / nodes / (EFS_ELASTIC_CLIENT_MIB_S * MIB)
+
+
+def engine_start_seconds(params_b: float) -> float:
+    return ENGINE_START_BASE_SECONDS + ENGINE_START_SECONDS_PER_B * params_b
+
+
+def engine_ready_timeout_seconds(model: ModelSize, nodes: int) -> int:
+    """VLLM_ENGINE_READY_TIMEOUT_S for this model: the factor times the estimated load
+    and start, never below vLLM's own default."""
+    estimate = model_load_seconds(model, nodes) + engine_start_seconds(model.params_b)
+    return max(ENGINE_READY_TIMEOUT_FLOOR_SECONDS, math.ceil(ENGINE_READY_TIMEOUT_FACTOR * estimate))
+
+
+def served_model_size(model_name: str, instance: InstanceType, nodes: int) -> ModelSize:
+    """The model's size from the table; for a model outside it, the largest bf16 model the
+    cluster's GPUs could hold, an upper bound that errs towards waiting longer."""
+    info = models.lookup(model_name)
+    if info is not None:
+        return ModelSize.of(info, model_name)
+    gpu_bytes = nodes * instance.gpus * instance.gpu_memory_gib * GIB
+    return ModelSize(model_name, gpu_bytes / DTYPE_BYTES["bf16"] / 1e9, "bf16")
+
+
+def engine_ready_timeout_for(model_name: str, instance: InstanceType, nodes: int) -> int:
+    """What the head's vllm.env sets, from the config alone (the planner shows the same)."""
+    return engine_ready_timeout_seconds(served_model_size(model_name, instance, nodes), nodes)
+
+
 def time_to_first_token(model: ModelSize, nodes: int, params_b: float) -> list[Term]:
     """The terms of a cold `pulumi up` to the first token, each with its assumption."""
-    rate = EFS_ELASTIC_CLIENT_MIB_S * MIB
-    download = model.weight_bytes / rate
-    load = model.weight_bytes / nodes / rate
-    engine = ENGINE_START_BASE_SECONDS + ENGINE_START_SECONDS_PER_B * params_b
+    download = model.weight_bytes / (EFS_ELASTIC_CLIENT_MIB_S * MIB)
+    load = model_load_seconds(model, nodes)
+    engine = engine_start_seconds(params_b)
     return [
         Term("instance boot", INSTANCE_BOOT_SECONDS, "launch to SSH on the Deep Learning AMI"),
         Term("software install", SOFTWARE_INSTALL_SECONDS, "efs-utils and pip install of vLLM + Ray, nodes in parallel"),

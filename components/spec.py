@@ -30,6 +30,17 @@ DEFAULT_ROOT_VOLUME_GIB = 200
 MIN_ROOT_VOLUME_GIB = 150
 MAX_ROOT_VOLUME_GIB = 16384
 DEFAULT_GATEWAY_INSTANCE_TYPE = "t3.small"
+# The gateway's API limits. 600 s covers a non-streamed completion of a few thousand
+# tokens from a 70B model (say 8,000 tokens at 20 a second: 400 s) and frees the connection
+# of a hung request within ten minutes; longer generations should stream (each chunk resets
+# the timer). Above an hour a stuck request holds a connection for longer than any client
+# waits: stream instead.
+DEFAULT_API_READ_TIMEOUT_SECONDS = 600
+MAX_API_READ_TIMEOUT_SECONDS = 3600
+# Per client address: stops a runaway script, not a busy application. Every client behind
+# one NAT shares it; 0 turns it off (the API key still guards the routes).
+DEFAULT_API_RATE_LIMIT_PER_SECOND = 20
+MAX_API_RATE_LIMIT_PER_SECOND = 10000
 MIN_API_KEY_LENGTH = 32
 
 # Flags the program sets itself from dedicated keys; letting vllmExtraArgs set them
@@ -102,12 +113,15 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("amiId", "string", "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04).", default="", auto=True),
     ConfigKey("capacityReservationId", "string", "Launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block (cr-...). Empty: none.", default="", auto=True),
     ConfigKey("capacityBlock", "boolean", "capacityReservationId is a Capacity Block for ML (launched with market type capacity-block).", default=False),
+    ConfigKey("placementGroupName", "string", "Existing cluster placement group for the GPU nodes, such as the one a capacity reservation was made in. Empty: the stack creates one when nodes > 1 or EFA is on.", default="", auto=True),
     ConfigKey("rootVolumeGiB", "integer", "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),
     ConfigKey("tlsCertificate", "string", "PEM certificate (with its chain) for the gateway's HTTPS. Empty: a self-signed certificate for the gateway's IP, generated in the stack.", default="", auto=True),
     ConfigKey("tlsPrivateKey", "string", "PEM private key of tlsCertificate. Secret: set it with --secret.", default="", auto=True, secret=True),
     ConfigKey("endpointHostname", "string", "DNS name clients use for the gateway; required with tlsCertificate (it must be in the certificate).", default="", auto=True),
     ConfigKey("retainModelCache", "boolean", "Keep the EFS model cache (and the models on it) on pulumi destroy.", default=False),
     ConfigKey("gatewayInstanceType", "string", "Instance type of the gateway (no GPU).", default=DEFAULT_GATEWAY_INSTANCE_TYPE),
+    ConfigKey("apiReadTimeoutSeconds", "integer", f"Seconds the gateway waits for the next bytes of a response before it answers 504; 1 to {MAX_API_READ_TIMEOUT_SECONDS}. Generations longer than this need \"stream\": true.", default=DEFAULT_API_READ_TIMEOUT_SECONDS),
+    ConfigKey("apiRateLimitPerSecond", "integer", f"API requests per second per client address at the gateway (burst: twice as many), up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share it. 0: no limit.", default=DEFAULT_API_RATE_LIMIT_PER_SECOND),
 )
 
 KEYS_BY_NAME = {key.name: key for key in CONFIG_KEYS}
@@ -181,9 +195,12 @@ class ClusterSpec:
     root_volume_gib: int
     capacity_reservation_id: str | None
     capacity_block: bool
+    placement_group_name: str | None
     retain_model_cache: bool
     gateway_instance_type: str
     tls: UserCertificate | None
+    api_read_timeout_seconds: int
+    api_rate_limit_per_second: int
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -203,6 +220,11 @@ class ClusterSpec:
         # A cluster placement group keeps the nodes on one low-latency network
         # spine; EFA requires it, and multi-node NCCL over TCP benefits too.
         return self.nodes > 1 or self.efa
+
+    @property
+    def creates_placement_group(self) -> bool:
+        """The stack makes its own group unless the config names an existing one."""
+        return self.needs_placement_group and self.placement_group_name is None
 
 
 @dataclass(frozen=True)
@@ -433,6 +455,86 @@ def _check_secret_token(reader: _Reader, key: str, value: str | None, min_length
     return Secret(value)
 
 
+# The AWS pages that state the rule: an instance launches into a Capacity Reservation
+# or a Capacity Block only in the reservation's own Availability Zone.
+RESERVATION_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html"
+CAPACITY_BLOCK_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html"
+
+
+def _check_reservation_zone(
+    reader: _Reader,
+    reservation_id: str | None,
+    capacity_block: bool,
+    availability_zone: str | None,
+    existing_network: ExistingNetwork | None,
+) -> None:
+    """A reservation serves one zone. Without availabilityZone the program picks the
+    first zone (alphabetically) that offers the type, which is the reservation's zone
+    only by luck. With an existing network the private subnet decides the zone."""
+    if reservation_id is None or availability_zone is not None or existing_network is not None:
+        return
+    kind, doc = ("Capacity Block", CAPACITY_BLOCK_LAUNCH_DOC) if capacity_block else ("Capacity Reservation", RESERVATION_LAUNCH_DOC)
+    reader.fail(
+        "capacityReservationId",
+        f"is set but availabilityZone is not: the nodes would launch in the first zone of the region that "
+        f"offers the instance type, and a {kind} serves only its own Availability Zone. "
+        f"Fix: pulumi config set {NAMESPACE}:availabilityZone to the reservation's zone "
+        f"(aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} "
+        f"--query 'CapacityReservations[0].AvailabilityZone'). See {doc}",
+    )
+
+
+PLACEMENT_GROUP_NAME_MAX = 255
+# The rule: "Constraints: Up to 255 ASCII characters" (GroupName).
+PLACEMENT_GROUP_NAME_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreatePlacementGroup.html"
+
+
+def _check_placement_group_name(reader: _Reader, name: str | None) -> str | None:
+    """An existing placement group by name: EC2 takes up to 255 ASCII characters; this
+    program also refuses whitespace and shell characters, which no group needs."""
+    if name is None:
+        return None
+    meta = _shell_meta_in(name)
+    if not name.isascii():
+        reader.fail(
+            "placementGroupName",
+            "must be ASCII, as EC2 placement group names are. Fix: the group's name as "
+            f"aws ec2 describe-placement-groups shows it (see {PLACEMENT_GROUP_NAME_DOC})",
+        )
+    elif len(name) > PLACEMENT_GROUP_NAME_MAX:
+        reader.fail(
+            "placementGroupName",
+            f"is {len(name)} characters; EC2 placement group names have at most {PLACEMENT_GROUP_NAME_MAX}. "
+            f"Fix: the group's name as aws ec2 describe-placement-groups shows it (see {PLACEMENT_GROUP_NAME_DOC})",
+        )
+    elif meta:
+        reader.fail("placementGroupName", f"contains {meta}; a placement group name here may not hold whitespace or shell characters. Fix: rename the group or pick another")
+    else:
+        return name
+    return None
+
+
+def _check_api_read_timeout(reader: _Reader, seconds: int | None) -> int:
+    if seconds is not None and not 1 <= seconds <= MAX_API_READ_TIMEOUT_SECONDS:
+        reader.fail(
+            "apiReadTimeoutSeconds",
+            f"must be from 1 to {MAX_API_READ_TIMEOUT_SECONDS} seconds. A generation that runs longer should "
+            f"stream (\"stream\": true: each chunk resets the gateway's timer). "
+            f"Fix: pulumi config set {NAMESPACE}:apiReadTimeoutSeconds {DEFAULT_API_READ_TIMEOUT_SECONDS}",
+        )
+    return seconds if seconds is not None else DEFAULT_API_READ_TIMEOUT_SECONDS
+
+
+def _check_api_rate_limit(reader: _Reader, per_second: int | None) -> int:
+    if per_second is not None and not 0 <= per_second <= MAX_API_RATE_LIMIT_PER_SECOND:
+        reader.fail(
+            "apiRateLimitPerSecond",
+            f"must be from 0 to {MAX_API_RATE_LIMIT_PER_SECOND} requests per second per client; 0 turns the limit off. "
+            f"Fix: pulumi config set {NAMESPACE}:apiRateLimitPerSecond {DEFAULT_API_RATE_LIMIT_PER_SECOND}",
+        )
+    return per_second if per_second is not None else DEFAULT_API_RATE_LIMIT_PER_SECOND
+
+
 def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> UserCertificate | None:
     """tlsCertificate, tlsPrivateKey and endpointHostname: all three or none."""
     certificate = reader.string("tlsCertificate")
@@ -459,6 +561,32 @@ def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> Us
     if not ok or (secret_keys is not None and "tlsPrivateKey" not in secret_keys):
         return None
     return UserCertificate(certificate_pem=certificate, private_key=Secret(private_key), hostname=hostname)
+
+
+# The EFS page that states it: mounting by the file system's DNS name needs the Amazon
+# DNS server and DNS hostnames in the client's VPC.
+EFS_DNS_NAME_DOC = "https://docs.aws.amazon.com/efs/latest/ug/mounting-fs-mount-cmd-dns-name.html"
+
+
+def existing_vpc_problems(vpc_id: str, dns_support: bool, dns_hostnames: bool) -> list[Problem]:
+    """What an existing VPC (vpcId, looked up by the program) lacks for the model cache:
+    the nodes mount EFS by its DNS name, which resolves only with the VPC's DNS support
+    and DNS hostnames on. Support first: hostnames cannot be enabled without it."""
+    missing = [
+        ("enableDnsSupport", "DNS resolution", "--enable-dns-support", dns_support),
+        ("enableDnsHostnames", "DNS hostnames", "--enable-dns-hostnames", dns_hostnames),
+    ]
+    return [
+        Problem(
+            "vpcId",
+            _show("vpcId", vpc_id),
+            f"has {attribute} off ({label}): the nodes mount the EFS model cache by its DNS name, which never "
+            "resolves in this VPC, so node setup would wait ten minutes and fail. "
+            f"Fix: aws ec2 modify-vpc-attribute --vpc-id {vpc_id} {flag} (see {EFS_DNS_NAME_DOC})",
+        )
+        for attribute, label, flag, enabled in missing
+        if not enabled
+    ]
 
 
 def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
@@ -737,6 +865,8 @@ def load_spec(
             "capacityBlock",
             f"is true, but no capacityReservationId names the block. Fix: pulumi config set {NAMESPACE}:capacityReservationId cr-...",
         )
+    _check_reservation_zone(reader, capacity_reservation_id, bool(capacity_block), availability_zone, existing_network)
+    placement_group_name = _check_placement_group_name(reader, reader.string("placementGroupName"))
 
     retain_model_cache = reader.boolean("retainModelCache")
     gateway_instance_type = reader.string("gatewayInstanceType")
@@ -744,6 +874,8 @@ def load_spec(
         reader.fail("gatewayInstanceType", "is not an EC2 instance type such as t3.small")
 
     tls = _check_user_certificate(reader, secret_keys)
+    api_read_timeout_seconds = _check_api_read_timeout(reader, reader.integer("apiReadTimeoutSeconds"))
+    api_rate_limit_per_second = _check_api_rate_limit(reader, reader.integer("apiRateLimitPerSecond"))
 
     if reader.problems:
         raise SpecError(reader.problems)
@@ -776,8 +908,11 @@ def load_spec(
         root_volume_gib=root_volume_gib,
         capacity_reservation_id=capacity_reservation_id,
         capacity_block=bool(capacity_block),
+        placement_group_name=placement_group_name,
         retain_model_cache=bool(retain_model_cache),
         gateway_instance_type=gateway_instance_type,
         tls=tls,
+        api_read_timeout_seconds=api_read_timeout_seconds,
+        api_rate_limit_per_second=api_rate_limit_per_second,
         warnings=tuple(warnings),
     )

@@ -107,6 +107,26 @@ def test_vllm_env_names_every_node_and_gpu_it_must_wait_for():
     assert env["VLLM_SERVE_ARGS"].split() == bootstrap.vllm_serve_args(spec, "10.0.0.1")
 
 
+def stack_spec(stack: str):
+    config = {key.split(":", 1)[1]: value for key, value in stack_config(stack).items() if key.startswith("vllm-cluster:")}
+    return load_spec(config, stack=stack)
+
+
+def engine_ready_timeout(stack: str) -> int:
+    env = parse_env(bootstrap.vllm_env(stack_spec(stack), "10.0.0.1", ["10.0.0.1", "10.0.0.2"]))
+    return int(env["VLLM_ENGINE_READY_TIMEOUT_S"])
+
+
+def test_a_70b_cold_start_gets_more_than_vllms_600_second_engine_timeout():
+    """vLLM gives up on its engine after VLLM_ENGINE_READY_TIMEOUT_S (600 s by default);
+    prod's 70B from EFS can take longer, and systemd would restart it in a loop."""
+    assert engine_ready_timeout("prod") > 600
+
+
+def test_a_small_model_keeps_vllms_own_600_second_floor():
+    assert engine_ready_timeout("dev") == 600
+
+
 def test_env_files_refuse_values_a_shell_or_systemd_would_interpret():
     for bad in ("a;b", "$(id)", "x`y`", "a\nb", 'q"uote'):
         with pytest.raises(ValueError):
@@ -300,6 +320,43 @@ def test_nginx_site_forwards_only_the_allowlisted_routes():
     assert site.count("limit_req zone=vllm_api") == len(bootstrap.API_ROUTES)
 
 
+def test_the_read_timeout_and_the_rate_limit_follow_their_settings():
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), read_timeout_seconds=1800, rate_limit_per_second=50)
+    api = site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
+    assert "proxy_read_timeout 1800s;" in api
+    assert "zone=vllm_api:10m rate=50r/s;" in site
+    # The burst follows the rate: twice the per-second figure.
+    assert api.count("limit_req zone=vllm_api burst=100 nodelay;") == len(bootstrap.API_ROUTES)
+
+
+def test_the_default_site_keeps_ten_minutes_and_twenty_requests_a_second():
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    assert "proxy_read_timeout 600s;" in site and "rate=20r/s;" in site and "burst=40 nodelay;" in site
+
+
+def test_a_rate_limit_of_zero_leaves_the_api_unlimited():
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), rate_limit_per_second=0)
+    assert "limit_req" not in site
+    assert re.findall(r"location = (\S+) \{", site) == list(bootstrap.API_ROUTES)
+
+
+def upstream_block(site: str, name: str) -> str:
+    start = site.index(f"upstream {name} {{")
+    return site[start : site.index("}", start)]
+
+
+def test_the_gateway_drops_idle_upstream_connections_before_vllm_does():
+    """vLLM's server closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    seconds; nginx reusing one it has just closed answers the client 502. So nginx lets go
+    first, and vllm.env states the server's figure instead of trusting vLLM's default."""
+    assert bootstrap.GATEWAY_UPSTREAM_KEEPALIVE_SECONDS < bootstrap.VLLM_HTTP_KEEP_ALIVE_SECONDS
+    upstream = upstream_block(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",)), "vllm_api")
+    nginx_seconds = int(re.search(r"keepalive_timeout (\d+)s;", upstream).group(1))
+    env = parse_env(bootstrap.vllm_env(spec_of(), "10.0.0.1", ["10.0.0.1"]))
+    assert nginx_seconds == bootstrap.GATEWAY_UPSTREAM_KEEPALIVE_SECONDS
+    assert int(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) == bootstrap.VLLM_HTTP_KEEP_ALIVE_SECONDS > nginx_seconds
+
+
 def test_dashboard_is_for_admin_cidrs_only():
     site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32", "2001:db8::/48"))
     dashboard = site[site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;") :]
@@ -339,6 +396,11 @@ def test_nginx_accepts_the_site(tmp_path):
         return subprocess.run([NGINX, "-t", "-c", str(main)], capture_output=True, text=True)
 
     result = check(site)
+    assert result.returncode == 0, result.stderr
+    unlimited = tmp_path / "unlimited.conf"
+    unlimited.write_text(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key),
+                                              read_timeout_seconds=1800, rate_limit_per_second=0))
+    result = check(unlimited)
     assert result.returncode == 0, result.stderr
     broken = tmp_path / "broken.conf"
     broken.write_text(site.read_text().replace("deny all;", "deny all"))

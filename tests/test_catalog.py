@@ -42,3 +42,22 @@ def test_known_figures():
 
 def test_known_types_are_sorted_for_stable_messages():
     assert known_instance_types() == sorted(CATALOG)
+
+
+SOURCES_READ_ON = "2026-11-30"
+
+
+@pytest.mark.parametrize("row", list(CATALOG.values()), ids=list(CATALOG))
+def test_every_row_says_where_its_figures_come_from_and_when_they_were_read(row):
+    assert re.search(r"https://\S+", row.figures_source), row.name
+    assert SOURCES_READ_ON in row.figures_source, row.name
+    # A figure no AWS page confirmed is named, with what it rests on instead.
+    assert row.unverified == "" or len(row.unverified) > 40, row.name
+
+
+def test_g6e_48xlarge_has_four_efa_interfaces_one_per_network_card():
+    """Listed with 1 EFA here but 4 elsewhere: EC2 allows one EFA per network card and the
+    type has four cards (4 x 100 Gbps)."""
+    row = CATALOG["g6e.48xlarge"]
+    assert (row.max_efa_interfaces, row.network_cards) == (4, 4)
+    assert "g6e.48xlarge" in row.unverified or "EFA" in row.unverified

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli import plan
-from components import bootstrap
+from components import bootstrap, image
 from components.spec import load_spec
 from pulumi_mocks import stack_config, stack_names
 
@@ -42,6 +42,8 @@ def test_json_has_the_documented_fields():
     assert document["ranks"][15] == {"rank": 15, "node": 1, "gpu": 7, "tpRank": 7, "ppRank": 1}
     assert isinstance(document["timeToFirstTokenSeconds"], int) and document["timeToFirstTokenSeconds"] > 0
     assert isinstance(document["warnings"], list)
+    # The image the nodes boot, from components/image.py.
+    assert document["image"] == {"name": image.DLAMI_DESCRIPTION, "python": "3.12"}
 
 
 def test_the_serve_args_are_the_bootstraps_own():
@@ -72,3 +74,12 @@ def test_a_model_outside_the_table_is_sized_from_params_and_dtype():
 def test_a_bad_stack_is_a_clear_error():
     result = run_cli("plan", "--stack", "nosuchstack")
     assert result.returncode == 2 and "nosuchstack" in result.stderr
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_the_plan_shows_the_engine_ready_timeout_the_head_gets(stack):
+    document = plan.build_plan(stack)
+    config = {k.split(":", 1)[1]: v for k, v in stack_config(stack).items() if k.startswith("vllm-cluster:")}
+    env = bootstrap.vllm_env(load_spec(config, stack=stack), "10.0.0.1", ["10.0.0.1"])
+    assert f"VLLM_ENGINE_READY_TIMEOUT_S={document['engineReadyTimeoutSeconds']}\n" in env
+    assert f"{document['engineReadyTimeoutSeconds']} s" in plan.render(document)

@@ -225,6 +225,14 @@ def test_one_cluster_placement_group_when_several_nodes_or_efa(run):
         assert groups == [] and "placement" not in template.inputs
 
 
+def test_an_existing_placement_group_is_used_by_name_and_none_is_created(run):
+    """A reservation made in a cluster placement group serves only instances launched into it."""
+    result = run_stack(run.stack, {**RESERVED, "placementGroupName": "reserved-pg"})
+    assert result.error is None
+    assert result.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+    assert result.of_type(TEMPLATE)[0].inputs["placement"] == {"groupName": "reserved-pg"}
+
+
 def test_imdsv2_only_and_encrypted_gp3_root(run):
     template = run.of_type(TEMPLATE)[0].inputs
     assert template["metadataOptions"]["httpTokens"] == "required"
@@ -272,13 +280,33 @@ def test_instances_boot_only_after_routes_rules_and_the_mount_target(run):
     assert rules | routes <= set(run.named("vllm-host").dependencies)
 
 
+# A reservation serves one zone: the config names it (the spec refuses one without it).
+RESERVED = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b"}
+RESERVED_BLOCK = {**RESERVED, "capacityBlock": True}
+
+
 def test_gpu_nodes_launch_into_a_configured_capacity_reservation_or_block(run):
     assert "capacityReservationSpecification" not in run.of_type(TEMPLATE)[0].inputs
-    reserved = run_stack(run.stack, {"capacityReservationId": "cr-0123456789abcdef0", "capacityBlock": True})
+    reserved = run_stack(run.stack, RESERVED_BLOCK)
     target = reserved.of_type(TEMPLATE)[0].inputs["capacityReservationSpecification"]["capacityReservationTarget"]
     assert target["capacityReservationId"] == "cr-0123456789abcdef0"
     assert all(n.inputs["instanceMarketOptions"]["marketType"] == "capacity-block" for n in gpu_nodes(reserved))
     assert "instanceMarketOptions" not in reserved.named("vllm-host").inputs
+
+
+def test_reserved_gpu_nodes_are_replaced_delete_first_and_the_preview_says_so(run):
+    """A launch-template change replaces every GPU node; a full reservation has no slot
+    for a new node beside the old one, so with a reservation the old one goes first."""
+    reserved = run_stack(run.stack, RESERVED)
+    assert reserved.error is None
+    assert gpu_nodes(reserved) and all(node.delete_before_replace for node in gpu_nodes(reserved))
+    assert not reserved.named("vllm-host").delete_before_replace
+    assert any("cr-0123456789abcdef0" in w and "stops" in w and "before its replacement" in w for w in reserved.warnings)
+
+
+def test_unreserved_gpu_nodes_keep_the_default_create_first_replacement(run):
+    assert not any(node.delete_before_replace for node in gpu_nodes(run))
+    assert not any("reservation" in w for w in run.warnings)
 
 
 def test_gateway_is_public_with_an_elastic_ip(run):
@@ -298,13 +326,27 @@ def test_network_is_one_zone_with_public_and_private_subnets_and_a_nat(run):
     assert len(run.of_type("aws:ec2/natGateway:NatGateway")) == 1
 
 
+EXISTING = {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "subnet-0aaaaaaaaaaaaaaaa",
+            "privateSubnetId": "subnet-0bbbbbbbbbbbbbbbb"}
+
+
 def test_existing_network_is_used_instead_of_a_new_one():
-    result = run_stack("prod", {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "subnet-0aaaaaaaaaaaaaaaa",
-                                "privateSubnetId": "subnet-0bbbbbbbbbbbbbbbb"})
+    result = run_stack("prod", EXISTING)
     assert result.error is None
     assert result.of_type("aws:ec2/vpc:Vpc") == [] and result.of_type("aws:ec2/subnet:Subnet") == []
     assert {i["subnetId"] for i in result.of_type(TEMPLATE)[0].inputs["networkInterfaces"]} == {"subnet-0bbbbbbbbbbbbbbbb"}
     assert result.named("vllm-host").inputs["subnetId"] == "subnet-0aaaaaaaaaaaaaaaa"
+
+
+@pytest.mark.parametrize("attribute", ["enableDnsHostnames", "enableDnsSupport"])
+def test_an_existing_vpc_without_dns_declares_nothing_and_names_the_key(attribute):
+    """The EFS mount target is reached by its DNS name, which such a VPC never resolves."""
+    result = run_stack("prod", EXISTING, existing_vpc={attribute: False})
+    assert type(result.error).__name__ == "RunError" and result.resources == []
+    assert "vllm-cluster:vpcId" in str(result.error) and attribute in str(result.error)
+    assert ("aws:ec2/getVpc:getVpc", {"id": EXISTING["vpcId"]}) in [
+        (token, {k: v for k, v in args.items() if v is not None}) for token, args in result.invokes
+    ]
 
 
 # --- graph-wide properties ---------------------------------------------------------------

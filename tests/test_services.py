@@ -199,6 +199,14 @@ def test_the_gateway_site_points_at_the_head(run):
     assert site == bootstrap.nginx_site(run.outputs["headPrivateIp"], tuple(run.config["vllm-cluster:adminCidrs"]))
 
 
+def test_the_gateway_site_follows_the_configured_read_timeout_and_rate_limit():
+    before = run_stack("dev")
+    after = run_stack("dev", {"apiReadTimeoutSeconds": 1800, "apiRateLimitPerSecond": 0})
+    site = plain(commands(after)["vllm-gateway-proxy"].inputs["stdin"])
+    assert "proxy_read_timeout 1800s;" in site and "limit_req" not in site
+    assert changed_commands(before, after) == {"vllm-gateway-proxy"}
+
+
 # --- day 2: what re-runs -------------------------------------------------------------------
 
 

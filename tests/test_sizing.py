@@ -114,3 +114,19 @@ def test_an_unknown_model_needs_its_size():
         sizing.ModelSize.of(None, "org/unknown")
     with pytest.raises(ValueError, match="dtype"):
         sizing.ModelSize.of(None, "org/unknown", params_b=7, dtype="fp12")
+
+
+def test_the_engine_ready_timeout_is_three_times_load_and_start_with_vllms_floor():
+    # prod: each node reads 141.2 GB / 2 at 1500 MiB/s = 44.9 s; start 60 + 2.5 x 70.6 = 236.5 s;
+    # 3 x 281.4 s = 844.2 -> 845 s. A 1.5B model: 3 x (2 + 63.9) s is under vLLM's 600 s default.
+    assert sizing.engine_ready_timeout_seconds(LLAMA_70B, 2) == 845
+    small = sizing.ModelSize.of(models.lookup("Qwen/Qwen2.5-1.5B-Instruct"), "Qwen/Qwen2.5-1.5B-Instruct")
+    assert sizing.engine_ready_timeout_seconds(small, 1) == sizing.ENGINE_READY_TIMEOUT_FLOOR_SECONDS == 600
+
+
+def test_a_model_outside_the_table_is_timed_as_the_largest_the_gpus_could_hold():
+    p4d = catalog.CATALOG["p4d.24xlarge"]
+    bound = sizing.served_model_size("someone/unknown-model", p4d, 2)
+    assert bound.weight_bytes == pytest.approx(2 * 8 * 40 * 2**30) and bound.dtype == "bf16"
+    assert sizing.served_model_size("meta-llama/Llama-3.1-70B-Instruct", p4d, 2) == LLAMA_70B
+    assert sizing.engine_ready_timeout_seconds(bound, 2) > sizing.engine_ready_timeout_seconds(LLAMA_70B, 2)

@@ -4,7 +4,7 @@ declared, with an error that names the key, shows the value and says what to do.
 import pytest
 
 from components import versions
-from components.spec import CONFIG_KEYS, SpecError, load_spec
+from components.spec import CONFIG_KEYS, SpecError, existing_vpc_problems, load_spec
 
 GOOD = {
     "model": "meta-llama/Llama-3.1-70B-Instruct",
@@ -123,6 +123,16 @@ BAD_CONFIGS = [
     ("malformed AMI id", {"amiId": "ubuntu"}, "amiId", "ami-"),
     ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId", "cr-"),
     ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock", "capacityReservationId"),
+    ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "availabilityZone"),
+    ("no read timeout", {"apiReadTimeoutSeconds": 0}, "apiReadTimeoutSeconds", "from 1 to 3600"),
+    ("read timeout over an hour", {"apiReadTimeoutSeconds": 7200}, "apiReadTimeoutSeconds", "stream"),
+    ("read timeout in words", {"apiReadTimeoutSeconds": "ten minutes"}, "apiReadTimeoutSeconds", "whole number"),
+    ("negative rate limit", {"apiRateLimitPerSecond": -1}, "apiRateLimitPerSecond", "0 turns the limit off"),
+    ("rate limit beyond reason", {"apiRateLimitPerSecond": 100000}, "apiRateLimitPerSecond", "10000"),
+    ("placement group with a semicolon", {"placementGroupName": "pg;reboot"}, "placementGroupName", "';'"),
+    ("placement group with a space", {"placementGroupName": "my group"}, "placementGroupName", "' '"),
+    ("placement group name too long", {"placementGroupName": "p" * 256}, "placementGroupName", "255"),
+    ("placement group name not ASCII", {"placementGroupName": "gruppe-\u00fc"}, "placementGroupName", "ASCII"),
     ("root volume too small", {"rootVolumeGiB": 20}, "rootVolumeGiB", "150"),
     ("misspelt key", {"instancetype": "p4d.24xlarge"}, "instancetype", "did you mean instanceType"),
     ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType", "t3.small"),
@@ -214,3 +224,62 @@ def test_every_key_is_understood_by_the_loader():
     source = inspect.getsource(spec_module.load_spec) + inspect.getsource(spec_module._check_user_certificate)
     for key in CONFIG_KEYS:
         assert f'"{key.name}"' in source, f"load_spec never reads {key.name}"
+
+
+RESERVATION = "cr-0123456789abcdef0"
+
+
+@pytest.mark.parametrize("block, page", [(False, "capacity-reservations-launch.html"), (True, "capacity-blocks-launch.html")])
+def test_a_reservation_without_its_zone_names_both_keys_the_value_the_fix_and_the_rule(block, page):
+    """Without availabilityZone the nodes go to the first zone that offers the type; a
+    Capacity Reservation or Capacity Block serves only its own zone."""
+    error = problems_of(capacityReservationId=RESERVATION, capacityBlock=block)
+    [problem] = [p for p in error.problems if p.key == "capacityReservationId"]
+    text = str(problem)
+    assert RESERVATION in text and "availabilityZone" in text
+    assert "pulumi config set vllm-cluster:availabilityZone" in text
+    assert f"https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/{page}" in text
+
+
+def test_a_reservation_in_its_zone_or_in_an_existing_subnet_is_accepted():
+    assert spec_of(capacityReservationId=RESERVATION, availabilityZone="us-east-1b").capacity_reservation_id == RESERVATION
+    # With an existing network the nodes go where privateSubnetId is; availabilityZone does not apply.
+    existing = spec_of(capacityReservationId=RESERVATION, vpcId="vpc-0123456789abcdef0",
+                       publicSubnetId="subnet-0123456789abcdef0", privateSubnetId="subnet-0fedcba9876543210")
+    assert existing.capacity_reservation_id == RESERVATION
+
+
+def test_an_existing_placement_group_is_taken_by_name():
+    assert spec_of().placement_group_name is None
+    assert spec_of(placementGroupName="").placement_group_name is None
+    assert spec_of(placementGroupName="reserved-pg_1.a").placement_group_name == "reserved-pg_1.a"
+    assert spec_of(placementGroupName="p" * 255).placement_group_name == "p" * 255
+
+
+def test_the_gateway_limits_default_to_ten_minutes_and_twenty_requests_a_second():
+    spec = spec_of()
+    assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (600, 20)
+    spec = spec_of(apiReadTimeoutSeconds="1800", apiRateLimitPerSecond=0)
+    assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (1800, 0)
+
+
+VPC = "vpc-0123456789abcdef0"
+EFS_DNS_DOC = "https://docs.aws.amazon.com/efs/latest/ug/mounting-fs-mount-cmd-dns-name.html"
+
+
+def test_an_existing_vpc_without_dns_hostnames_is_refused_with_the_fix():
+    """The nodes mount EFS by its DNS name, which never resolves in such a VPC: setup
+    would wait ten minutes and fail."""
+    [problem] = existing_vpc_problems(VPC, dns_support=True, dns_hostnames=False)
+    text = str(problem)
+    assert problem.key == "vpcId" and VPC in text and "enableDnsHostnames" in text
+    assert f"aws ec2 modify-vpc-attribute --vpc-id {VPC} --enable-dns-hostnames" in text
+    assert EFS_DNS_DOC in text
+
+
+def test_an_existing_vpc_without_dns_support_names_both_fixes_support_first():
+    problems = existing_vpc_problems(VPC, dns_support=False, dns_hostnames=False)
+    assert [p.key for p in problems] == ["vpcId", "vpcId"]
+    assert "enableDnsSupport" in str(problems[0]) and "--enable-dns-support" in str(problems[0])
+    assert "enableDnsHostnames" in str(problems[1])
+    assert existing_vpc_problems(VPC, dns_support=True, dns_hostnames=True) == []
