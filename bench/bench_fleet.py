@@ -1,6 +1,8 @@
-"""Bring-up time on the local fleet: from hosts booted (sshd answering) to the first
-successful completion through the gateway, for 2 and 4 GPU-node hosts, running the
-program's real user data and remote commands (tests/fleet_cluster.py).
+"""Bring-up time on the local fleet: from hosts started (as EC2 reports an instance
+running: still booting, refusing logins for a while, the gateway's first-boot apt
+holding the package lists lock) to the first successful completion through the
+gateway, for 2 and 4 GPU-node hosts, running the program's real user data and
+remote commands (tests/fleet_cluster.py).
 
     make bench-fleet    (or: venv/bin/python bench/bench_fleet.py [--sizes 2 4] [--runs 1])
 

@@ -178,7 +178,6 @@ class GpuNodes(pulumi.ComponentResource):
 
         if spec.capacity_reservation_id is not None:
             pulumi.log.warn(replacement_notice(spec.capacity_reservation_id), resource=self)
-        self.user_data: list = []
         self.head = self._node(name, 0, template, args, None)
         head_ip = self.head.private_ip
         self.workers = [self._node(name, index, template, args, head_ip) for index in range(1, spec.nodes)]
@@ -233,7 +232,6 @@ class GpuNodes(pulumi.ComponentResource):
     def _node(self, name: str, index: int, template, args: GpuNodesArgs, head_ip) -> aws.ec2.Instance:
         role = node_role(index)
         user_data = args.user_data_for(index, head_ip) if args.user_data_for is not None else None
-        self.user_data.append(user_data)
         return aws.ec2.Instance(
             f"{name}-{node_name(index)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
@@ -250,7 +248,8 @@ class GpuNodes(pulumi.ComponentResource):
             ),
             # User data is first-boot only (cloud-init runs it once per instance), and
             # changing it would stop and start a GPU node. Later changes reach running
-            # nodes through the setup command, which sends the same script again.
+            # nodes through the setup command, which sends the node's scripts and
+            # cluster.env over SSH.
             # A reservation is usually full: its replacement node can only launch into the
             # slot the old node frees, so the old one goes first (see replacement_notice).
             opts=pulumi.ResourceOptions(
