@@ -64,9 +64,14 @@ DOUBLES = ROOT / "tests" / "doubles"
 VLLM_DOUBLE = DOUBLES / "vllm_double"
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.
 FLEET_LIB = "/usr/local/lib/vllm-cluster-fleet"
-# How long a booting host refuses logins (/run/nologin) after sshd answers, and how
-# long the gateway's first-boot apt run holds the package lists lock.
-NOLOGIN_SECONDS = int(os.environ.get("VLLM_CLUSTER_FLEET_NOLOGIN_SECONDS", "15"))
+# How long a booting host refuses logins (/run/nologin) after sshd answers: a GPU
+# instance boots much slower than the small gateway, so its nodes are still refusing
+# logins when the gateway already lets the stack through. And how long the gateway's
+# first-boot apt run holds the package lists lock.
+NOLOGIN_SECONDS = {
+    "gateway": int(os.environ.get("VLLM_CLUSTER_FLEET_GATEWAY_NOLOGIN_SECONDS", "8")),
+    "node": int(os.environ.get("VLLM_CLUSTER_FLEET_NODE_NOLOGIN_SECONDS", "30")),
+}
 APT_LOCK_SECONDS = int(os.environ.get("VLLM_CLUSTER_FLEET_APT_LOCK_SECONDS", "40"))
 MIRROR_PORT = 8766
 
@@ -342,7 +347,7 @@ class Fleet:
         self._install_double(host, "bin/cloud-final", f"{FLEET_LIB}/cloud-final")
         self._enable_double(host, "cloud-final-double.service")
         self._enable_double(host, "slow-boot-double.service")
-        (host.root / "etc" / "slow-boot-double.conf").write_text(f"NOLOGIN_SECONDS={NOLOGIN_SECONDS}\n")
+        (host.root / "etc" / "slow-boot-double.conf").write_text(f"NOLOGIN_SECONDS={NOLOGIN_SECONDS[host.role]}\n")
         if host.role == "gateway":
             # The host that runs apt at first boot (nginx) meets another apt holding the lists lock.
             self._install_double(host, "bin/hold-apt-lists-lock", f"{FLEET_LIB}/hold-apt-lists-lock")
@@ -408,8 +413,8 @@ class Fleet:
         if wait:
             self.wait_for_ssh(host)
 
-    def wait_for_ssh(self, host: Host, timeout: float = 60 + NOLOGIN_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_for_ssh(self, host: Host, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout + NOLOGIN_SECONDS[host.role]
         while time.monotonic() < deadline:
             if host.process is not None and host.process.poll() is not None:
                 raise RuntimeError(f"{host.name} exited while booting; see {host.dir / 'console.log'}")
