@@ -140,6 +140,7 @@ def node_user_data(boot: NodeBoot) -> str:
         _file(NODE_COMMAND, _read(NODE_SCRIPTS / "vllm-cluster-node"), "0755"),
         _file(f"{BIN_DIR}/ray-cluster-check", _read(NODE_SCRIPTS / "ray-cluster-check"), "0755"),
         _file(f"{BIN_DIR}/preflight-check", _read(NODE_SCRIPTS / "preflight-check"), "0755"),
+        _file(f"{BIN_DIR}/vllm-watchdog-check", _read(NODE_SCRIPTS / "vllm-watchdog-check"), "0755"),
     ]
     for unit in NODE_UNITS:
         parts.append(_file(f"/etc/systemd/system/{unit}", _read(NODE_SCRIPTS / "units" / unit), "0644"))
