@@ -202,7 +202,7 @@ def node_setup_script(boot: NodeBoot) -> str:
     files = [
         _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
         *(_node_file(name) for name in ("vllm-cluster-first-boot", "vllm-cluster-node", "ray-cluster-check",
-                                         "preflight-check")),
+                                         "preflight-check", "vllm-watchdog-check")),
         *(_file(f"/etc/systemd/system/{unit}", _read(NODE_SCRIPTS / "units" / unit), "0644") for unit in NODE_UNITS),
         _file(CLUSTER_ENV, cluster_env(boot), "0600"),
     ]

@@ -173,7 +173,8 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
     """Every file the stack's setup command writes is the repository's file, unchanged."""
     write_files_of(bootstrap.node_setup_script(boot(1)), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-node setup\n")
     installed = tmp_path / "opt/vllm-cluster"
-    for name in ("vllm-cluster-node", "vllm-cluster-first-boot", "ray-cluster-check", "preflight-check"):
+    for name in ("vllm-cluster-node", "vllm-cluster-first-boot", "ray-cluster-check", "preflight-check",
+                 "vllm-watchdog-check"):
         assert (installed / "bin" / name).read_text() == (ROOT / "scripts/node" / name).read_text(), name
         assert (installed / "bin" / name).stat().st_mode & 0o777 == 0o755
     assert (installed / "lib/vllm-cluster-lib.sh").read_text() == LIBRARY

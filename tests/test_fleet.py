@@ -382,6 +382,117 @@ def test_a_rebooted_head_brings_ray_and_vllm_back(cluster):
     assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
 
 
+# --- the watchdog under load, and the gateway's keep-alive -----------------------------------
+
+# The vLLM test double's control (tests/doubles/vllm_double): the engine's state, one word.
+DOUBLE_CONTROL = "/run/vllm-double/mode"
+
+
+def set_engine(cluster, mode: str | None) -> None:
+    """TEST DOUBLE control: the head's vLLM engine saturated, hung, or (None) normal again."""
+    if mode is None:
+        cluster.node_shell(0, f"sudo rm -f {DOUBLE_CONTROL}")
+    else:
+        cluster.node_shell(0, f"sudo mkdir -p {os.path.dirname(DOUBLE_CONTROL)} && "
+                              f"echo {mode} | sudo tee {DOUBLE_CONTROL} >/dev/null")
+
+
+def journal(cluster, unit: str, since: float) -> list[str]:
+    return cluster.node_shell(0, f"sudo journalctl -u {unit} --since @{int(since)} -o cat --no-pager").stdout.splitlines()
+
+
+def watchdog_lines(cluster, since: float) -> list[str]:
+    return [line for line in journal(cluster, "vllm-watchdog.service", since) if "watchdog:" in line]
+
+
+def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
+    """Under load a completion can wait longer than the watchdog's probe (60 s) while the
+    engine runs a full batch and produces tokens: that server is busy, not dead, and a
+    restart would drop every request in flight. Three watchdog runs see it and leave it."""
+    cluster.wait_for_completion(timeout=300)
+    pid = cluster.unit_property(0, "vllm.service", "MainPID")
+    since = time.time()
+    set_engine(cluster, "saturated")
+    try:
+        deadline = time.monotonic() + 420
+        while True:
+            lines = watchdog_lines(cluster, since)
+            assert cluster.unit_property(0, "vllm.service", "MainPID") == pid, (
+                "the watchdog restarted a saturated server:\n" + "\n".join(lines))
+            busy = [line for line in lines if "watchdog: busy" in line]
+            if len(busy) >= 3:
+                break
+            assert time.monotonic() < deadline, "fewer than 3 watchdog runs saw the load:\n" + "\n".join(lines)
+            time.sleep(5)
+        assert not any("watchdog: dead" in line for line in lines), lines
+        assert sum("tokens in" in line for line in busy) >= 2, busy  # judged by the tokens it produced
+    finally:
+        set_engine(cluster, None)
+    cluster.wait_for_completion(timeout=60)
+    assert cluster.unit_property(0, "vllm.service", "MainPID") == pid
+
+
+def test_a_hung_engine_is_restarted_by_the_watchdog(cluster):
+    """The opposite: the engine hangs with requests in its batch (a stuck collective, say).
+    /health stays 200, the gauges freeze and no token comes: two watchdog runs that see
+    requests and no token restart vLLM, and serving recovers."""
+    cluster.wait_for_completion(timeout=300)
+    pid = cluster.unit_property(0, "vllm.service", "MainPID")
+    since = time.time()
+    set_engine(cluster, "saturated")
+    time.sleep(2)  # requests in the batch, then the hang
+    set_engine(cluster, "hung")
+    try:
+        deadline = time.monotonic() + 420
+        while cluster.unit_property(0, "vllm.service", "MainPID") == pid:
+            assert time.monotonic() < deadline, "the watchdog left a hung engine:\n" + "\n".join(
+                watchdog_lines(cluster, since))
+            time.sleep(3)
+    finally:
+        set_engine(cluster, None)  # the new process must not start hung
+    lines = watchdog_lines(cluster, since)
+    assert any("watchdog: dead" in line and "no token" in line and "restarting" in line for line in lines), lines
+    cluster.wait_for_completion(timeout=300)
+
+
+def test_requests_spaced_around_the_servers_keep_alive_get_no_502(cluster):
+    """vLLM's server (uvicorn) closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    (5 s); nginx keeps idle upstream connections for its own keepalive_timeout. When the
+    server's is the shorter, a request nginx sends on a connection as the server closes
+    it fails: 502. Requests through the endpoint on one client connection (so a gap is
+    the upstream connection's idle time, to a millisecond), with gaps that sweep the
+    server's 5 s, for about 2.5 minutes: no 502, and the server never closed an idle
+    connection the gateway still held. The race is a few milliseconds wide (measured with
+    nginx 1.22: about 1 in 3 requests idle 5.001-5.004 s got a 502, none at 5.2-5.5 s,
+    where nginx has seen the close): the second check fails on every run where the
+    gateway holds idle connections longer than the server."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    cluster.wait_for_completion(timeout=300)
+    gateway = urlsplit(cluster.endpoint).hostname
+    body = json.dumps({"model": cluster.served_model, "prompt": "Hi", "max_tokens": 1})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {cluster.api_key}"}
+    connection = http.client.HTTPSConnection(gateway, 443, context=cluster.tls(), timeout=60)
+    since, results, gap = time.time(), [], None
+    for i in range(31):
+        connection.request("POST", "/v1/completions", body, headers)
+        response = connection.getresponse()
+        response.read()
+        if gap is not None:
+            results.append((round(gap, 4), response.status))
+        gap = 4.990 + 0.030 * ((i * 0.6180339887) % 1)  # spread evenly over 4.990-5.020 s
+        time.sleep(gap)
+    connection.close()
+    failed = [(gap, status) for gap, status in results if status != 200]
+    closed = [line for line in journal(cluster, "vllm.service", since)
+              if f"keep-alive: closed the connection from {gateway}," in line]
+    assert not failed and not closed, (
+        f"{len(failed)} of {len(results)} requests failed (gap s, status): {failed}; the server closed "
+        f"{len(closed)} idle connections the gateway still held. The gateway must drop idle upstream "
+        "connections before the server's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (nginx keepalive_timeout in the upstream)")
+
+
 def test_a_bad_config_never_reaches_the_hosts():
     run = run_program({"model": MODEL, "instanceType": "g5.12xlarge", "nodes": 2, "tensorParallelSize": 8,
                        "apiAllowedCidrs": ["10.99.0.0/16"], "adminCidrs": ["0.0.0.0/0"]}, stack="fleet")

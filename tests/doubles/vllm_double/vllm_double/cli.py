@@ -11,7 +11,27 @@ It imitates what the cluster depends on, not the model:
 - the OpenAI-compatible server: /health, /v1/models, /v1/completions,
   /v1/chat/completions, /metrics, with VLLM_API_KEY guarding the /v1 routes only;
 - failure: a completion calls every worker; when a worker's node is gone the
-  completion fails with HTTP 500 while /health keeps answering 200 (vllm #16259).
+  completion fails with HTTP 500 while /health keeps answering 200 (vllm #16259);
+- metrics as vLLM's Prometheus logger exposes them (vllm/v1/metrics/loggers.py):
+  gauges vllm:num_requests_running and vllm:num_requests_waiting, counters
+  vllm:generation_tokens and vllm:prompt_tokens (exposed with the client library's
+  _total and _created samples), labels engine and model_name; the gauges are what
+  the engine last reported, so they freeze when the engine hangs;
+- uvicorn's keep-alive: an idle HTTP/1.1 connection is closed
+  VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (an int, default 5, as vllm/envs.py reads it)
+  after its last response; a proxy that sends a request on it at that moment gets
+  the connection closed under it (nginx answers 502). TEST DOUBLE: each such close
+  is logged ("keep-alive: closed the connection from IP"), which uvicorn does not do.
+
+TEST DOUBLE control, for the fleet tests (never in vLLM): the engine's state is the
+one word in the file named by VLLM_DOUBLE_CONTROL (default /run/vllm-double/mode),
+read every step; no file (or an empty one) is a normal engine.
+- saturated: a full batch of other clients' requests keeps running and producing
+  tokens (counted in the gauges and counters); a new completion waits (counted as
+  waiting) until the saturation ends, or is dropped when its client goes away, as
+  vLLM aborts a request whose client disconnects;
+- hung: the engine stops: no token, gauges frozen at their last values, completions
+  wait forever (until the mode changes or their client goes away), /health stays 200.
 """
 
 from __future__ import annotations
@@ -19,6 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import socket
 import sys
 import threading
 import time
@@ -29,6 +51,14 @@ VERSION = "0.33.0"
 # vLLM waits this long for its placement group (vllm/executor/ray_utils.py, PG_WAIT_TIMEOUT).
 PLACEMENT_TIMEOUT_SECONDS = float(os.environ.get("VLLM_DOUBLE_PLACEMENT_TIMEOUT", "1800"))
 WORKER_CALL_TIMEOUT_SECONDS = 20
+# uvicorn's timeout_keep_alive in vLLM's API server (vllm/envs.py: int, default 5).
+KEEP_ALIVE_SECONDS = int(os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5"))
+CONTROL = Path(os.environ.get("VLLM_DOUBLE_CONTROL", "/run/vllm-double/mode"))
+MODES = ("normal", "saturated", "hung")
+STEP_SECONDS = 0.25
+# Requests of other clients in a saturated engine's batch (vLLM's --max-num-seqs is larger;
+# what matters is that they run and produce a token each per step).
+SATURATED_BATCH = 8
 
 
 def log(message: str) -> None:
@@ -135,36 +165,127 @@ class Engine:
         self.ray.get(refs, timeout=WORKER_CALL_TIMEOUT_SECONDS)
 
 
+def go_float(value: float) -> str:
+    """A sample value as prometheus_client writes it (utils.floatToGoString)."""
+    text = repr(float(value))
+    dot = text.find(".")
+    if value > 0 and dot > 6:  # Go switches to exponents sooner than Python
+        return f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.") + f"e+0{dot - 1}"
+    return text
+
+
+def client_gone(connection: socket.socket) -> bool:
+    """Whether the client closed its connection (vLLM aborts such a request)."""
+    if not select.select([connection], [], [], 0)[0]:
+        return False
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except OSError:  # reset by the peer: gone as well
+        return True
+
+
 class Server:
     def __init__(self, args: argparse.Namespace, engine: Engine | None):
         self.engine = engine
         self.model_names = args.served_model_name or [args.model_tag]
         self.api_key = os.environ.get("VLLM_API_KEY") or args.api_key
-        self.lock = threading.Lock()
-        self.running = 0
+        self.changed = threading.Condition()
+        self.running = 0  # clients' requests in the engine's batch
+        self.waiting = 0
+        self.others = 0  # other clients' requests in the batch (TEST DOUBLE control: saturated)
         self.requests_total = 0
         self.generation_tokens = 0
+        self.prompt_tokens = 0
+        self.created = time.time()
+        self.mode = "normal"
+        self.frozen: dict[str, float] = {}  # the gauges when the engine hung
+        threading.Thread(target=self.engine_loop, name="engine-loop", daemon=True).start()
+
+    def gauges(self) -> dict[str, float]:
+        """What the engine reports after a step; a hung engine reports nothing new."""
+        if self.mode == "hung":
+            return self.frozen
+        running = self.running + self.others
+        return {"running": running, "waiting": self.waiting, "kv_cache": min(running * 0.01, 1.0)}
+
+    def read_mode(self) -> str:
+        try:
+            word = CONTROL.read_text().strip() or "normal"
+        except FileNotFoundError:
+            return "normal"
+        if word not in MODES:
+            log(f"TEST DOUBLE control: {CONTROL} says {word!r}, not one of {', '.join(MODES)}: ignored")
+            return self.mode
+        return word
+
+    def engine_loop(self) -> None:
+        """One engine step every STEP_SECONDS, following the TEST DOUBLE control."""
+        failing = False
+        while True:
+            mode = self.read_mode()
+            with self.changed:
+                if mode != self.mode:
+                    log(f"TEST DOUBLE control: engine {self.mode} -> {mode}")
+                    if mode == "hung":
+                        self.frozen = self.gauges()
+                    self.mode = mode
+                    if mode != "hung":  # a hung batch stays where it was
+                        self.others = SATURATED_BATCH if mode == "saturated" else 0
+                    self.changed.notify_all()
+            if mode == "saturated":
+                try:
+                    if self.engine is not None:
+                        self.engine.step(SATURATED_BATCH)  # through every worker, as a real step
+                    with self.changed:
+                        self.generation_tokens += self.others
+                    failing = False
+                except Exception as error:  # a lost worker: the batch makes no progress
+                    if not failing:
+                        log(f"engine step failed: {type(error).__name__}: the batch makes no progress")
+                    failing = True
+            time.sleep(STEP_SECONDS)
 
     def metrics(self) -> str:
-        name = self.model_names[0]
-        return (
-            "# TYPE vllm:num_requests_running gauge\n"
-            f'vllm:num_requests_running{{model_name="{name}"}} {self.running}\n'
-            "# TYPE vllm:num_requests_waiting gauge\n"
-            f'vllm:num_requests_waiting{{model_name="{name}"}} 0\n'
-            "# TYPE vllm:kv_cache_usage_perc gauge\n"
-            f'vllm:kv_cache_usage_perc{{model_name="{name}"}} {min(self.running * 0.01, 1.0)}\n'
-            "# TYPE vllm:generation_tokens_total counter\n"
-            f'vllm:generation_tokens_total{{model_name="{name}"}} {self.generation_tokens}\n'
-            "# TYPE vllm:request_success_total counter\n"
-            f'vllm:request_success_total{{model_name="{name}"}} {self.requests_total}\n'
-        )
+        labels = f'{{engine="0",model_name="{self.model_names[0]}"}}'
+        with self.changed:
+            gauges = self.gauges()
+            counters = {"prompt_tokens": self.prompt_tokens, "generation_tokens": self.generation_tokens,
+                        "request_success": self.requests_total}
+        lines = []
+        for name, help_text, value in (
+            ("num_requests_running", "Number of requests in model execution batches.", gauges["running"]),
+            ("num_requests_waiting", "Number of requests waiting to be processed.", gauges["waiting"]),
+            ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", gauges["kv_cache"]),
+        ):
+            lines += [f"# HELP vllm:{name} {help_text}", f"# TYPE vllm:{name} gauge", f"vllm:{name}{labels} {go_float(value)}"]
+        for name, help_text in (
+            ("prompt_tokens", "Number of prefill tokens processed."),
+            ("generation_tokens", "Number of generation tokens processed."),
+            ("request_success", "Count of successfully processed requests."),
+        ):
+            # prometheus_client: a counter is written NAME_total, its creation time NAME_created.
+            lines += [f"# HELP vllm:{name}_total {help_text}", f"# TYPE vllm:{name}_total counter",
+                      f"vllm:{name}_total{labels} {go_float(counters[name])}",
+                      f"# HELP vllm:{name}_created {help_text}", f"# TYPE vllm:{name}_created gauge",
+                      f"vllm:{name}_created{labels} {go_float(self.created)}"]
+        return "\n".join(lines) + "\n"
 
-    def complete(self, body: dict, chat: bool) -> tuple[int, dict]:
+    def complete(self, body: dict, chat: bool, gone) -> tuple[int, dict] | None:
+        """(status, answer) of a completion; None when its client went away first."""
         if body.get("model") not in self.model_names:
             return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.", "type": "NotFoundError", "code": 404}}
         tokens = max(1, int(body.get("max_tokens") or 16))
-        with self.lock:
+        with self.changed:
+            self.waiting += 1
+            try:
+                # Saturated: no free slot in the batch; hung: the engine schedules nothing.
+                while self.mode != "normal":
+                    if gone():
+                        log("request aborted: its client disconnected while it waited")
+                        return None
+                    self.changed.wait(0.5)
+            finally:
+                self.waiting -= 1
             self.running += 1
         try:
             if self.engine is not None:
@@ -172,10 +293,11 @@ class Server:
         except Exception as error:  # a lost worker: the engine cannot answer
             return 500, {"error": {"message": f"EngineCore encountered an issue: {type(error).__name__}", "type": "InternalServerError", "code": 500}}
         finally:
-            with self.lock:
+            with self.changed:
                 self.running -= 1
-        with self.lock:
+        with self.changed:
             self.requests_total += 1
+            self.prompt_tokens += 1
             self.generation_tokens += tokens
         text = " hello" * tokens
         created = int(time.time())
@@ -191,6 +313,27 @@ class Server:
 def handler_for(server: Server):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def handle(self):
+            """http.server's request loop, with uvicorn's keep-alive: after a response
+            the connection waits KEEP_ALIVE_SECONDS for the next request, then closes."""
+            self.close_connection = True
+            self.handle_one_request()
+            while not self.close_connection and self.next_request_within(KEEP_ALIVE_SECONDS):
+                self.handle_one_request()
+
+        def next_request_within(self, seconds: int) -> bool:
+            self.connection.settimeout(seconds)
+            try:
+                return self.rfile.peek(1) != b""  # b"": the client closed it
+            except TimeoutError:
+                # TEST DOUBLE: uvicorn closes silently; this line lets a test see who closed first.
+                log(f"keep-alive: closed the connection from {self.client_address[0]}, idle for {seconds} s")
+                return False
+            except ConnectionError:  # reset by the client
+                return False
+            finally:
+                self.connection.settimeout(None)
 
         def log_message(self, fmt, *args):  # one line per request, like uvicorn's access log
             log(f'{self.address_string()} "{self.command} {self.path}" {args[1] if len(args) > 1 else ""}')
@@ -218,7 +361,7 @@ def handler_for(server: Server):
                 return self.reply(200, {"object": "list", "data": [
                     {"id": name, "object": "model", "owned_by": "vllm"} for name in server.model_names]})
             if self.path == "/metrics":
-                return self.reply(200, server.metrics(), "text/plain; version=0.0.4")
+                return self.reply(200, server.metrics(), "text/plain; version=0.0.4; charset=utf-8")
             if self.path == "/version":
                 return self.reply(200, {"version": VERSION})
             return self.reply(404, {"detail": "Not Found"})
@@ -234,8 +377,12 @@ def handler_for(server: Server):
                 body = json.loads(raw or b"{}")
             except json.JSONDecodeError:
                 return self.reply(400, {"error": {"message": "invalid JSON", "code": 400}})
-            status, payload = server.complete(body, chat=self.path.endswith("chat/completions"))
-            return self.reply(status, payload)
+            answer = server.complete(body, chat=self.path.endswith("chat/completions"),
+                                     gone=lambda: client_gone(self.connection))
+            if answer is None:  # nobody to answer
+                self.close_connection = True
+                return None
+            return self.reply(*answer)
 
     return Handler
 
