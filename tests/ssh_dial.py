@@ -75,8 +75,8 @@ def _retry(stage: str, limit: int, log: DialLog, attempt):
 
 
 def _key(text: str) -> paramiko.PKey:
-    return paramiko.Ed25519Key.from_private_key(io.StringIO(text)) if "OPENSSH" in text else \
-        paramiko.PKey.from_private_key(io.StringIO(text))
+    """The stack's keys are Ed25519 in OpenSSH format (components/credentials.py)."""
+    return paramiko.Ed25519Key.from_private_key(io.StringIO(text))
 
 
 def _client(endpoint: Endpoint) -> paramiko.SSHClient:
