@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from components import bootstrap, catalog, image, models, sizing
+from components import bootstrap, image, models, sizing
 from components.spec import NAMESPACE, load_spec
 from components.topology import node_name, topology_summary
 
