@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test bench bench-fleet up destroy pulumi-yaml clean
+.PHONY: test bench bench-fleet local local-down up destroy pulumi-yaml clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,16 @@ bench: $(VENV)/.installed
 # Needs root, systemd-nspawn and debootstrap (as `make test` does for the fleet tests).
 bench-fleet: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_fleet.py
+
+# The system serving on this machine, before spending on GPUs: local hosts, the real
+# bootstrap and the real vLLM engine (tools/local_target.py). Needs root,
+# systemd-nspawn and debootstrap. `make local-down` removes everything it made.
+LOCAL_NODES ?= 2
+local: $(VENV)/.installed
+	$(VENV)/bin/python tools/local_target.py up --nodes $(LOCAL_NODES)
+
+local-down: $(VENV)/.installed
+	$(VENV)/bin/python tools/local_target.py down
 
 up:
 	scripts/deploy $(STACK)

@@ -2,13 +2,17 @@
 running: still booting, refusing logins for a while, the gateway's first-boot apt
 holding the package lists lock) to the first successful completion through the
 gateway, for 2 and 4 GPU-node hosts, running the program's real user data and
-remote commands (tests/fleet_cluster.py).
+remote commands (tests/fleet_cluster.py) and the real vLLM engine (its CPU build,
+one pipeline stage per node). Beside it, the engine's own start from its log
+(process start to "Application startup complete") and the difference: what the
+orchestration (boot, bootstrap, Ray, staging, waits) adds to the engine.
 
     make bench-fleet    (or: venv/bin/python bench/bench_fleet.py [--sizes 2 4] [--runs 1])
 
 Needs what the fleet needs (root, systemd-nspawn, debootstrap). Workers join in
 parallel, so 4 nodes should take at most 1.5 x the time of 2. Ends with the line
-`bring-up: 2 nodes A s, 4 nodes B s, ratio R`.
+`bring-up: 2 nodes A s, 4 nodes B s, ratio R` and then
+`overhead: 2 nodes X s, 4 nodes Y s`.
 """
 
 import argparse
@@ -25,13 +29,15 @@ from fleet import why_no_fleet  # noqa: E402
 from fleet_cluster import serving_cluster  # noqa: E402
 
 
-def bring_up(nodes: int) -> tuple[float, dict]:
+def bring_up(nodes: int) -> tuple[float, float, dict]:
+    """(seconds to the first completion, the engine's own start, when each command finished)."""
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as workdir:
         with serving_cluster(Path(workdir), nodes=nodes) as cluster:
             cluster.wait_for_completion(timeout=120)
             seconds = time.monotonic() - cluster.booted_at
+            engine = cluster.engine_start_seconds()
             stages = {name: round(o.finished - cluster.booted_at, 1) for name, o in cluster.outcomes.items()}
-    return seconds, stages
+    return seconds, engine, stages
 
 
 def main() -> int:
@@ -43,19 +49,22 @@ def main() -> int:
     if reason:
         print(f"cannot host the fleet: {reason}", file=sys.stderr)
         return 1
-    medians = {}
+    medians, overheads = {}, {}
     for nodes in args.sizes:
-        times = []
+        times, overhead = [], []
         for run in range(args.runs):
-            seconds, stages = bring_up(nodes)
+            seconds, engine, stages = bring_up(nodes)
             times.append(seconds)
-            done = ", ".join(f"{name.removeprefix('vllm-')} {at}" for name, at in sorted(stages.items(), key=lambda kv: kv[1]))
-            print(f"{nodes} nodes, run {run + 1}: {seconds:.1f} s to the first completion; finished at (s): {done}",
-                  flush=True)
-        medians[nodes] = statistics.median(times)
+            overhead.append(seconds - engine)
+            done = ", ".join(f"{name.removeprefix('vllm-')} {at}"
+                             for name, at in sorted(stages.items(), key=lambda kv: kv[1]))
+            print(f"{nodes} nodes, run {run + 1}: {seconds:.1f} s to the first completion, of which the engine's "
+                  f"own start {engine:.1f} s; finished at (s): {done}", flush=True)
+        medians[nodes], overheads[nodes] = statistics.median(times), statistics.median(overhead)
     small, large = args.sizes
     print(f"bring-up: {small} nodes {medians[small]:.1f} s, {large} nodes {medians[large]:.1f} s, "
           f"ratio {medians[large] / medians[small]:.2f}")
+    print(f"overhead: {small} nodes {overheads[small]:.1f} s, {large} nodes {overheads[large]:.1f} s")
     return 0
 
 

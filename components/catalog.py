@@ -87,6 +87,10 @@ _ROWS = (
          f"{BATCH_GPU_TABLE} (1 GPU, 24 GiB, 4 vCPU, 16 GiB, up to 10 Gbps); {READ_ON}",
          "no EFA and one network card: G6 postdates the archived EFA and network-card lists, and no AWS page "
          "read here states either (single-node use does not depend on them)"),
+    # One GPU and EFA: the smallest type on which a pipeline spans EFA-connected nodes
+    # (the local fleet's configuration, one pipeline stage per node).
+    _row("g5.8xlarge",     1, "NVIDIA A10G",  24,  32,  128,  1,  1,   25,  2.448,  "2025-06-01",
+         f"{BATCH_GPU_TABLE} (1 GPU, 24 GiB, 32 vCPU, 128 GiB, 25 Gbps); {EC2_GUIDE_2023} (EFA; one card, so one EFA); {READ_ON}"),
     _row("g5.12xlarge",    4, "NVIDIA A10G",  24,  48,  192,  1,  1,   40,  5.672,  "2026-01-21",
          f"{BATCH_GPU_TABLE} (4 GPUs, 96 GiB, 48 vCPU, 192 GiB, 40 Gbps); {EC2_GUIDE_2023} (EFA; one card, so one EFA); {READ_ON}"),
     _row("g5.48xlarge",    8, "NVIDIA A10G",  24, 192,  768,  1,  1,  100, 16.288,  "2025-06-01",

@@ -45,6 +45,12 @@ OFI_NCCL_LIB_DIRS = ("/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu", "/opt/amazon/o
 # The NVIDIA driver package installs nvidia-smi here (on sudo's secure_path).
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
 
+# [release-notes] The image carries CUDA toolkits (its nvidia_cuda_stack), whose nvcc needs
+# a host C/C++ compiler, and vLLM's engine compiles kernels at start (Triton, torch's
+# inductor) with the system's C compiler. Inferred from the toolkits it ships, not read
+# as a package line: check `gcc --version` on a new image.
+C_COMPILER = "/usr/bin/gcc"
+
 # [release-notes] The local NVMe instance store, formatted and mounted at boot.
 NVME_MOUNT = "/opt/dlami/nvme"
 

