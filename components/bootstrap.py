@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPTS = ROOT / "scripts" / "node"
 GATEWAY_SCRIPTS = ROOT / "scripts" / "gateway"
 SCRIPT_LIBRARY = ROOT / "scripts" / "lib" / "vllm-cluster-lib.sh"
+PYTHON_LIBRARY = ROOT / "scripts" / "lib" / "vllm_cluster_lib.py"
 
 # Where things live on the hosts. The scripts hold the same paths; tests check both agree.
 INSTALL_DIR = "/opt/vllm-cluster"
@@ -31,6 +32,8 @@ NODE_COMMAND = f"{BIN_DIR}/vllm-cluster-node"
 FIRST_BOOT_COMMAND = f"{BIN_DIR}/vllm-cluster-first-boot"
 GATEWAY_COMMAND = f"{BIN_DIR}/vllm-cluster-gateway"
 LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm-cluster-lib.sh"
+# Where the Python checks find their shared helpers: ../lib from BIN_DIR.
+PYTHON_LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm_cluster_lib.py"
 # All the gateway's login probe may do on a node: print this word (see
 # `vllm-cluster-gateway wait-login` and `vllm-cluster-node setup`).
 LOGIN_READY_WORD = "vllm-cluster-login-ready"
@@ -185,11 +188,15 @@ def _node_file(name: str, mode: str = "0755") -> str:
 def node_user_data(boot: NodeBoot) -> str:
     """The node's first-boot script, as EC2 hands it to cloud-init (run as root, once,
     in cloud-init's final stage: on Ubuntu after multi-user.target, so after
-    /run/nologin is gone). It writes cluster.env and vllm-cluster-first-boot and runs
-    it, which authorizes the gateway's login probe; everything else arrives with the
-    stack's setup command (node_setup_script). Small on purpose: EC2 takes 16 KiB.
-    No secret is in here."""
-    files = [_file(CLUSTER_ENV, cluster_env(boot), "0600"), _node_file("vllm-cluster-first-boot")]
+    /run/nologin is gone). It writes cluster.env, the script library and
+    vllm-cluster-first-boot and runs it, which authorizes the gateway's login probe;
+    everything else arrives with the stack's setup command (node_setup_script). Small
+    on purpose: EC2 takes 16 KiB. No secret is in here."""
+    files = [
+        _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
+        _file(CLUSTER_ENV, cluster_env(boot), "0600"),
+        _node_file("vllm-cluster-first-boot"),
+    ]
     return _script("GPU node first boot", files, FIRST_BOOT_COMMAND)
 
 
@@ -201,6 +208,7 @@ def node_setup_script(boot: NodeBoot) -> str:
     root-only files."""
     files = [
         _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
+        _file(PYTHON_LIBRARY_PATH, _read(PYTHON_LIBRARY), "0644"),
         *(_node_file(name) for name in ("vllm-cluster-first-boot", "vllm-cluster-node", "ray-cluster-check",
                                          "preflight-check", "vllm-watchdog-check")),
         *(_file(f"/etc/systemd/system/{unit}", _read(NODE_SCRIPTS / "units" / unit), "0644") for unit in NODE_UNITS),

@@ -1,15 +1,48 @@
 # vllm-cluster-lib.sh: helpers shared by the host scripts of vllm-cluster.
 #
-# Installed at /opt/vllm-cluster/lib/vllm-cluster-lib.sh by the node's and the
-# gateway's user data; sourced by vllm-cluster-node and vllm-cluster-gateway, which
-# run with `set -euo pipefail`. Defines functions, and the list of temporary paths
-# the EXIT trap removes (remove_on_exit).
+# Installed at /opt/vllm-cluster/lib/vllm-cluster-lib.sh by every user data and by the
+# nodes' setup command; sourced by vllm-cluster-node, vllm-cluster-first-boot and
+# vllm-cluster-gateway, which run with `set -euo pipefail`. Defines functions, the state
+# directory both kinds of host share, and the list of temporary paths the EXIT trap
+# removes (remove_on_exit). A helper two host scripts need lives here, not in both.
 #
 # Reads: LOG_NAME (or NODE_NAME) for the log prefix.
 # shellcheck shell=bash
 
+readonly STATE_DIR=/var/lib/vllm-cluster
+
 log() { printf '%s [%s] %s\n' "$(date -u +%H:%M:%S)" "${LOG_NAME:-${NODE_NAME:-node}}" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+
+require_root() {
+  [ "$(id -u)" -eq 0 ] || die "run as root (sudo)"
+}
+
+# Source env files (KEY=value lines, as components/bootstrap.py and the node's setup
+# write them) and export what they set, so the Python checks see it too.
+load_env() {
+  local file
+  for file in "$@"; do
+    [ -r "$file" ] || die "$file is missing: run 'vllm-cluster-node setup' first"
+    set -a
+    # shellcheck disable=SC1090  # the env files are written by the node's setup and the stack
+    . "$file"
+    set +a
+  done
+}
+
+# Two runs of setup (cloud-init's and the stack's, or a command sent again) must not
+# overlap: the second waits. The lock is held until the script exits.
+hold_setup_lock() {
+  exec 9>/run/vllm-cluster-setup.lock
+  flock 9
+}
+
+# When setup last finished, for whoever looks at the host.
+record_setup_done() {
+  mkdir -p "$STATE_DIR"
+  date -u +%FT%TZ >"$STATE_DIR/setup.done"
+}
 
 # Temporary files and directories are removed by an EXIT trap, not by hand: a `die`,
 # a failed command under `set -e` or a SIGTERM from systemd ends the script on a path
