@@ -103,6 +103,28 @@ def _python_requirement(boot: NodeBoot) -> dict[str, str]:
     }
 
 
+def port_env() -> dict[str, str]:
+    """The ports of components/ports.py that the hosts use, by the names cluster.env
+    carries them under; the node's setup copies them into node.env, which the units
+    (EnvironmentFile=, ${PORT_...}) and the scripts read. No host file writes a port.
+    PORT_<name in ports.py>, not VLLM_PORT or RAY_...: vLLM and Ray read variables of
+    their own by such names (vLLM's VLLM_PORT is its internal port base, not the API's),
+    and vllm.service and Ray's units load node.env into their environment."""
+    return {
+        # vllm-cluster-node: the head's own probes of vLLM (start-vllm, watchdog, status-facts).
+        "PORT_VLLM_API": str(ports.VLLM_API),
+        # ray-head.service (--port), ray-worker.service (--address), wait-gcs, ray-cluster-check,
+        # preflight-check.
+        "PORT_RAY_GCS": str(ports.RAY_GCS),
+        # ray-head.service (--dashboard-port), preflight-check (the head's clock).
+        "PORT_RAY_DASHBOARD": str(ports.RAY_DASHBOARD),
+        # ray-head.service (--ray-client-server-port).
+        "PORT_RAY_CLIENT": str(ports.RAY_CLIENT),
+        # vllm-cluster-node readiness: a completion through the gateway, as clients send it.
+        "PORT_API_HTTPS": str(ports.API_HTTPS),
+    }
+
+
 def cluster_env(boot: NodeBoot) -> str:
     """/etc/vllm-cluster/cluster.env: what the stack decided for one node."""
     values = {
@@ -129,6 +151,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "LOGIN_USER": image.DEFAULT_USER,
         "LOGIN_PROBE_KEY": boot.login_probe_key.strip(),
         "LOGIN_READY_WORD": LOGIN_READY_WORD,
+        **port_env(),
     }
     return env_file(values, header="Written by the user data of vllm-cluster. Read by vllm-cluster-node.")
 

@@ -234,7 +234,6 @@ def test_scripts_and_renderer_agree_on_paths():
         assert constant in NODE_SCRIPT
     gateway = (ROOT / "scripts" / "gateway" / "vllm-cluster-gateway").read_text()
     assert bootstrap.TLS_DIR in gateway and bootstrap.NGINX_SITE in gateway
-    assert f"RAY_GCS_PORT={ports.RAY_GCS}" in NODE_SCRIPT and f"VLLM_PORT={ports.VLLM_API}" in NODE_SCRIPT
 
 
 # --- systemd units --------------------------------------------------------------------
@@ -265,7 +264,7 @@ def test_ray_and_vllm_units_lift_the_locked_memory_limit_for_efa():
 def test_the_worker_waits_for_the_heads_gcs_and_joins_it():
     text = unit("ray-worker.service")
     assert "ExecStartPre=/opt/vllm-cluster/bin/vllm-cluster-node wait-gcs" in text
-    assert f"--address=${{HEAD_IP}}:{ports.RAY_GCS}" in text
+    assert "--address=${HEAD_IP}:${PORT_RAY_GCS}" in text
 
 
 def test_vllm_unit_reads_the_key_from_a_file_and_waits_for_the_whole_cluster():
@@ -372,7 +371,7 @@ def test_dashboard_is_for_admin_cidrs_only():
     dashboard = site[site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;") :]
     assert "allow 198.51.100.7/32;\n    allow 2001:db8::/48;\n    deny all;" in dashboard
     api = site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
-    assert "8265" not in api
+    assert f":{ports.RAY_DASHBOARD}" not in api
 
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
