@@ -31,8 +31,8 @@ load_env() {
   done
 }
 
-# Two runs of setup (cloud-init's and the stack's, or a command sent again) must not
-# overlap: the second waits. The lock is held until the script exits.
+# Two runs of setup at once (cloud-init's and the stack's, or a command sent again)
+# must not interleave: the second waits. The lock is held until the script exits.
 hold_setup_lock() {
   exec 9>/run/vllm-cluster-setup.lock
   flock 9
