@@ -10,7 +10,16 @@ import pytest
 
 from components import ports
 from components.catalog import CATALOG
-from pulumi_mocks import ProjectConfigError, run_program, run_stack, stack_config, stack_names
+from pulumi_mocks import (
+    ROOT,
+    ProjectConfigError,
+    alias_urns,
+    run_program,
+    run_stack,
+    run_stack_recorded,
+    stack_config,
+    stack_names,
+)
 
 STACKS = stack_names()
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -451,3 +460,38 @@ def test_several_nodes_without_efa_warns():
     result = run_stack("prod", {"efa": "false"})
     assert result.error is None
     assert any("without EFA" in w for w in result.warnings)
+
+
+# --- the identity of deployed resources ---------------------------------------------------
+
+
+def deployed_urns(stack: str) -> set[str]:
+    """tests/golden/urns-<stack>.txt: the URNs in the state of a stack deployed before issue 12."""
+    text = (ROOT / "tests" / "golden" / f"urns-{stack}.txt").read_text()
+    return {line for line in text.splitlines() if line and not line.startswith("#")}
+
+
+@pytest.fixture(scope="module")
+def recorded_runs():
+    """Every stack run once with its aliases and registered outputs recorded."""
+    runs = {}
+    for stack in STACKS:
+        run, recorded = run_stack_recorded(stack)
+        assert run.error is None, f"stack {stack}: {run.error}"
+        runs[stack] = (run, recorded)
+    return runs
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_deployed_resource_is_still_declared_under_its_urn_or_an_alias(stack, recorded_runs):
+    """The engine matches a declared resource to the state by URN, then by alias: a
+    deployed URN that nothing claims is deleted, and a declaration that claims none is
+    created. Either would replace a live resource (a GPU node, the model cache)."""
+    run, recorded = recorded_runs[stack]
+    identities = {urn: {urn, *aliases} for urn, aliases in alias_urns(run, recorded, stack).items()}
+    deployed = deployed_urns(stack)
+    for old in sorted(deployed):
+        claimed_by = [urn for urn, names in identities.items() if old in names]
+        assert len(claimed_by) == 1, f"{old} is claimed by {claimed_by or 'nothing'}"
+    for urn, names in identities.items():
+        assert names & deployed, f"{urn} matches nothing deployed: `pulumi up` would create it"
