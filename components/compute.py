@@ -20,7 +20,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import bootstrap, image
-from components.tagging import tags
+from components.tagging import renamed_from, tags
 from components.topology import InterfaceSlot, node_name, node_role
 
 
@@ -192,16 +192,16 @@ class GpuNodes(pulumi.ComponentResource):
             return args.placement_group_name
         # "cluster": all nodes on one low-latency network spine in one zone, which EFA requires.
         group = aws.ec2.PlacementGroup(
-            f"{name}-placement",
+            f"{name}-node-placement-group",
             strategy="cluster",
-            tags=tags(f"{name}-placement"),
-            opts=pulumi.ResourceOptions(parent=self),
+            tags=tags(f"{name}-node-placement-group"),
+            opts=renamed_from(f"{name}-placement", parent=self),
         )
         return group.name
 
     def _instance_profile(self, name: str, model_cache_arn: pulumi.Input[str]) -> aws.iam.InstanceProfile:
         role = aws.iam.Role(
-            f"{name}-role",
+            f"{name}-node-role",
             assume_role_policy=json.dumps(
                 {
                     "Version": "2012-10-17",
@@ -215,28 +215,28 @@ class GpuNodes(pulumi.ComponentResource):
                 }
             ),
             description="vllm-cluster GPU nodes: SSM Session Manager and the model cache, nothing else",
-            tags=tags(f"{name}-role"),
-            opts=pulumi.ResourceOptions(parent=self),
+            tags=tags(f"{name}-node-role"),
+            opts=renamed_from(f"{name}-role", parent=self),
         )
         partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
         # SSM core: Session Manager as a second way in when SSH is unreachable.
         aws.iam.RolePolicyAttachment(
-            f"{name}-ssm",
+            f"{name}-node-role-ssm",
             role=role.name,
             policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/AmazonSSMManagedInstanceCore"),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=renamed_from(f"{name}-ssm", parent=self),
         )
         aws.iam.RolePolicy(
-            f"{name}-model-cache",
+            f"{name}-node-role-model-cache",
             role=role.id,
             policy=pulumi.Output.from_input(model_cache_arn).apply(efs_client_policy),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=renamed_from(f"{name}-model-cache", parent=self),
         )
         return aws.iam.InstanceProfile(
-            f"{name}-profile",
+            f"{name}-node-instance-profile",
             role=role.name,
-            tags=tags(f"{name}-profile"),
-            opts=pulumi.ResourceOptions(parent=self),
+            tags=tags(f"{name}-node-instance-profile"),
+            opts=renamed_from(f"{name}-profile", parent=self),
         )
 
     @staticmethod
