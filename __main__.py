@@ -194,7 +194,7 @@ pulumi.export("rayToken", credentials.ray_token)
 pulumi.export("tlsCertificate", certificate.certificate_pem)
 pulumi.export("tlsFingerprint", certificate.fingerprint)
 # The readiness command's report: a real completion went through the gateway.
-pulumi.export("readiness", services.readiness.stdout)
+pulumi.export("readiness", services.readiness)
 pulumi.export("modelCacheFileSystemId", storage.file_system_id)
 pulumi.export("availabilityZone", network.availability_zone)
 pulumi.export(

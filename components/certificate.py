@@ -67,4 +67,12 @@ class GatewayCertificate(pulumi.ComponentResource):
             self.hostname = pulumi.Output.from_input(args.public_ip)
 
         self.fingerprint = self.certificate_pem.apply(certificate_fingerprint)
-        self.register_outputs({"fingerprint": self.fingerprint, "hostname": self.hostname})
+        self.register_outputs(
+            {
+                "certificatePem": self.certificate_pem,
+                "privateKeyPem": self.private_key_pem,  # secret here too
+                "fingerprint": self.fingerprint,
+                "hostname": self.hostname,
+                "selfSigned": self.self_signed,
+            }
+        )

@@ -69,4 +69,14 @@ class Credentials(pulumi.ComponentResource):
         self.login_probe_private_key = pulumi.Output.secret(probe.private_key_openssh)
         self.login_probe_public_key = probe.public_key_openssh
 
-        self.register_outputs({"keyPairName": self.key_pair_name})
+        # The secrets stay secret in the component's registered outputs too.
+        self.register_outputs(
+            {
+                "sshPrivateKey": self.ssh_private_key,
+                "keyPairName": self.key_pair_name,
+                "apiKey": self.api_key,
+                "rayToken": self.ray_token,
+                "loginProbePrivateKey": self.login_probe_private_key,
+                "loginProbePublicKey": self.login_probe_public_key,
+            }
+        )

@@ -42,6 +42,8 @@ class Gateway(pulumi.ComponentResource):
     public_ip: pulumi.Output[str]
     private_ip: pulumi.Output[str]
     instance_id: pulumi.Output[str]
+    # Remote commands wait for both: the host, and the address they reach it by.
+    resources: list[pulumi.Resource]
 
     def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Gateway", name, None, opts)
@@ -87,6 +89,7 @@ class Gateway(pulumi.ComponentResource):
         self.public_ip = address.public_ip
         self.private_ip = instance.private_ip
         self.instance_id = instance.id
-        # Remote commands wait for both: the host, and the address they reach it by.
         self.resources = [instance, address]
-        self.register_outputs({"publicIp": address.public_ip, "privateIp": instance.private_ip})
+        self.register_outputs(
+            {"publicIp": self.public_ip, "privateIp": self.private_ip, "instanceId": self.instance_id}
+        )

@@ -49,6 +49,8 @@ class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     public_subnet_id: pulumi.Output[str]
     private_subnet_id: pulumi.Output[str]
+    # The nodes find their primary interface as the one with an address in here.
+    private_subnet_cidr: pulumi.Output[str]
     availability_zone: pulumi.Output[str]
     # What must exist before an instance boots and reaches the internet: routes and
     # their associations. Instances wait for these so cloud-init's downloads work.
@@ -66,6 +68,7 @@ class Network(pulumi.ComponentResource):
                 "vpcId": self.vpc_id,
                 "publicSubnetId": self.public_subnet_id,
                 "privateSubnetId": self.private_subnet_id,
+                "privateSubnetCidr": self.private_subnet_cidr,
                 "availabilityZone": self.availability_zone,
             }
         )
@@ -122,7 +125,6 @@ class Network(pulumi.ComponentResource):
         self.vpc_id = vpc.id
         self.public_subnet_id = public.id
         self.private_subnet_id = private.id
-        # The nodes find their primary interface as the one with an address in here.
         self.private_subnet_cidr = pulumi.Output.from_input(subnets.private)
         self.availability_zone = public.availability_zone
 

@@ -150,7 +150,8 @@ class ClusterServices(pulumi.ComponentResource):
     proxy, each node's bootstrap, Ray, then serving. Each step takes what it waits for
     from the one before and returns what the next waits for."""
 
-    readiness: command.remote.Command  # its stdout is the stack's `readiness` output
+    # The readiness command's report: a real completion went through the gateway.
+    readiness: pulumi.Output[str]
 
     def __init__(self, name: str, args: ServicesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:ClusterServices", name, None, opts)
@@ -161,8 +162,8 @@ class ClusterServices(pulumi.ComponentResource):
         gateway = self._gateway_proxy(args)
         nodes = self._node_bootstrap(args, gateway.login_probe)
         ray = self._ray(args, nodes)
-        self.readiness = self._serving(args, nodes[0], ray, gateway.proxy)
-        self.register_outputs({"readiness": self.readiness.stdout})
+        self.readiness = self._serving(args, nodes[0], ray, gateway.proxy).stdout
+        self.register_outputs({"readiness": self.readiness})
 
     # --- how a command reaches its host ---------------------------------------------------
 

@@ -71,6 +71,9 @@ class ModelStorage(pulumi.ComponentResource):
     file_system_arn: pulumi.Output[str]
     dns_name: pulumi.Output[str]
     access_point_id: pulumi.Output[str]
+    mount_target_id: pulumi.Output[str]
+    # The nodes mount at boot: the mount target and the policy must exist first.
+    ready: list[pulumi.Resource]
 
     def __init__(self, name: str, args: ModelStorageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:ModelStorage", name, None, opts)
@@ -116,12 +119,13 @@ class ModelStorage(pulumi.ComponentResource):
         self.dns_name = file_system.dns_name
         self.access_point_id = access_point.id
         self.mount_target_id = mount_target.id
-        # The nodes mount at boot: the mount target and the policy must exist first.
         self.ready = [mount_target, policy]
         self.register_outputs(
             {
-                "fileSystemId": file_system.id,
-                "accessPointId": access_point.id,
-                "mountTargetId": mount_target.id,
+                "fileSystemId": self.file_system_id,
+                "fileSystemArn": self.file_system_arn,
+                "dnsName": self.dns_name,
+                "accessPointId": self.access_point_id,
+                "mountTargetId": self.mount_target_id,
             }
         )

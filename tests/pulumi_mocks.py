@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
+import pulumi
+
 import cli.mock_runtime as mock_runtime
 from cli.mock_runtime import (  # noqa: F401
     PROJECT,
@@ -73,7 +75,9 @@ class Registrations:
     """What the program sent the engine beyond the resources themselves, by (type, name)."""
 
     aliases: dict[tuple[str, str], list] = field(default_factory=dict)  # alias_pb2.Alias messages
-    outputs: dict[str, set[str]] = field(default_factory=dict)  # mock URN -> keys of register_outputs
+    # The keys each component passed to register_outputs (a key whose value is None
+    # never reaches the engine, so they are taken from the call itself).
+    outputs: dict[tuple[str, str], set[str]] = field(default_factory=dict)
 
 
 @contextmanager
@@ -82,21 +86,24 @@ def recording_registrations() -> Iterator[Registrations]:
     and each component's registered outputs (the harness's monitor keeps neither)."""
     recorded = Registrations()
     harness_monitor = mock_runtime.RecordingMonitor
+    register_outputs = pulumi.ComponentResource.register_outputs
 
     class Monitor(harness_monitor):
         def RegisterResource(self, request):
             recorded.aliases[(request.type, request.name)] = list(request.aliases)
             return super().RegisterResource(request)
 
-        def RegisterResourceOutputs(self, request):
-            recorded.outputs[request.urn] = set(request.outputs.fields)
-            return super().RegisterResourceOutputs(request)
+    def recording_register_outputs(component, outputs):
+        recorded.outputs[(component._type, component._name)] = set(outputs or {})
+        return register_outputs(component, outputs)
 
     mock_runtime.RecordingMonitor = Monitor
+    pulumi.ComponentResource.register_outputs = recording_register_outputs
     try:
         yield recorded
     finally:
         mock_runtime.RecordingMonitor = harness_monitor
+        pulumi.ComponentResource.register_outputs = register_outputs
 
 
 def run_stack_recorded(stack: str, overrides: Mapping[str, Any] | None = None, **kwargs) -> tuple[ProgramRun, Registrations]:

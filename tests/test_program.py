@@ -2,6 +2,7 @@
 stacks/: the resource graph must hold each security and placement property the
 README promises, whatever the stack."""
 
+import ast
 import ipaddress
 import json
 import re
@@ -386,6 +387,57 @@ def test_resource_names_are_identical_across_two_runs(run):
     # Registration order is the SDK's business; the set of (type, name) pairs is what Pulumi diffs.
     assert sorted((r.type, r.name) for r in again.resources) == sorted((r.type, r.name) for r in run.resources)
     assert len({(r.type, r.name) for r in run.resources}) == len(run.resources)
+
+
+def component_classes():
+    """(type token, class name, {attribute: annotation}, public attributes it assigns)
+    of every ComponentResource in components/, read from the source."""
+    for path in sorted((ROOT / "components").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not (isinstance(node, ast.ClassDef) and "pulumi.ComponentResource" in map(ast.unparse, node.bases)):
+                continue
+            annotations = {
+                item.target.id: ast.unparse(item.annotation)
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+            assigned = {
+                item.attr
+                for item in ast.walk(node)
+                if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store)
+                and ast.unparse(item.value) == "self" and not item.attr.startswith("_")
+            }
+            token = next(
+                call.args[0].value
+                for call in ast.walk(node)
+                if isinstance(call, ast.Call) and ast.unparse(call.func) == "super().__init__"
+            )
+            yield token, node.name, annotations, assigned
+
+
+def camel(attribute: str) -> str:
+    first, *rest = attribute.split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def test_components_declare_every_attribute_they_set():
+    classes = list(component_classes())
+    assert len(classes) == 8
+    for _, name, annotations, assigned in classes:
+        assert assigned <= set(annotations), f"{name} sets undeclared {sorted(assigned - set(annotations))}"
+
+
+def test_components_register_every_value_they_expose(recorded_runs):
+    """What another component or the stack reads from a component is in its registered
+    outputs, so `pulumi stack` shows it; resource handles (instances, rules) kept only
+    to wait for are not values."""
+    for stack, (run, recorded) in recorded_runs.items():
+        registered = {component_type: keys for (component_type, _), keys in recorded.outputs.items()}
+        for token, name, annotations, _ in component_classes():
+            values = {camel(a) for a, annotation in annotations.items()
+                      if re.search(r"\b(Output|Input)\[", annotation) or annotation in ("bool", "int", "str")}
+            assert values, name
+            assert values <= registered.get(token, set()), f"{stack}: {name} does not register {sorted(values - registered.get(token, set()))}"
 
 
 # --- exports --------------------------------------------------------------------------
