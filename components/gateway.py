@@ -1,7 +1,7 @@
 """The gateway: a small instance in the public subnet with an Elastic IP, the one
 host reachable from outside. It terminates TLS for the API and the dashboard and
-is the SSH jump host to the GPU nodes (the proxy itself is set up by the node
-bootstrap)."""
+is the SSH jump host to the GPU nodes. Its user data installs nginx and the gateway
+command; the certificate and the proxy site come from ClusterServices' commands."""
 
 from __future__ import annotations
 
