@@ -6,6 +6,9 @@ The launch template carries what every node shares: the Deep Learning Base AMI
 only, an encrypted gp3 root volume, and the network interfaces laid out per
 network card for EFA (components/topology.py). Security groups are set on each
 interface: launch templates with interfaces reject top-level groups.
+
+Each node's user data is its first-boot script (bootstrap.node_user_data), rendered
+from NodeBootArgs; ClusterServices renders the setup script from the same value.
 """
 
 from __future__ import annotations
