@@ -4,7 +4,8 @@ declared, with an error that names the key, shows the value and says what to do.
 import pytest
 
 from components import versions
-from components.spec import CONFIG_KEYS, SpecError, existing_vpc_problems, load_spec
+from components.config_keys import CONFIG_KEYS
+from components.spec import SpecError, existing_vpc_problems, load_spec
 
 GOOD = {
     "model": "meta-llama/Llama-3.1-70B-Instruct",
