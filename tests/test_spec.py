@@ -285,3 +285,40 @@ def test_an_existing_vpc_without_dns_support_names_both_fixes_support_first():
     assert "enableDnsSupport" in str(problems[0]) and "--enable-dns-support" in str(problems[0])
     assert "enableDnsHostnames" in str(problems[1])
     assert existing_vpc_problems(VPC, dns_support=True, dns_hostnames=True) == []
+
+
+# --- dtype in vllmExtraArgs ------------------------------------------------------------
+
+@pytest.mark.parametrize("args, passed", [
+    (["--dtype", "bf16"], ("--dtype", "bfloat16")),
+    (["--dtype=fp16"], ("--dtype=float16",)),
+    (["--dtype", "FP32", "--enforce-eager"], ("--dtype", "float32", "--enforce-eager")),
+    (["--dtype", "half"], ("--dtype", "half")),  # vLLM's own spelling is passed as written
+    (["--dtype=auto"], ("--dtype=auto",)),
+])
+def test_a_dtype_in_any_spelling_reaches_vllm_in_one_it_accepts(args, passed):
+    from components import bootstrap
+
+    spec = spec_of(vllmExtraArgs=args)
+    assert spec.vllm_extra_args == passed
+    assert bootstrap.vllm_serve_args(spec, "10.0.0.1")[-len(passed):] == list(passed)
+
+
+def test_an_unknown_dtype_names_the_key_the_flag_the_value_and_every_spelling():
+    [problem] = problems_of(vllmExtraArgs=["--dtype", "bf17"]).problems
+    text = str(problem)
+    assert problem.key == "vllmExtraArgs" and "--dtype" in text and "bf17" in text
+    for spelling in ("auto", "half", "float16", "bfloat16", "float", "float32", "bf16", "fp16", "fp32"):
+        assert spelling in text, spelling
+
+
+@pytest.mark.parametrize("quantized", ["fp8", "int4", "--dtype=int8"])
+def test_a_quantized_weight_type_is_not_a_vllm_dtype(quantized):
+    args = [quantized] if quantized.startswith("--") else ["--dtype", quantized]
+    [problem] = problems_of(vllmExtraArgs=args).problems
+    assert problem.key == "vllmExtraArgs" and "--quantization" in str(problem)
+
+
+def test_a_dtype_flag_without_its_value_is_refused():
+    [problem] = problems_of(vllmExtraArgs=["--enforce-eager", "--dtype"]).problems
+    assert problem.key == "vllmExtraArgs" and "--dtype" in str(problem)
