@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import catalog, versions
+from components import catalog, sizing, versions
 from components.catalog import InstanceType
 
 # CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
@@ -498,7 +498,50 @@ def _check_extra_args(reader: _Reader) -> tuple[str, ...]:
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_VLLM_FLAGS:
             reader.fail("vllmExtraArgs", f"item {arg} is managed by the program; use {MANAGED_VLLM_FLAGS[flag]}")
-    return tuple(extra_args)
+    return _with_vllm_dtype(reader, extra_args)
+
+
+def _vllm_dtype_spelling(reader: _Reader, value: str) -> str:
+    """`value` of --dtype as vLLM spells it: its own spellings pass as written, the short
+    ones (bf16 ...) are translated, since vLLM would refuse them."""
+    if value in sizing.VLLM_DTYPE_CHOICES:
+        return value
+    try:
+        canonical = sizing.canonical_dtype(value, "--dtype")
+    except ValueError:
+        # Not the planner's full list: the quantized types are no value for vLLM's --dtype.
+        accepted = [spelling for spelling, name in sizing.DTYPE_SPELLINGS.items() if sizing.vllm_dtype(name)]
+        reader.fail(
+            "vllmExtraArgs",
+            f"--dtype {value!r} is not a weight type vLLM takes; accepted: {', '.join(accepted)}. "
+            "Fix: one of these after --dtype, or no --dtype for the model's own",
+        )
+        return value
+    spelling = sizing.vllm_dtype(canonical)
+    if spelling is None:
+        reader.fail(
+            "vllmExtraArgs",
+            f"--dtype {value} is a quantized weight type; vLLM's --dtype takes only "
+            f"{', '.join(sizing.VLLM_DTYPE_CHOICES)}. Quantized weights come from a quantized checkpoint "
+            "(a model id that names its quantization) or --quantization. "
+            "Fix: [\"--quantization\", \"fp8\"] in place of the --dtype, or drop it",
+        )
+        return value
+    return spelling
+
+
+def _with_vllm_dtype(reader: _Reader, args: list[str]) -> tuple[str, ...]:
+    """The args with any --dtype value (`--dtype X` or `--dtype=X`) in vLLM's spelling."""
+    out = list(args)
+    for i, arg in enumerate(args):
+        if arg == "--dtype":
+            if i + 1 == len(args):
+                reader.fail("vllmExtraArgs", "ends with --dtype and no value. Fix: [\"--dtype\", \"bfloat16\"]")
+            else:
+                out[i + 1] = _vllm_dtype_spelling(reader, args[i + 1])
+        elif arg.startswith("--dtype="):
+            out[i] = "--dtype=" + _vllm_dtype_spelling(reader, arg.split("=", 1)[1])
+    return tuple(out)
 
 
 def _check_engine_settings(reader: _Reader) -> EngineSettings:

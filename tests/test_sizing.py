@@ -188,3 +188,13 @@ def test_auto_takes_the_models_own_dtype():
     llama = models.lookup("meta-llama/Llama-3.1-70B-Instruct")
     assert sizing.ModelSize.of(llama, "m", dtype="auto").dtype == llama.dtype
     assert sizing.ModelSize.of(None, "x", params_b=7, dtype="auto").dtype == "bf16"
+
+
+def test_plan_dtype_takes_vllms_spelling_and_names_the_flag_when_it_is_unknown(capsys):
+    from cli.__main__ import main
+
+    assert main(["plan", "--stack", "dev", "--json", "--params-b", "7", "--dtype", "bfloat16"]) == 0
+    assert '"dtype": "bf16"' in capsys.readouterr().out
+    assert main(["plan", "--stack", "dev", "--params-b", "7", "--dtype", "fp12"]) == 2
+    error = capsys.readouterr().err
+    assert "--dtype 'fp12'" in error and "bfloat16" in error and "Traceback" not in error
