@@ -1,6 +1,9 @@
 """Validation of the stack config: every bad value is refused before anything is
 declared, with an error that names the key, shows the value and says what to do."""
 
+import datetime
+import json
+
 import pytest
 
 from components import versions
@@ -322,3 +325,52 @@ def test_a_quantized_weight_type_is_not_a_vllm_dtype(quantized):
 def test_a_dtype_flag_without_its_value_is_refused():
     [problem] = problems_of(vllmExtraArgs=["--enforce-eager", "--dtype"]).problems
     assert problem.key == "vllmExtraArgs" and "--dtype" in str(problem)
+
+
+# --- values of the wrong type --------------------------------------------------------------
+
+YAML_DATE = datetime.date(2024, 1, 1)  # what YAML makes of `2024-01-01`
+WRONG_BY_TYPE = {
+    "string": [[1], {"name": "x"}, YAML_DATE, b"bytes"],
+    "integer": ["two", [1], 2.5, True, {"n": 1}, YAML_DATE, "9" * 5000],
+    "boolean": ["maybe", [True], 1, YAML_DATE],
+    "array": [5, {"cidr": "203.0.113.0/24"}, "not a list", [1], [["nested"]], "[" * 100000],
+}
+# Keys declared as strings in Pulumi.yaml that hold another kind of value.
+WRONG_BY_KEY = {
+    "efa": ["maybe", [True], 5],
+    "gpuMemoryUtilization": ["most", [0.9], True, 10**400],
+}
+
+
+def wrong_values():
+    for key in CONFIG_KEYS:
+        for value in WRONG_BY_KEY.get(key.name, WRONG_BY_TYPE[key.type]):
+            yield pytest.param(key.name, value, id=f"{key.name}={str(value)[:20]!s}")
+
+
+@pytest.mark.parametrize("key, value", wrong_values())
+def test_a_value_of_the_wrong_type_is_one_problem_naming_the_key_the_type_and_the_fix(key, value):
+    try:
+        load_spec({**GOOD, key: value}, stack="test", region="us-east-1", secret_keys={key})
+    except SpecError as error:
+        problems = error.problems
+    else:
+        raise AssertionError(f"{key} = {value!r} was accepted")
+    assert [p.key for p in problems] == [key], [str(p) for p in problems]
+    text = str(problems[0])
+    assert f"vllm-cluster:{key} = " in text and "Fix:" in text
+    assert any(kind in text for kind in ("text", "whole number", "true or false", "list", "number")), text
+
+
+@pytest.mark.parametrize("key, value, kind", [
+    ("nodes", "two", "whole number"),
+    ("tensorParallelSize", [1], "whole number"),
+    ("allowPublicApi", "maybe", "true or false"),
+    ("model", ["org/model"], "text"),
+    ("adminCidrs", 5, "list"),
+])
+def test_the_wrong_type_message_shows_the_value(key, value, kind):
+    [problem] = problems_of(**{key: value}).problems
+    assert problem.value == json.dumps(value) if not isinstance(value, str) else problem.value == f'"{value}"'
+    assert kind in problem.message
