@@ -11,6 +11,7 @@ components/config_keys.py (namespace `vllm-cluster`).
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import re
@@ -24,6 +25,7 @@ from components.catalog import InstanceType
 # program (__main__.py), cli/plan.py and components/bootstrap.py.
 from components.config_keys import (  # noqa: F401
     CONFIG_KEYS,
+    ConfigKey,
     DEFAULT_API_RATE_LIMIT_PER_SECOND,
     DEFAULT_API_READ_TIMEOUT_SECONDS,
     DEFAULT_VPC_CIDR,
@@ -303,6 +305,40 @@ def _fields(piece: Any) -> dict[str, Any]:
 # --- reading raw values ---------------------------------------------------------------------
 
 
+# Values longer than this are cut in errors: a certificate pasted into the wrong key
+# should not fill the terminal.
+_MAX_SHOWN = 200
+
+
+def _kind(raw: Any) -> str:
+    """What a value is, in the words of a stack file."""
+    if isinstance(raw, bool):
+        return "true/false"
+    if isinstance(raw, (int, float)):
+        return "a number"
+    if isinstance(raw, str):
+        return "text"
+    if isinstance(raw, (list, tuple)):
+        return "a list"
+    if isinstance(raw, dict):
+        return "a map"
+    if isinstance(raw, datetime.date):
+        return "a date"  # YAML reads an unquoted 2024-01-01 as one
+    return f"a {type(raw).__name__}"
+
+
+def _display(raw: Any) -> str:
+    """JSON where it can be (strings quoted, lists as lists); else the value's own text (a
+    YAML date); else only its kind (a number too long for Python to print)."""
+    for render in (json.dumps, str):
+        try:
+            text = render(raw)
+        except (TypeError, ValueError):
+            continue
+        return text if len(text) <= _MAX_SHOWN else f"{text[:_MAX_SHOWN]}... ({len(text)} characters)"
+    return f"<{_kind(raw)}>"
+
+
 def _show(key: str, raw: Any) -> str:
     """How a value appears in an error: quoted, and never the value of a secret. A key
     the program does not know may be a misspelt secret (hftoken), so its value is
@@ -310,9 +346,8 @@ def _show(key: str, raw: Any) -> str:
     if raw is None:
         return "(not set)"
     if key not in KEYS_BY_NAME or KEYS_BY_NAME[key].secret:
-        return f"<hidden, {len(str(raw))} characters>"
-    text = raw if isinstance(raw, str) else json.dumps(raw)
-    return json.dumps(text) if isinstance(raw, str) else text
+        return f"<hidden, {len(raw)} characters>" if isinstance(raw, str) else f"<hidden, {_kind(raw)}>"
+    return _display(raw)
 
 
 def _shell_meta_in(text: str) -> str:
@@ -327,9 +362,28 @@ def _injection_note(text: str) -> str:
     return f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""
 
 
+# Whole numbers as config values: digits only (no 1e3, no 1_000), and few enough of them
+# that every later sum and message stays an ordinary int.
+_WHOLE_NUMBER = re.compile(r"^-?[0-9]{1,15}$")
+_MAX_WHOLE_NUMBER = 10**15
+
+
+def _means_unset(value: Any, definition: ConfigKey | None) -> bool:
+    """Absent, empty, or the key's auto default (which Pulumi fills in from Pulumi.yaml).
+    Compares like with like, so that no value is turned into text just to be compared."""
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        return True
+    if definition is None or not definition.auto:
+        return False
+    if isinstance(value, str):
+        return value.strip().lower() == str(definition.default).lower()
+    return type(value) is type(definition.default) and value == definition.default
+
+
 class _Reader:
     """Parses raw config values (strings as Pulumi passes them, or native YAML
-    values) into typed values, recording a Problem instead of raising."""
+    values) into typed values, recording a Problem instead of raising. A value of
+    the wrong type is one problem that names the type the key takes and how to set it."""
 
     def __init__(self, raw: Mapping[str, Any]):
         self.raw = raw
@@ -343,16 +397,22 @@ class _Reader:
     def warn(self, text: str) -> None:
         self.warnings.append(text)
 
+    def wrong_type(self, key: str, expected: str, placeholder: str) -> None:
+        definition = KEYS_BY_NAME[key]
+        if definition.type == "array":
+            fix = f"pulumi config set --path '{NAMESPACE}:{key}[0]' {placeholder}"
+        else:
+            fix = f"pulumi config set {'--secret ' if definition.secret else ''}{NAMESPACE}:{key} {placeholder}"
+        if not definition.required:
+            fix += f", or pulumi config rm {NAMESPACE}:{key} for the default"
+        value = self.raw.get(key)
+        found = "" if isinstance(value, str) else f", not {_kind(value)}"
+        self.fail(key, f"must be {expected}{found}. Fix: {fix}")
+
     def present(self, key: str) -> bool:
         """Set to something other than "not set": absent, empty, or the key's
         auto default (which Pulumi fills in from Pulumi.yaml) all mean unset."""
-        value = self.raw.get(key)
-        if value is None or (isinstance(value, str) and value.strip() == ""):
-            return False
-        definition = KEYS_BY_NAME.get(key)
-        if definition is not None and definition.auto and str(value).strip().lower() == str(definition.default).lower():
-            return False
-        return True
+        return not _means_unset(self.raw.get(key), KEYS_BY_NAME.get(key))
 
     def default(self, key: str) -> Any:
         definition = KEYS_BY_NAME[key]
@@ -365,7 +425,7 @@ class _Reader:
             return self.default(key)
         value = self.raw[key]
         if not isinstance(value, str):
-            self.fail(key, "must be a string")
+            self.wrong_type(key, "text (in a stack file, put it in quotes)", "TEXT")
             return None
         return value
 
@@ -373,15 +433,14 @@ class _Reader:
         if not self.present(key):
             return self.default(key)
         value = self.raw[key]
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            self.fail(key, "must be a whole number")
-            return None
-        if isinstance(value, str):
-            if not re.fullmatch(r"-?\d+", value.strip()):
-                self.fail(key, "must be a whole number, e.g. 2")
-                return None
-            value = int(value)
-        return value
+        if isinstance(value, str) and _WHOLE_NUMBER.match(value.strip()):
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < _MAX_WHOLE_NUMBER:
+            return value
+        default = KEYS_BY_NAME[key].default
+        example = f", e.g. {default}" if isinstance(default, int) and default > 0 else ""
+        self.wrong_type(key, f"a whole number{example}", "NUMBER")
+        return None
 
     def number(self, key: str) -> float | None:
         """A decimal number. Pulumi.yaml has no number type, so the key is declared
@@ -389,13 +448,13 @@ class _Reader:
         if not self.present(key):
             return self.default(key)
         value = self.raw[key]
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            self.fail(key, "must be a number such as 0.90")
-            return None
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except (ValueError, OverflowError):
+                pass  # text that is no number, or an int beyond any float: the problem below
+        self.wrong_type(key, "a number such as 0.90", "0.90")
+        return None
 
     def boolean(self, key: str) -> bool | None:
         if not self.present(key):
@@ -405,10 +464,14 @@ class _Reader:
             return value
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
-        self.fail(key, "must be true or false" + (" (or auto)" if KEYS_BY_NAME[key].auto else ""))
+        if KEYS_BY_NAME[key].auto:
+            self.wrong_type(key, "true or false (or auto)", "auto")
+        else:
+            self.wrong_type(key, "true or false", "true")
         return None
 
     def string_list(self, key: str) -> list[str] | None:
+        example = "203.0.113.0/24" if "Cidr" in key else "--enforce-eager"
         if not self.present(key):
             if KEYS_BY_NAME[key].required:
                 self.fail(
@@ -423,11 +486,10 @@ class _Reader:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError:
-                self.fail(key, f"must be a list, e.g. [\"{'203.0.113.0/24' if 'Cidr' in key else '--enforce-eager'}\"]")
-                return None
+            except (ValueError, RecursionError):  # not JSON, or nested deeper than Python recurses
+                value = None
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            self.fail(key, "must be a list of strings")
+            self.wrong_type(key, f"a list of strings, e.g. [\"{example}\"]", example)
             return None
         return value
 

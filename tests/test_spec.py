@@ -349,7 +349,7 @@ def wrong_values():
             yield pytest.param(key.name, value, id=f"{key.name}={str(value)[:20]!s}")
 
 
-@pytest.mark.parametrize("key, value", wrong_values())
+@pytest.mark.parametrize("key, value", list(wrong_values()))
 def test_a_value_of_the_wrong_type_is_one_problem_naming_the_key_the_type_and_the_fix(key, value):
     try:
         load_spec({**GOOD, key: value}, stack="test", region="us-east-1", secret_keys={key})
