@@ -5,6 +5,7 @@ import datetime
 import json
 
 import pytest
+import yaml
 
 from components import versions
 from components.config_keys import CONFIG_KEYS
@@ -374,3 +375,33 @@ def test_the_wrong_type_message_shows_the_value(key, value, kind):
     [problem] = problems_of(**{key: value}).problems
     assert problem.value == json.dumps(value) if not isinstance(value, str) else problem.value == f'"{value}"'
     assert kind in problem.message
+
+
+# --- the zone and the region ----------------------------------------------------------
+
+def test_the_planner_refuses_a_zone_outside_the_stacks_region(tmp_path):
+    """The planner reads the stack file, aws:region included, and refuses what `pulumi up` would."""
+    from cli.plan import read_stack
+
+    stack_file = tmp_path / "Pulumi.zones.yaml"
+    stack_file.write_text(yaml.safe_dump({"config": {
+        "aws:region": "us-east-1", **{f"vllm-cluster:{k}": v for k, v in GOOD.items()},
+        "vllm-cluster:availabilityZone": "eu-west-1a",
+    }}))
+    with pytest.raises(SpecError) as caught:
+        read_stack("zones", str(stack_file))
+    [problem] = caught.value.problems
+    assert problem.key == "availabilityZone" and "eu-west-1a" in str(problem) and "aws:region" in str(problem)
+
+
+def test_the_program_declares_nothing_for_a_zone_outside_aws_region():
+    from pulumi_mocks import run_stack
+
+    run = run_stack("dev", {"availabilityZone": "eu-west-1a"})
+    assert run.resources == []
+    assert "vllm-cluster:availabilityZone" in str(run.error) and "aws:region" in str(run.error)
+
+
+def test_a_zone_inside_the_region_is_accepted():
+    assert spec_of(availabilityZone="us-east-1f").availability_zone == "us-east-1f"
+    assert load_spec({**GOOD, "availabilityZone": "us-gov-west-1a"}, stack="t", region="us-gov-west-1")
