@@ -833,12 +833,15 @@ def _check_node_software(reader: _Reader) -> NodeSoftware:
 
 
 def _check_zone(reader: _Reader, region: str | None) -> str | None:
+    """A zone's name is its region's and one letter; the nodes launch in aws:region, where a
+    zone of another region does not exist. Without the region (a caller that holds no
+    stack) only the name's shape is checked."""
     zone = reader.string("availabilityZone")
     if zone is None:
         return None
     if not _AZ.match(zone):
         reader.fail("availabilityZone", "is not an Availability Zone name such as us-east-1a")
-    elif region and not zone.startswith(region):
+    elif region and zone[:-1] != region:
         reader.fail(
             "availabilityZone",
             f"is not in the stack's region {region} (aws:region). "
