@@ -3,6 +3,7 @@ declared, with an error that names the key, shows the value and says what to do.
 
 import datetime
 import json
+import re
 
 import pytest
 import yaml
@@ -405,3 +406,27 @@ def test_the_program_declares_nothing_for_a_zone_outside_aws_region():
 def test_a_zone_inside_the_region_is_accepted():
     assert spec_of(availabilityZone="us-east-1f").availability_zone == "us-east-1f"
     assert load_spec({**GOOD, "availabilityZone": "us-gov-west-1a"}, stack="t", region="us-gov-west-1")
+
+
+# --- AWS rules link the page that states them -----------------------------------------------
+# Errors about the program's own rules (the root volume's floor, shell characters) need none.
+
+AWS_RULES = [
+    ("EFA on a type without it", {"instanceType": "g6.xlarge", "nodes": 1, "efa": "true"}, "efa"),
+    ("zone of another region", {"availabilityZone": "eu-west-1a"}, "availabilityZone"),
+    ("zone that is not a zone", {"availabilityZone": "east"}, "availabilityZone"),
+    ("reservation without its zone", {"capacityReservationId": RESERVATION}, "capacityReservationId"),
+    ("block without its zone", {"capacityReservationId": RESERVATION, "capacityBlock": True}, "capacityReservationId"),
+    ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock"),
+    ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId"),
+    ("placement group name too long", {"placementGroupName": "p" * 256}, "placementGroupName"),
+    ("placement group name not ASCII", {"placementGroupName": "gruppe-\u00fc"}, "placementGroupName"),
+    ("VPC larger than a /16", {"vpcCidr": "10.0.0.0/8"}, "vpcCidr"),
+    ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType"),
+]
+
+
+@pytest.mark.parametrize("what, changes, key", AWS_RULES, ids=[case[0] for case in AWS_RULES])
+def test_an_error_about_an_aws_rule_links_the_aws_page_that_states_it(what, changes, key):
+    named = [str(p) for p in problems_of(**changes).problems if p.key == key]
+    assert named and all(re.search(r"https://docs\.aws\.amazon\.com/\S+", text) for text in named), named
