@@ -183,6 +183,23 @@ class SpecError(Exception):
         return [p.key for p in self.problems]
 
 
+# The AWS pages that state the rules the checkers enforce, linked from their errors.
+# EFA is supported only on the instance types this page lists.
+EFA_INSTANCE_TYPES_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types"
+# "The code for an Availability Zone is its Region code followed by a letter identifier."
+AVAILABILITY_ZONES_DOC = "https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-availability-zones.html"
+# "The smallest VPC you can create uses a /28 netmask ..., and the largest uses a /16 netmask."
+CREATE_VPC_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateVpc.html"
+# How an instance type is named: family, generation, attributes, a dot and a size.
+INSTANCE_TYPE_NAMES_DOC = "https://docs.aws.amazon.com/ec2/latest/instancetypes/instance-type-names.html"
+# An instance launches into a Capacity Reservation or a Capacity Block by the reservation's
+# id, and only in the reservation's own Availability Zone.
+RESERVATION_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html"
+CAPACITY_BLOCK_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html"
+# CreatePlacementGroup's GroupName: "Constraints: Up to 255 ASCII characters".
+PLACEMENT_GROUP_NAME_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreatePlacementGroup.html"
+PLACEMENT_GROUP_NAME_MAX = 255
+
 # Characters that would let a value escape into a shell: ; $ ` ' " | & < > ( ) \ { } * ? ! # ~,
 # whitespace and control characters. Model ids, names and vLLM words never need them.
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
@@ -335,7 +352,10 @@ def _display(raw: Any) -> str:
             text = render(raw)
         except (TypeError, ValueError):
             continue
-        return text if len(text) <= _MAX_SHOWN else f"{text[:_MAX_SHOWN]}... ({len(text)} characters)"
+        if len(text) <= _MAX_SHOWN:
+            return text
+        length = len(raw) if isinstance(raw, (str, list)) else len(text)
+        return f"{text[:_MAX_SHOWN]}... ({length} {'items' if isinstance(raw, list) else 'characters'})"
     return f"<{_kind(raw)}>"
 
 
@@ -694,7 +714,8 @@ def _check_efa(reader: _Reader, instance: InstanceType, nodes: int) -> bool:
         efa_types = [t for t in catalog.known_instance_types() if catalog.CATALOG[t].efa_supported]
         reader.fail(
             "efa",
-            f"is true, but {instance.name} has no EFA. Fix: set efa false, or use one of {', '.join(efa_types)}",
+            f"is true, but {instance.name} has no EFA. Fix: set efa false, or use one of {', '.join(efa_types)} "
+            f"(EFA-capable types: {EFA_INSTANCE_TYPES_DOC})",
         )
     if nodes > 1 and not efa:
         reader.warn(
@@ -840,12 +861,16 @@ def _check_zone(reader: _Reader, region: str | None) -> str | None:
     if zone is None:
         return None
     if not _AZ.match(zone):
-        reader.fail("availabilityZone", "is not an Availability Zone name such as us-east-1a")
+        reader.fail(
+            "availabilityZone",
+            f"is not an Availability Zone name such as us-east-1a (its region's name and a letter; "
+            f"see {AVAILABILITY_ZONES_DOC})",
+        )
     elif region and zone[:-1] != region:
         reader.fail(
             "availabilityZone",
-            f"is not in the stack's region {region} (aws:region). "
-            f"Fix: a zone such as {region}a, or change aws:region",
+            f"is not in the stack's region {region} (aws:region): a zone's name is its region's and a letter. "
+            f"Fix: a zone such as {region}a, or change aws:region (see {AVAILABILITY_ZONES_DOC})",
         )
     return zone
 
@@ -858,7 +883,11 @@ def _check_vpc_cidr(reader: _Reader) -> str:
         reader.fail("vpcCidr", "is not a CIDR such as 10.42.0.0/16")
         return vpc_cidr
     if network.version != 4 or not 16 <= network.prefixlen <= 24:
-        reader.fail("vpcCidr", "must be an IPv4 CIDR from /16 to /24, e.g. 10.42.0.0/16")
+        reader.fail(
+            "vpcCidr",
+            f"must be an IPv4 CIDR from /16 to /24, e.g. 10.42.0.0/16 (EC2 creates no VPC larger than a /16: "
+            f"see {CREATE_VPC_DOC})",
+        )
     elif not network.is_private:
         reader.fail("vpcCidr", "must be a private range (RFC 1918), e.g. 10.42.0.0/16")
     return vpc_cidr
@@ -894,12 +923,6 @@ def _check_network(reader: _Reader, region: str | None) -> NetworkPlacement:
     return NetworkPlacement(zone, vpc_cidr, _check_existing_network(reader, vpc_cidr))
 
 
-# The AWS pages that state the rule: an instance launches into a Capacity Reservation
-# or a Capacity Block only in the reservation's own Availability Zone.
-RESERVATION_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html"
-CAPACITY_BLOCK_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html"
-
-
 def _check_reservation_zone(reader: _Reader, reservation_id: str | None, capacity_block: bool,
                             network: NetworkPlacement) -> None:
     """A reservation serves one zone. Without availabilityZone the program picks the
@@ -919,11 +942,6 @@ def _check_reservation_zone(reader: _Reader, reservation_id: str | None, capacit
         f"(aws ec2 describe-capacity-reservations --capacity-reservation-ids {reservation_id} "
         f"--query 'CapacityReservations[0].AvailabilityZone'). See {doc}",
     )
-
-
-PLACEMENT_GROUP_NAME_MAX = 255
-# The rule: "Constraints: Up to 255 ASCII characters" (GroupName).
-PLACEMENT_GROUP_NAME_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreatePlacementGroup.html"
 
 
 def _check_placement_group_name(reader: _Reader) -> str | None:
@@ -959,13 +977,18 @@ def _check_placement_group_name(reader: _Reader) -> str | None:
 def _check_capacity(reader: _Reader, network: NetworkPlacement) -> Capacity:
     reservation_id = reader.string("capacityReservationId")
     if reservation_id is not None and not _CAPACITY_RESERVATION.match(reservation_id):
-        reader.fail("capacityReservationId", "is not a Capacity Reservation id such as cr-0123456789abcdef0")
+        reader.fail(
+            "capacityReservationId",
+            "is not a Capacity Reservation id such as cr-0123456789abcdef0. Fix: the id aws ec2 "
+            f"describe-capacity-reservations shows (see {RESERVATION_LAUNCH_DOC})",
+        )
     capacity_block = bool(reader.boolean("capacityBlock"))
     if capacity_block and reservation_id is None:
         reader.fail(
             "capacityBlock",
-            "is true, but no capacityReservationId names the block. "
-            f"Fix: pulumi config set {NAMESPACE}:capacityReservationId cr-...",
+            "is true, but no capacityReservationId names the block: instances launch into a Capacity Block by "
+            f"its reservation id. Fix: pulumi config set {NAMESPACE}:capacityReservationId cr-... "
+            f"(see {CAPACITY_BLOCK_LAUNCH_DOC})",
         )
     _check_reservation_zone(reader, reservation_id, capacity_block, network)
     return Capacity(reservation_id, capacity_block, _check_placement_group_name(reader))
@@ -1012,7 +1035,10 @@ def _check_api_rate_limit(reader: _Reader) -> int:
 def _check_gateway(reader: _Reader) -> GatewaySettings:
     gateway_instance_type = reader.string("gatewayInstanceType")
     if gateway_instance_type is not None and not _EC2_TYPE.match(gateway_instance_type):
-        reader.fail("gatewayInstanceType", "is not an EC2 instance type such as t3.small")
+        reader.fail(
+            "gatewayInstanceType",
+            f"is not an EC2 instance type such as t3.small (see {INSTANCE_TYPE_NAMES_DOC})",
+        )
     return GatewaySettings(gateway_instance_type, _check_api_read_timeout(reader), _check_api_rate_limit(reader))
 
 
