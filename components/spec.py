@@ -25,7 +25,6 @@ from components.catalog import InstanceType
 # program (__main__.py), cli/plan.py and components/bootstrap.py.
 from components.config_keys import (  # noqa: F401
     CONFIG_KEYS,
-    ConfigKey,
     DEFAULT_API_RATE_LIMIT_PER_SECOND,
     DEFAULT_API_READ_TIMEOUT_SECONDS,
     DEFAULT_VPC_CIDR,
@@ -33,6 +32,7 @@ from components.config_keys import (  # noqa: F401
     MAX_API_RATE_LIMIT_PER_SECOND,
     MAX_API_READ_TIMEOUT_SECONDS,
     NAMESPACE,
+    ConfigKey,
     closest_key,
     unknown_keys,
 )
@@ -223,7 +223,6 @@ _PEM_PRIVATE_KEY = re.compile(
 )
 
 
-
 # --- the pieces the checkers return ------------------------------------------------------
 # Each concern's checker returns one of these; load_spec lays them side by side into the
 # ClusterSpec, so their field names are the spec's. A field is None where the config held a
@@ -400,6 +399,17 @@ def _means_unset(value: Any, definition: ConfigKey | None) -> bool:
     return type(value) is type(definition.default) and value == definition.default
 
 
+def _as_float(value: Any) -> float | None:
+    """None for what is no number: true/false (which Python would read as 1 and 0), text
+    that does not parse, an int beyond any float, a list."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        return None
+
+
 class _Reader:
     """Parses raw config values (strings as Pulumi passes them, or native YAML
     values) into typed values, recording a Problem instead of raising. A value of
@@ -467,14 +477,10 @@ class _Reader:
         a string and YAML may hand us either a float or its text."""
         if not self.present(key):
             return self.default(key)
-        value = self.raw[key]
-        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-            try:
-                return float(value)
-            except (ValueError, OverflowError):
-                pass  # text that is no number, or an int beyond any float: the problem below
-        self.wrong_type(key, "a number such as 0.90", "0.90")
-        return None
+        parsed = _as_float(self.raw[key])
+        if parsed is None:
+            self.wrong_type(key, "a number such as 0.90", "0.90")
+        return parsed
 
     def boolean(self, key: str) -> bool | None:
         if not self.present(key):

@@ -166,7 +166,7 @@ def test_an_unknown_dtype_names_where_it_came_from_the_value_and_every_accepted_
         assert spelling in text.split("accepted:", 1)[1], spelling
 
 
-@pytest.mark.parametrize("spelling", ["auto", "half", "float16", "bfloat16", "float", "float32", "bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("spelling", [*VLLM_DTYPE_CHOICES, "bf16", "fp16", "fp32"])
 def test_what_vllm_receives_as_dtype_is_one_of_its_own_choices(spelling):
     assert sizing.vllm_dtype(sizing.canonical_dtype(spelling, "--dtype")) in VLLM_DTYPE_CHOICES
 

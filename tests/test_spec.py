@@ -80,9 +80,11 @@ BAD_CONFIGS = [
     ("unknown instance type", {"instanceType": "p9.huge"}, "instanceType", "p5.48xlarge"),
     ("zero nodes", {"nodes": 0}, "nodes", "at least 1"),
     ("nodes not a number", {"nodes": "two"}, "nodes", "whole number"),
-    ("TP x PP short of the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 1}, "pipelineParallelSize", "pipelineParallelSize 2"),
+    ("TP x PP short of the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 1},
+     "pipelineParallelSize", "pipelineParallelSize 2"),
     ("TP x PP beyond the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 4}, "pipelineParallelSize", "= 16"),
-    ("TP across nodes", {"tensorParallelSize": 16, "pipelineParallelSize": 1}, "tensorParallelSize", "stays inside a node"),
+    ("TP across nodes", {"tensorParallelSize": 16, "pipelineParallelSize": 1},
+     "tensorParallelSize", "stays inside a node"),
     ("TP that splits a node unevenly", {"tensorParallelSize": 3}, "tensorParallelSize", "divide"),
     ("negative TP", {"tensorParallelSize": -1}, "tensorParallelSize", "at least 1"),
     ("negative PP", {"pipelineParallelSize": -2}, "pipelineParallelSize", "at least 1"),
@@ -93,9 +95,12 @@ BAD_CONFIGS = [
     ("API open to the world", {"apiAllowedCidrs": ["0.0.0.0/0"]}, "apiAllowedCidrs", "allowPublicApi"),
     ("API open to the IPv6 world", {"apiAllowedCidrs": ["::/0"]}, "apiAllowedCidrs", "allowPublicApi"),
     ("admin open to the world", {"adminCidrs": ["0.0.0.0/0"]}, "adminCidrs", "whole internet"),
-    ("admin open to the world even when the API may be", {"adminCidrs": ["::/0"], "allowPublicApi": True}, "adminCidrs", "whole internet"),
-    ("admin open to the world in two halves", {"adminCidrs": ["0.0.0.0/1", "128.0.0.0/1"]}, "adminCidrs", "whole internet"),
-    ("API open to the IPv6 world in pieces", {"apiAllowedCidrs": ["::/1", "8000::/2", "c000::/2"]}, "apiAllowedCidrs", "whole internet"),
+    ("admin open to the world even when the API may be", {"adminCidrs": ["::/0"], "allowPublicApi": True},
+     "adminCidrs", "whole internet"),
+    ("admin open to the world in two halves", {"adminCidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
+     "adminCidrs", "whole internet"),
+    ("API open to the IPv6 world in pieces", {"apiAllowedCidrs": ["::/1", "8000::/2", "c000::/2"]},
+     "apiAllowedCidrs", "whole internet"),
     ("no admin CIDR", {"adminCidrs": []}, "adminCidrs", "at least one"),
     ("API CIDRs missing", {"apiAllowedCidrs": None}, "apiAllowedCidrs", "required"),
     ("CIDRs not a list", {"adminCidrs": "198.51.100.7/32"}, "adminCidrs", "list"),
@@ -110,8 +115,10 @@ BAD_CONFIGS = [
     ("served name with a semicolon", {"servedModelName": "llama;id"}, "servedModelName", "';'"),
     ("extra argument with a dollar", {"vllmExtraArgs": ["--max-num-seqs", "$(id)"]}, "vllmExtraArgs", "'$'"),
     ("extra argument with a space", {"vllmExtraArgs": ["--max-num-seqs 64"]}, "vllmExtraArgs", "own item"),
-    ("extra argument that sets TP", {"vllmExtraArgs": ["--tensor-parallel-size=4"]}, "vllmExtraArgs", "tensorParallelSize"),
-    ("extra argument that puts the key on a command line", {"vllmExtraArgs": ["--api-key", "x"]}, "vllmExtraArgs", "never a command line"),
+    ("extra argument that sets TP", {"vllmExtraArgs": ["--tensor-parallel-size=4"]},
+     "vllmExtraArgs", "tensorParallelSize"),
+    ("extra argument that puts the key on a command line", {"vllmExtraArgs": ["--api-key", "x"]},
+     "vllmExtraArgs", "never a command line"),
     ("short API key", {"apiKey": "too-short"}, "apiKey", "32 characters"),
     ("API key with a quote", {"apiKey": "a" * 40 + "'"}, "apiKey", "letters, digits"),
     ("vLLM below its security floor", {"vllmVersion": "0.21.3"}, "vllmVersion", "security floor 0.22.0"),
@@ -125,11 +132,14 @@ BAD_CONFIGS = [
     ("public VPC range", {"vpcCidr": "8.8.0.0/16"}, "vpcCidr", "private"),
     ("VPC too large", {"vpcCidr": "10.0.0.0/8"}, "vpcCidr", "/16 to /24"),
     ("half an existing network", {"vpcId": "vpc-0123456789abcdef0"}, "privateSubnetId", "all or none"),
-    ("malformed subnet id", {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "public", "privateSubnetId": "subnet-0123456789abcdef0"}, "publicSubnetId", "subnet-"),
+    ("malformed subnet id",
+     {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "public", "privateSubnetId": "subnet-0123456789abcdef0"},
+     "publicSubnetId", "subnet-"),
     ("malformed AMI id", {"amiId": "ubuntu"}, "amiId", "ami-"),
     ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId", "cr-"),
     ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock", "capacityReservationId"),
-    ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "availabilityZone"),
+    ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"},
+     "capacityReservationId", "availabilityZone"),
     ("no read timeout", {"apiReadTimeoutSeconds": 0}, "apiReadTimeoutSeconds", "from 1 to 3600"),
     ("read timeout over an hour", {"apiReadTimeoutSeconds": 7200}, "apiReadTimeoutSeconds", "stream"),
     ("read timeout in words", {"apiReadTimeoutSeconds": "ten minutes"}, "apiReadTimeoutSeconds", "whole number"),
@@ -145,9 +155,11 @@ BAD_CONFIGS = [
     ("hub that is not a URL", {"hfEndpoint": "hf-mirror;curl evil"}, "hfEndpoint", "http(s) URL"),
     ("revision with shell characters", {"modelRevision": "main;reboot"}, "modelRevision", "inject"),
     ("revision climbing out of the cache", {"modelRevision": "a/../../etc"}, "modelRevision", "branch, tag or commit"),
-    ("certificate without its key", {"tlsCertificate": CERT, "endpointHostname": "llm.example.com"}, "tlsPrivateKey", "--secret"),
+    ("certificate without its key", {"tlsCertificate": CERT, "endpointHostname": "llm.example.com"},
+     "tlsPrivateKey", "--secret"),
     ("certificate without a hostname", {"tlsCertificate": CERT, "tlsPrivateKey": KEY}, "endpointHostname", "DNS name"),
-    ("key that is not PEM", {"tlsCertificate": CERT, "tlsPrivateKey": "secret", "endpointHostname": "llm.example.com"}, "tlsPrivateKey", "PEM"),
+    ("key that is not PEM", {"tlsCertificate": CERT, "tlsPrivateKey": "secret", "endpointHostname": "llm.example.com"},
+     "tlsPrivateKey", "PEM"),
     ("hostname without a certificate", {"endpointHostname": "llm.example.com"}, "tlsCertificate", "PEM certificate"),
 ]
 
@@ -236,7 +248,8 @@ def test_every_key_is_understood_by_the_loader():
 RESERVATION = "cr-0123456789abcdef0"
 
 
-@pytest.mark.parametrize("block, page", [(False, "capacity-reservations-launch.html"), (True, "capacity-blocks-launch.html")])
+@pytest.mark.parametrize("block, page", [(False, "capacity-reservations-launch.html"),
+                                         (True, "capacity-blocks-launch.html")])
 def test_a_reservation_without_its_zone_names_both_keys_the_value_the_fix_and_the_rule(block, page):
     """Without availabilityZone the nodes go to the first zone that offers the type; a
     Capacity Reservation or Capacity Block serves only its own zone."""
@@ -249,7 +262,8 @@ def test_a_reservation_without_its_zone_names_both_keys_the_value_the_fix_and_th
 
 
 def test_a_reservation_in_its_zone_or_in_an_existing_subnet_is_accepted():
-    assert spec_of(capacityReservationId=RESERVATION, availabilityZone="us-east-1b").capacity_reservation_id == RESERVATION
+    reserved = spec_of(capacityReservationId=RESERVATION, availabilityZone="us-east-1b")
+    assert reserved.capacity_reservation_id == RESERVATION
     # With an existing network the nodes go where privateSubnetId is; availabilityZone does not apply.
     existing = spec_of(capacityReservationId=RESERVATION, vpcId="vpc-0123456789abcdef0",
                        publicSubnetId="subnet-0123456789abcdef0", privateSubnetId="subnet-0fedcba9876543210")
