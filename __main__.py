@@ -9,15 +9,15 @@ import pulumi_aws as aws
 
 from components import bootstrap, ports
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
-from components.compute import GpuNodes, GpuNodesArgs
+from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
 from components.gateway import Gateway, GatewayArgs
 from components.network import Network, NetworkArgs
 from components.security import SecurityArgs, SecurityGroups
-from components.services import SSH_USER, ClusterServices, ServicesArgs
+from components.services import SSH_USER, ClusterServices, ServicesArgs, vllm_settings
 from components.spec import CONFIG_KEYS, NAMESPACE, SpecError, existing_vpc_problems, load_spec
 from components.storage import ModelStorage, ModelStorageArgs
-from components.topology import efa_interface_count, topology_summary
+from components.topology import efa_interface_count, interface_layout, topology_summary
 
 
 def secret_config_keys() -> set[str]:
@@ -92,49 +92,36 @@ storage = ModelStorage(
         retain_on_destroy=spec.retain_model_cache,
     ),
 )
-efa_interfaces = efa_interface_count(spec.instance, spec.efa)
-
-
-def node_boot(index: int, head_ip: pulumi.Output | None) -> pulumi.Output:
-    """What node `index` is told at boot and at setup: plain values only, no secret."""
-    return pulumi.Output.all(
-        head_ip if head_ip is not None else "",
-        network.private_subnet_cidr,
-        storage.file_system_id,
-        storage.access_point_id,
-        storage.dns_name,
-        credentials.login_probe_public_key,
-    ).apply(
-        lambda values: bootstrap.NodeBoot(
-            index=index,
-            head_ip=values[0],
-            subnet_cidr=values[1],
-            gpus=spec.gpus_per_node,
-            efa=spec.efa,
-            file_system_id=values[2],
-            access_point_id=values[3],
-            file_system_dns=values[4],
-            ray_version=spec.ray_version,
-            vllm_version=spec.vllm_version,
-            login_probe_key=values[5],
-        )
-    )
-
-
-def node_user_data(index: int, head_ip: pulumi.Output | None) -> pulumi.Output:
-    return node_boot(index, head_ip).apply(bootstrap.node_user_data)
-
-
+# What every node is told at boot, and again by its setup command.
+node_boot = NodeBootArgs(
+    subnet_cidr=network.private_subnet_cidr,
+    gpus=spec.gpus_per_node,
+    efa=spec.efa,
+    file_system_id=storage.file_system_id,
+    access_point_id=storage.access_point_id,
+    file_system_dns=storage.dns_name,
+    ray_version=spec.ray_version,
+    vllm_version=spec.vllm_version,
+    login_probe_key=credentials.login_probe_public_key,
+)
 nodes = GpuNodes(
     name,
     GpuNodesArgs(
-        spec=spec,
+        instance_type=spec.instance_type,
+        node_count=spec.nodes,
+        interfaces=interface_layout(spec.instance, spec.efa),
+        ami_id=spec.ami_id,
+        root_volume_gib=spec.root_volume_gib,
+        capacity_reservation_id=spec.capacity_reservation_id,
+        capacity_block=spec.capacity_block,
+        placement_group_name=spec.placement_group_name,
+        create_placement_group=spec.creates_placement_group,
         subnet_id=network.private_subnet_id,
         cluster_group_id=security.cluster_group_id,
         nodes_group_id=security.nodes_group_id,
         key_pair_name=credentials.key_pair_name,
         model_cache_arn=storage.file_system_arn,
-        user_data_for=node_user_data,
+        boot=node_boot,
         boot_after=[*network.ready, *security.rules, *storage.ready],
     ),
 )
@@ -153,30 +140,35 @@ gateway = Gateway(
 certificate = GatewayCertificate(
     name, GatewayCertificateArgs(public_ip=gateway.public_ip, user_certificate=spec.tls)
 )
+node_ips = [nodes.head.private_ip, *[worker.private_ip for worker in nodes.workers]]
 services = ClusterServices(
     name,
     ServicesArgs(
-        spec=spec,
         ssh_private_key=credentials.ssh_private_key,
         gateway_public_ip=gateway.public_ip,
         gateway_private_ip=gateway.private_ip,
-        node_ips=[nodes.head.private_ip, *[worker.private_ip for worker in nodes.workers]],
-        node_setup_scripts=[
-            node_boot(index, None if index == 0 else nodes.head_private_ip).apply(bootstrap.node_setup_script)
-            for index in range(spec.nodes)
-        ],
+        node_ips=node_ips,
+        nodes=[nodes.head, *nodes.workers],
+        gateway=gateway.resources,
         gateway_user_data=gateway_user_data,
-        ray_token=credentials.ray_token,
-        login_probe_private_key=credentials.login_probe_private_key,
-        api_key=credentials.api_key,
-        hf_token=spec.hf_token,
         tls_certificate_pem=certificate.certificate_pem,
         tls_private_key_pem=certificate.private_key_pem,
         tls_self_signed=certificate.self_signed,
         endpoint_host=certificate.hostname,
-        efa_interfaces=efa_interfaces,
-        nodes=[nodes.head, *nodes.workers],
-        gateway=gateway.resources,
+        admin_cidrs=spec.admin_cidrs,
+        api_read_timeout_seconds=spec.api_read_timeout_seconds,
+        api_rate_limit_per_second=spec.api_rate_limit_per_second,
+        login_probe_private_key=credentials.login_probe_private_key,
+        node_boot=node_boot,
+        ray_token=credentials.ray_token,
+        api_key=credentials.api_key,
+        hf_token=spec.hf_token,
+        model=spec.model,
+        model_revision=spec.model_revision,
+        hf_endpoint=spec.hf_endpoint,
+        vllm_settings=vllm_settings(spec, node_ips),
+        gpu_memory_gib=spec.instance.gpu_memory_gib,
+        efa_interfaces=efa_interface_count(spec.instance, spec.efa),
     ),
 )
 
@@ -202,7 +194,7 @@ pulumi.export("rayToken", credentials.ray_token)
 pulumi.export("tlsCertificate", certificate.certificate_pem)
 pulumi.export("tlsFingerprint", certificate.fingerprint)
 # The readiness command's report: a real completion went through the gateway.
-pulumi.export("readiness", services.readiness.stdout)
+pulumi.export("readiness", services.readiness)
 pulumi.export("modelCacheFileSystemId", storage.file_system_id)
 pulumi.export("availabilityZone", network.availability_zone)
 pulumi.export(

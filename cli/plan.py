@@ -48,7 +48,7 @@ def read_stack(stack: str, stack_file: str | None = None) -> tuple[dict[str, Any
 
     raw = yaml.safe_load(Path(stack_file).read_text())["config"] if stack_file else stack_config(stack)
     config, secret_keys = readable_config(apply_project_config(stack, raw))
-    return config, secret_keys, load_spec(config, stack=stack, secret_keys=set(secret_keys))
+    return config, secret_keys, load_spec(config, stack=stack, region=raw.get("aws:region"), secret_keys=set(secret_keys))
 
 
 def _kv_cache_dtype(spec) -> str | None:

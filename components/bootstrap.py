@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPTS = ROOT / "scripts" / "node"
 GATEWAY_SCRIPTS = ROOT / "scripts" / "gateway"
 SCRIPT_LIBRARY = ROOT / "scripts" / "lib" / "vllm-cluster-lib.sh"
+PYTHON_LIBRARY = ROOT / "scripts" / "lib" / "vllm_cluster_lib.py"
 
 # Where things live on the hosts. The scripts hold the same paths; tests check both agree.
 INSTALL_DIR = "/opt/vllm-cluster"
@@ -31,6 +32,8 @@ NODE_COMMAND = f"{BIN_DIR}/vllm-cluster-node"
 FIRST_BOOT_COMMAND = f"{BIN_DIR}/vllm-cluster-first-boot"
 GATEWAY_COMMAND = f"{BIN_DIR}/vllm-cluster-gateway"
 LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm-cluster-lib.sh"
+# Where the Python checks find their shared helpers: ../lib from BIN_DIR.
+PYTHON_LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm_cluster_lib.py"
 # All the gateway's login probe may do on a node: print this word (see
 # `vllm-cluster-gateway wait-login` and `vllm-cluster-node setup`).
 LOGIN_READY_WORD = "vllm-cluster-login-ready"
@@ -100,6 +103,28 @@ def _python_requirement(boot: NodeBoot) -> dict[str, str]:
     }
 
 
+def port_env() -> dict[str, str]:
+    """The ports of components/ports.py that the hosts use, by the names cluster.env
+    carries them under; the node's setup copies them into node.env, which the units
+    (EnvironmentFile=, ${PORT_...}) and the scripts read. No host file writes a port.
+    PORT_<name in ports.py>, not VLLM_PORT or RAY_...: vLLM and Ray read variables of
+    their own by such names (vLLM's VLLM_PORT is its internal port base, not the API's),
+    and vllm.service and Ray's units load node.env into their environment."""
+    return {
+        # vllm-cluster-node: the head's own probes of vLLM (start-vllm, watchdog, status-facts).
+        "PORT_VLLM_API": str(ports.VLLM_API),
+        # ray-head.service (--port), ray-worker.service (--address), wait-gcs, ray-cluster-check,
+        # preflight-check.
+        "PORT_RAY_GCS": str(ports.RAY_GCS),
+        # ray-head.service (--dashboard-port), preflight-check (the head's clock).
+        "PORT_RAY_DASHBOARD": str(ports.RAY_DASHBOARD),
+        # ray-head.service (--ray-client-server-port).
+        "PORT_RAY_CLIENT": str(ports.RAY_CLIENT),
+        # vllm-cluster-node readiness: a completion through the gateway, as clients send it.
+        "PORT_API_HTTPS": str(ports.API_HTTPS),
+    }
+
+
 def cluster_env(boot: NodeBoot) -> str:
     """/etc/vllm-cluster/cluster.env: what the stack decided for one node."""
     values = {
@@ -126,6 +151,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "LOGIN_USER": image.DEFAULT_USER,
         "LOGIN_PROBE_KEY": boot.login_probe_key.strip(),
         "LOGIN_READY_WORD": LOGIN_READY_WORD,
+        **port_env(),
     }
     return env_file(values, header="Written by the user data of vllm-cluster. Read by vllm-cluster-node.")
 
@@ -185,11 +211,15 @@ def _node_file(name: str, mode: str = "0755") -> str:
 def node_user_data(boot: NodeBoot) -> str:
     """The node's first-boot script, as EC2 hands it to cloud-init (run as root, once,
     in cloud-init's final stage: on Ubuntu after multi-user.target, so after
-    /run/nologin is gone). It writes cluster.env and vllm-cluster-first-boot and runs
-    it, which authorizes the gateway's login probe; everything else arrives with the
-    stack's setup command (node_setup_script). Small on purpose: EC2 takes 16 KiB.
-    No secret is in here."""
-    files = [_file(CLUSTER_ENV, cluster_env(boot), "0600"), _node_file("vllm-cluster-first-boot")]
+    /run/nologin is gone). It writes cluster.env, the script library and
+    vllm-cluster-first-boot and runs it, which authorizes the gateway's login probe;
+    everything else arrives with the stack's setup command (node_setup_script). Small
+    on purpose: EC2 takes 16 KiB. No secret is in here."""
+    files = [
+        _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
+        _file(CLUSTER_ENV, cluster_env(boot), "0600"),
+        _node_file("vllm-cluster-first-boot"),
+    ]
     return _script("GPU node first boot", files, FIRST_BOOT_COMMAND)
 
 
@@ -201,6 +231,7 @@ def node_setup_script(boot: NodeBoot) -> str:
     root-only files."""
     files = [
         _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
+        _file(PYTHON_LIBRARY_PATH, _read(PYTHON_LIBRARY), "0644"),
         *(_node_file(name) for name in ("vllm-cluster-first-boot", "vllm-cluster-node", "ray-cluster-check",
                                          "preflight-check", "vllm-watchdog-check")),
         *(_file(f"/etc/systemd/system/{unit}", _read(NODE_SCRIPTS / "units" / unit), "0644") for unit in NODE_UNITS),

@@ -14,6 +14,7 @@ import pulumi_tls as tls
 
 from components.bootstrap import certificate_fingerprint
 from components.spec import UserCertificate
+from components.tagging import renamed_from
 
 # Two years; `pulumi up` after expiry (or earlier, see early_renewal) issues a new one.
 VALIDITY_HOURS = 2 * 365 * 24
@@ -37,8 +38,6 @@ class GatewayCertificate(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GatewayCertificateArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:GatewayCertificate", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-
         if args.user_certificate is not None:
             self.self_signed = False
             self.certificate_pem = pulumi.Output.from_input(args.user_certificate.certificate_pem)
@@ -47,20 +46,33 @@ class GatewayCertificate(pulumi.ComponentResource):
         else:
             self.self_signed = True
             # ECDSA P-256: fast handshakes, accepted by every TLS client in use.
-            key = tls.PrivateKey(f"{name}-tls", algorithm="ECDSA", ecdsa_curve="P256", opts=child)
+            key = tls.PrivateKey(
+                f"{name}-gateway-tls-key",
+                algorithm="ECDSA",
+                ecdsa_curve="P256",
+                opts=renamed_from(f"{name}-tls", parent=self),
+            )
             certificate = tls.SelfSignedCert(
-                f"{name}-tls",
+                f"{name}-gateway-tls-certificate",
                 private_key_pem=key.private_key_pem,
                 subject={"common_name": "vllm-cluster gateway", "organization": "vllm-cluster"},
                 ip_addresses=[args.public_ip],
                 validity_period_hours=VALIDITY_HOURS,
                 early_renewal_hours=EARLY_RENEWAL_HOURS,
                 allowed_uses=["digital_signature", "key_encipherment", "server_auth"],
-                opts=child,
+                opts=renamed_from(f"{name}-tls", parent=self),
             )
             self.certificate_pem = certificate.cert_pem
             self.private_key_pem = pulumi.Output.secret(key.private_key_pem)
             self.hostname = pulumi.Output.from_input(args.public_ip)
 
         self.fingerprint = self.certificate_pem.apply(certificate_fingerprint)
-        self.register_outputs({"fingerprint": self.fingerprint, "hostname": self.hostname})
+        self.register_outputs(
+            {
+                "certificatePem": self.certificate_pem,
+                "privateKeyPem": self.private_key_pem,  # secret here too
+                "fingerprint": self.fingerprint,
+                "hostname": self.hostname,
+                "selfSigned": self.self_signed,
+            }
+        )

@@ -6,6 +6,9 @@ The launch template carries what every node shares: the Deep Learning Base AMI
 only, an encrypted gp3 root volume, and the network interfaces laid out per
 network card for EFA (components/topology.py). Security groups are set on each
 interface: launch templates with interfaces reject top-level groups.
+
+Each node's user data is its first-boot script (bootstrap.node_user_data), rendered
+from NodeBootArgs; ClusterServices renders the setup script from the same value.
 """
 
 from __future__ import annotations
@@ -14,31 +17,89 @@ import base64
 import gzip
 import json
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Sequence
 
 import pulumi
 import pulumi_aws as aws
 
-from components import image
-from components.spec import ClusterSpec
-from components.tagging import tags
-from components.topology import interface_layout, node_name, node_role
+from components import bootstrap, image
+from components.tagging import renamed_from, tags
+from components.topology import InterfaceSlot, node_name, node_role
 
 
-# Called with (node index, the head's private IP or None for the head) and returns
-# the node's user data. The node bootstrap plugs in here.
-UserDataFor = Callable[[int, Optional[pulumi.Output]], Optional[pulumi.Input[str]]]
+@dataclass
+class NodeBootArgs:
+    """What every GPU node is told at first boot (its user data) and again by its setup
+    command: bootstrap.NodeBoot without the node's index and the head's IP, which
+    node_boot adds per node. Plain values only; no secret goes to a node this way."""
+
+    # The private subnet: a node finds its primary interface as the one with an address in it.
+    subnet_cidr: pulumi.Input[str]
+    gpus: int
+    efa: bool
+    file_system_id: pulumi.Input[str]
+    access_point_id: pulumi.Input[str]
+    file_system_dns: pulumi.Input[str]
+    ray_version: str
+    vllm_version: str
+    # The gateway's login probe (OpenSSH public key), which the node authorizes to print one word.
+    login_probe_key: pulumi.Input[str]
+
+
+def node_boot(boot: NodeBootArgs, index: int, head_ip: pulumi.Input[str] | None) -> pulumi.Output[bootstrap.NodeBoot]:
+    """Node `index`'s NodeBoot. The head gets no head IP (it learns its own at boot);
+    a worker gets the head's private IP."""
+    return pulumi.Output.all(
+        head_ip if head_ip is not None else "",
+        boot.subnet_cidr,
+        boot.file_system_id,
+        boot.access_point_id,
+        boot.file_system_dns,
+        boot.login_probe_key,
+    ).apply(
+        lambda values: bootstrap.NodeBoot(
+            index=index,
+            head_ip=values[0],
+            subnet_cidr=values[1],
+            gpus=boot.gpus,
+            efa=boot.efa,
+            file_system_id=values[2],
+            access_point_id=values[3],
+            file_system_dns=values[4],
+            ray_version=boot.ray_version,
+            vllm_version=boot.vllm_version,
+            login_probe_key=values[5],
+        )
+    )
 
 
 @dataclass
 class GpuNodesArgs:
-    spec: ClusterSpec
+    """Plain values and Inputs, no spec and no callback: Pulumi's component guidance
+    asks for flat args of Input types and no functions
+    (https://www.pulumi.com/docs/iac/guides/building-extending/components/build-a-component/),
+    and it keeps what decides the node count and layout visible at the call site."""
+
+    instance_type: str
+    node_count: int  # the head plus node_count - 1 workers
+    # Every node's network interfaces, per network card (topology.interface_layout).
+    interfaces: Sequence[InterfaceSlot]
+    # The configured AMI, or None for the newest Deep Learning Base AMI.
+    ami_id: str | None
+    root_volume_gib: int
+    capacity_reservation_id: str | None
+    # capacity_reservation_id is a Capacity Block for ML.
+    capacity_block: bool
+    # An existing cluster placement group to launch into (placementGroupName), or None.
+    placement_group_name: str | None
+    # Whether the stack makes its own cluster placement group (several nodes or EFA, none named).
+    create_placement_group: bool
     subnet_id: pulumi.Input[str]
     cluster_group_id: pulumi.Input[str]
     nodes_group_id: pulumi.Input[str]
     key_pair_name: pulumi.Input[str]
     model_cache_arn: pulumi.Input[str]
-    user_data_for: UserDataFor | None = None
+    boot: NodeBootArgs
     # Resources a node needs in place when it boots (routes, security group rules,
     # the EFS mount target): EC2 would otherwise start it before they exist.
     boot_after: Sequence[pulumi.Resource] = ()
@@ -99,26 +160,92 @@ class GpuNodes(pulumi.ComponentResource):
     workers: list[aws.ec2.Instance]
     head_private_ip: pulumi.Output[str]
     worker_private_ips: pulumi.Output[list]
+    launch_template_id: pulumi.Output[str]
+    # The group the nodes launch into: the configured one, ours, or None for no group.
+    placement_group_name: pulumi.Input[str] | None
 
     def __init__(self, name: str, args: GpuNodesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:GpuNodes", name, None, opts)
-        spec = args.spec
-        child = pulumi.ResourceOptions(parent=self)
+        self.placement_group_name = self._placement_group(name, args)
+        profile = self._instance_profile(name, args.model_cache_arn)
+        template = self._launch_template(name, args, profile)
 
-        # An existing group by name (a reservation made in a cluster placement group serves
-        # only instances launched into that group), or one of our own when needed.
-        placement_group_name = spec.placement_group_name
-        if spec.creates_placement_group:
-            # "cluster": all nodes on one low-latency network spine in one zone, which EFA requires.
-            placement_group_name = aws.ec2.PlacementGroup(
-                f"{name}-placement", strategy="cluster", tags=tags(f"{name}-placement"), opts=child
-            ).name
+        if args.capacity_reservation_id is not None:
+            pulumi.log.warn(replacement_notice(args.capacity_reservation_id), resource=self)
+        self.head = self._node(name, 0, template, args, None)
+        head_ip = self.head.private_ip
+        self.workers = [self._node(name, index, template, args, head_ip) for index in range(1, args.node_count)]
 
-        profile = self._instance_profile(name, args.model_cache_arn, child)
-        image = node_image(spec.ami_id, pulumi.InvokeOptions(parent=self))
+        self.head_private_ip = head_ip
+        self.worker_private_ips = pulumi.Output.all(*[w.private_ip for w in self.workers])
+        self.launch_template_id = template.id
+        self.register_outputs(
+            {
+                "headPrivateIp": self.head_private_ip,
+                "workerPrivateIps": self.worker_private_ips,
+                "launchTemplateId": self.launch_template_id,
+                "placementGroupName": self.placement_group_name,
+            }
+        )
 
+    def _placement_group(self, name: str, args: GpuNodesArgs) -> pulumi.Input[str] | None:
+        """An existing group by name (a reservation made in a cluster placement group serves
+        only instances launched into that group), or one of our own when needed."""
+        if not args.create_placement_group:
+            return args.placement_group_name
+        # "cluster": all nodes on one low-latency network spine in one zone, which EFA requires.
+        group = aws.ec2.PlacementGroup(
+            f"{name}-node-placement-group",
+            strategy="cluster",
+            tags=tags(f"{name}-node-placement-group"),
+            opts=renamed_from(f"{name}-placement", parent=self),
+        )
+        return group.name
+
+    def _instance_profile(self, name: str, model_cache_arn: pulumi.Input[str]) -> aws.iam.InstanceProfile:
+        role = aws.iam.Role(
+            f"{name}-node-role",
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "ec2.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+            description="vllm-cluster GPU nodes: SSM Session Manager and the model cache, nothing else",
+            tags=tags(f"{name}-node-role"),
+            opts=renamed_from(f"{name}-role", parent=self),
+        )
+        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
+        # SSM core: Session Manager as a second way in when SSH is unreachable.
+        aws.iam.RolePolicyAttachment(
+            f"{name}-node-role-ssm",
+            role=role.name,
+            policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/AmazonSSMManagedInstanceCore"),
+            opts=renamed_from(f"{name}-ssm", parent=self),
+        )
+        aws.iam.RolePolicy(
+            f"{name}-node-role-model-cache",
+            role=role.id,
+            policy=pulumi.Output.from_input(model_cache_arn).apply(efs_client_policy),
+            opts=renamed_from(f"{name}-model-cache", parent=self),
+        )
+        return aws.iam.InstanceProfile(
+            f"{name}-node-instance-profile",
+            role=role.name,
+            tags=tags(f"{name}-node-instance-profile"),
+            opts=renamed_from(f"{name}-profile", parent=self),
+        )
+
+    @staticmethod
+    def _interfaces(args: GpuNodesArgs) -> list[dict]:
         interfaces = []
-        for slot in interface_layout(spec.instance, spec.efa):
+        for slot in args.interfaces:
             interface = {
                 "device_index": slot.device_index,
                 "network_card_index": slot.network_card_index,
@@ -134,11 +261,19 @@ class GpuNodes(pulumi.ComponentResource):
             if slot.is_primary:
                 interface["associate_public_ip_address"] = "false"
             interfaces.append(interface)
+        return interfaces
 
-        template = aws.ec2.LaunchTemplate(
+    def _launch_template(
+        self, name: str, args: GpuNodesArgs, profile: aws.iam.InstanceProfile
+    ) -> aws.ec2.LaunchTemplate:
+        """What every node shares. Its name and every tag in it stay as first deployed:
+        any change to the template's contents makes a new version, which replaces every
+        GPU node."""
+        node_ami = node_image(args.ami_id, pulumi.InvokeOptions(parent=self))
+        return aws.ec2.LaunchTemplate(
             f"{name}-template",
-            image_id=image.id,
-            instance_type=spec.instance_type,
+            image_id=node_ami.id,
+            instance_type=args.instance_type,
             key_name=args.key_pair_name,
             iam_instance_profile={"arn": profile.arn},
             metadata_options={
@@ -149,21 +284,21 @@ class GpuNodes(pulumi.ComponentResource):
             },
             block_device_mappings=[
                 {
-                    "device_name": image.root_device_name,
+                    "device_name": node_ami.root_device_name,
                     "ebs": {
                         "volume_type": "gp3",
-                        "volume_size": spec.root_volume_gib,
+                        "volume_size": args.root_volume_gib,
                         "encrypted": "true",
                         "delete_on_termination": "true",
                     },
                 }
             ],
-            network_interfaces=interfaces,
-            placement={"group_name": placement_group_name} if placement_group_name is not None else None,
+            network_interfaces=self._interfaces(args),
+            placement={"group_name": self.placement_group_name} if self.placement_group_name is not None else None,
             # GPU capacity (p5 above all) usually comes from a reservation or a Capacity Block.
             capacity_reservation_specification=(
-                {"capacity_reservation_target": {"capacity_reservation_id": spec.capacity_reservation_id}}
-                if spec.capacity_reservation_id is not None
+                {"capacity_reservation_target": {"capacity_reservation_id": args.capacity_reservation_id}}
+                if args.capacity_reservation_id is not None
                 else None
             ),
             tag_specifications=[
@@ -173,75 +308,22 @@ class GpuNodes(pulumi.ComponentResource):
             tags=tags(f"{name}-template"),
             # A newer Deep Learning AMI must not replace running GPU nodes on an unrelated
             # `pulumi up`: the looked-up image is kept until the user pins amiId.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if spec.ami_id is None else None),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if args.ami_id is None else None),
         )
 
-        if spec.capacity_reservation_id is not None:
-            pulumi.log.warn(replacement_notice(spec.capacity_reservation_id), resource=self)
-        self.head = self._node(name, 0, template, args, None)
-        head_ip = self.head.private_ip
-        self.workers = [self._node(name, index, template, args, head_ip) for index in range(1, spec.nodes)]
-
-        self.head_private_ip = head_ip
-        self.worker_private_ips = pulumi.Output.all(*[w.private_ip for w in self.workers])
-        self.launch_template_id = template.id
-        self.placement_group_name = placement_group_name
-        self.register_outputs(
-            {
-                "headPrivateIp": self.head_private_ip,
-                "workerPrivateIps": self.worker_private_ips,
-                "launchTemplateId": template.id,
-            }
-        )
-
-    def _instance_profile(self, name: str, model_cache_arn, child) -> aws.iam.InstanceProfile:
-        role = aws.iam.Role(
-            f"{name}-role",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "ec2.amazonaws.com"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
-            description="vllm-cluster GPU nodes: SSM Session Manager and the model cache, nothing else",
-            tags=tags(f"{name}-role"),
-            opts=child,
-        )
-        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
-        # SSM core: Session Manager as a second way in when SSH is unreachable.
-        aws.iam.RolePolicyAttachment(
-            f"{name}-ssm",
-            role=role.name,
-            policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/AmazonSSMManagedInstanceCore"),
-            opts=child,
-        )
-        aws.iam.RolePolicy(
-            f"{name}-model-cache",
-            role=role.id,
-            policy=pulumi.Output.from_input(model_cache_arn).apply(efs_client_policy),
-            opts=child,
-        )
-        return aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags(f"{name}-profile"), opts=child)
-
-    def _node(self, name: str, index: int, template, args: GpuNodesArgs, head_ip) -> aws.ec2.Instance:
+    def _node(
+        self, name: str, index: int, template: aws.ec2.LaunchTemplate, args: GpuNodesArgs, head_ip
+    ) -> aws.ec2.Instance:
         role = node_role(index)
-        user_data = args.user_data_for(index, head_ip) if args.user_data_for is not None else None
+        user_data = node_boot(args.boot, index, head_ip).apply(bootstrap.node_user_data)
         return aws.ec2.Instance(
             f"{name}-{node_name(index)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             # Gzipped: the script and units exceed EC2's 16 KiB user data limit as text;
             # cloud-init unpacks gzip by itself.
-            user_data_base64=(
-                pulumi.Output.from_input(user_data).apply(compress_user_data) if user_data is not None else None
-            ),
+            user_data_base64=user_data.apply(compress_user_data),
             # A Capacity Block is only usable with this market type.
-            instance_market_options={"market_type": "capacity-block"} if args.spec.capacity_block else None,
+            instance_market_options={"market_type": "capacity-block"} if args.capacity_block else None,
             tags=tags(
                 f"{name}-{node_name(index)}",
                 **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
@@ -256,6 +338,6 @@ class GpuNodes(pulumi.ComponentResource):
                 parent=self,
                 depends_on=list(args.boot_after),
                 ignore_changes=["userDataBase64"],
-                delete_before_replace=args.spec.capacity_reservation_id is not None,
+                delete_before_replace=args.capacity_reservation_id is not None,
             ),
         )

@@ -1,11 +1,21 @@
-"""Credentials generated in the stack: the SSH key pair that the gateway and the
-GPU nodes trust, the API key clients present to the gateway, the token Ray's
-nodes and clients authenticate with, and the gateway's login probe: a key the
-nodes authorize only to print one word, so the gateway can tell when a booting
-node accepts logins without ever holding the stack's SSH key.
+"""The cluster's credentials, made in the stack (the API key is taken from config
+when the stack sets apiKey):
 
-Both live only in Pulumi state, where they are secrets (encrypted by the stack's
-secrets provider), and leave it only as secret outputs.
+- ssh: an Ed25519 key. Its public half is the EC2 key pair the gateway and the GPU
+  nodes launch with; the stack's remote commands log in with the private half, which
+  is also exported (sshPrivateKey) for admins.
+- API key: the stack's apiKey, or 48 random letters and digits. vLLM on the head
+  checks it (VLLM_API_KEY) as the clients' Bearer token; only the head receives it.
+- Ray token: 48 random letters and digits that every Ray node and client presents
+  (Ray's token authentication); every node receives it.
+- login probe: an Ed25519 key whose public half the nodes authorize only to print
+  one word (user data, vllm-cluster-first-boot); the gateway holds the private half,
+  so it can tell when a booting node accepts logins without the stack's SSH key.
+
+The private values are kept in Pulumi state (a configured apiKey in the stack's
+config too), encrypted by the stack's secrets provider. The SSH key, the API key and
+the Ray token leave it as secret stack outputs; every private value reaches its host
+only on the secret stdin of a remote command (components/services.py).
 """
 
 from __future__ import annotations
@@ -69,4 +79,14 @@ class Credentials(pulumi.ComponentResource):
         self.login_probe_private_key = pulumi.Output.secret(probe.private_key_openssh)
         self.login_probe_public_key = probe.public_key_openssh
 
-        self.register_outputs({"keyPairName": self.key_pair_name})
+        # The secrets stay secret in the component's registered outputs too.
+        self.register_outputs(
+            {
+                "sshPrivateKey": self.ssh_private_key,
+                "keyPairName": self.key_pair_name,
+                "apiKey": self.api_key,
+                "rayToken": self.ray_token,
+                "loginProbePrivateKey": self.login_probe_private_key,
+                "loginProbePublicKey": self.login_probe_public_key,
+            }
+        )

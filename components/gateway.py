@@ -1,7 +1,7 @@
 """The gateway: a small instance in the public subnet with an Elastic IP, the one
 host reachable from outside. It terminates TLS for the API and the dashboard and
-is the SSH jump host to the GPU nodes (the proxy itself is set up by the node
-bootstrap)."""
+is the SSH jump host to the GPU nodes. Its user data installs nginx and the gateway
+command; the certificate and the proxy site come from ClusterServices' commands."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.tagging import tags
+from components.tagging import renamed_from, tags
 
 CANONICAL_OWNER = "099720109477"
 UBUNTU_NAME_PATTERN = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-{arch}-server-*"
@@ -42,10 +42,11 @@ class Gateway(pulumi.ComponentResource):
     public_ip: pulumi.Output[str]
     private_ip: pulumi.Output[str]
     instance_id: pulumi.Output[str]
+    # Remote commands wait for both: the host, and the address they reach it by.
+    resources: list[pulumi.Resource]
 
     def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Gateway", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
 
         image = aws.ec2.get_ami_output(
             most_recent=True,
@@ -57,7 +58,7 @@ class Gateway(pulumi.ComponentResource):
             opts=pulumi.InvokeOptions(parent=self),
         )
         instance = aws.ec2.Instance(
-            f"{name}-host",
+            f"{name}-gateway-host",
             ami=image.id,
             instance_type=args.instance_type,
             subnet_id=args.subnet_id,
@@ -69,21 +70,26 @@ class Gateway(pulumi.ComponentResource):
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
             root_block_device={"volume_type": "gp3", "volume_size": GATEWAY_ROOT_GIB, "encrypted": True},
             user_data=args.user_data,
-            tags=tags(f"{name}-host", **{"vllm-cluster:role": "gateway"}),
+            tags=tags(f"{name}-gateway-host", **{"vllm-cluster:role": "gateway"}),
             # A newer Ubuntu image must not replace the gateway (and its TLS setup) on an
             # unrelated `pulumi up`; security updates come from unattended-upgrades.
             # Changed user data reaches the running gateway through its setup command.
-            opts=pulumi.ResourceOptions(
-                parent=self, ignore_changes=["ami", "userData"], depends_on=list(args.boot_after)
+            opts=renamed_from(
+                f"{name}-host", parent=self, ignore_changes=["ami", "userData"], depends_on=list(args.boot_after)
             ),
         )
         address = aws.ec2.Eip(
-            f"{name}-ip", domain="vpc", instance=instance.id, tags=tags(f"{name}-ip"), opts=child
+            f"{name}-gateway-ip",
+            domain="vpc",
+            instance=instance.id,
+            tags=tags(f"{name}-gateway-ip"),
+            opts=renamed_from(f"{name}-ip", parent=self),
         )
 
         self.public_ip = address.public_ip
         self.private_ip = instance.private_ip
         self.instance_id = instance.id
-        # Remote commands wait for both: the host, and the address they reach it by.
         self.resources = [instance, address]
-        self.register_outputs({"publicIp": address.public_ip, "privateIp": instance.private_ip})
+        self.register_outputs(
+            {"publicIp": self.public_ip, "privateIp": self.private_ip, "instanceId": self.instance_id}
+        )

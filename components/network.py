@@ -14,7 +14,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.spec import ExistingNetwork
-from components.tagging import tags
+from components.tagging import renamed_from, tags
 from components.topology import plan_subnets
 
 
@@ -49,6 +49,8 @@ class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     public_subnet_id: pulumi.Output[str]
     private_subnet_id: pulumi.Output[str]
+    # The nodes find their primary interface as the one with an address in here.
+    private_subnet_cidr: pulumi.Output[str]
     availability_zone: pulumi.Output[str]
     # What must exist before an instance boots and reaches the internet: routes and
     # their associations. Instances wait for these so cloud-init's downloads work.
@@ -56,18 +58,17 @@ class Network(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Network", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-
         if args.existing is not None:
             self._use_existing(args.existing)
         else:
-            self._create(name, args, child)
+            self._create(name, args)
 
         self.register_outputs(
             {
                 "vpcId": self.vpc_id,
                 "publicSubnetId": self.public_subnet_id,
                 "privateSubnetId": self.private_subnet_id,
+                "privateSubnetCidr": self.private_subnet_cidr,
                 "availabilityZone": self.availability_zone,
             }
         )
@@ -82,7 +83,7 @@ class Network(pulumi.ComponentResource):
         self.private_subnet_cidr = private.cidr_block
         self.availability_zone = private.availability_zone
 
-    def _create(self, name: str, args: NetworkArgs, child: pulumi.ResourceOptions) -> None:
+    def _create(self, name: str, args: NetworkArgs) -> None:
         subnets = plan_subnets(args.vpc_cidr)
         zone = args.availability_zone or _first_zone_offering(args.instance_type)
 
@@ -93,60 +94,72 @@ class Network(pulumi.ComponentResource):
             enable_dns_support=True,
             enable_dns_hostnames=True,
             tags=tags(f"{name}-vpc"),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
-        public = aws.ec2.Subnet(
-            f"{name}-public",
+        public = self._subnet(name, "public", vpc, subnets.public, zone)
+        private = self._subnet(name, "private", vpc, subnets.private, zone)
+        internet_gateway = aws.ec2.InternetGateway(
+            f"{name}-internet-gateway",
             vpc_id=vpc.id,
-            cidr_block=subnets.public,
-            availability_zone=zone,
-            # Nothing gets a public IP by accident: the gateway asks for one explicitly.
-            map_public_ip_on_launch=False,
-            tags=tags(f"{name}-public", **{"vllm-cluster:tier": "public"}),
-            opts=child,
+            tags=tags(f"{name}-internet-gateway"),
+            opts=renamed_from(f"{name}-igw", parent=self),
         )
-        private = aws.ec2.Subnet(
-            f"{name}-private",
-            vpc_id=vpc.id,
-            cidr_block=subnets.private,
-            availability_zone=zone,
-            map_public_ip_on_launch=False,
-            tags=tags(f"{name}-private", **{"vllm-cluster:tier": "private"}),
-            opts=child,
+        nat_ip = aws.ec2.Eip(
+            f"{name}-nat-ip", domain="vpc", tags=tags(f"{name}-nat-ip"), opts=pulumi.ResourceOptions(parent=self)
         )
-        igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tags(f"{name}-igw"), opts=child)
-        nat_ip = aws.ec2.Eip(f"{name}-nat-ip", domain="vpc", tags=tags(f"{name}-nat-ip"), opts=child)
         # The GPU nodes have no public IP; they reach the package index and Hugging
         # Face through this NAT gateway, which needs the internet gateway first.
-        nat = aws.ec2.NatGateway(
-            f"{name}-nat",
+        nat_gateway = aws.ec2.NatGateway(
+            f"{name}-nat-gateway",
             allocation_id=nat_ip.allocation_id,
             subnet_id=public.id,
-            tags=tags(f"{name}-nat"),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
+            tags=tags(f"{name}-nat-gateway"),
+            opts=renamed_from(f"{name}-nat", parent=self, depends_on=[internet_gateway]),
         )
 
         self.ready = [
-            *self._default_route(name, "public", vpc, public, child, gateway_id=igw.id),
-            *self._default_route(name, "private", vpc, private, child, nat_gateway_id=nat.id),
+            *self._default_route(name, "public", vpc, public, gateway_id=internet_gateway.id),
+            *self._default_route(name, "private", vpc, private, nat_gateway_id=nat_gateway.id),
         ]
 
         self.vpc_id = vpc.id
         self.public_subnet_id = public.id
         self.private_subnet_id = private.id
-        # The nodes find their primary interface as the one with an address in here.
         self.private_subnet_cidr = pulumi.Output.from_input(subnets.private)
         self.availability_zone = public.availability_zone
 
-    @staticmethod
-    def _default_route(name: str, tier: str, vpc, subnet, child, **target) -> list[pulumi.Resource]:
+    def _subnet(self, name: str, tier: str, vpc: aws.ec2.Vpc, cidr: str, zone: pulumi.Input[str]) -> aws.ec2.Subnet:
+        return aws.ec2.Subnet(
+            f"{name}-{tier}-subnet",
+            vpc_id=vpc.id,
+            cidr_block=cidr,
+            availability_zone=zone,
+            # Nothing gets a public IP by accident: the gateway asks for one explicitly.
+            map_public_ip_on_launch=False,
+            tags=tags(f"{name}-{tier}-subnet", **{"vllm-cluster:tier": tier}),
+            opts=renamed_from(f"{name}-{tier}", parent=self),
+        )
+
+    def _default_route(self, name: str, tier: str, vpc, subnet, **target) -> list[pulumi.Resource]:
         """A route table for one subnet whose default route goes to `target`
         (the internet gateway for the public tier, the NAT gateway for the private one)."""
-        table = aws.ec2.RouteTable(f"{name}-{tier}", vpc_id=vpc.id, tags=tags(f"{name}-{tier}"), opts=child)
+        table = aws.ec2.RouteTable(
+            f"{name}-{tier}-route-table",
+            vpc_id=vpc.id,
+            tags=tags(f"{name}-{tier}-route-table"),
+            opts=renamed_from(f"{name}-{tier}", parent=self),
+        )
         route = aws.ec2.Route(
-            f"{name}-{tier}-default", route_table_id=table.id, destination_cidr_block="0.0.0.0/0", **target, opts=child
+            f"{name}-{tier}-default-route",
+            route_table_id=table.id,
+            destination_cidr_block="0.0.0.0/0",
+            **target,
+            opts=renamed_from(f"{name}-{tier}-default", parent=self),
         )
         association = aws.ec2.RouteTableAssociation(
-            f"{name}-{tier}", subnet_id=subnet.id, route_table_id=table.id, opts=child
+            f"{name}-{tier}-route-table-association",
+            subnet_id=subnet.id,
+            route_table_id=table.id,
+            opts=renamed_from(f"{name}-{tier}", parent=self),
         )
         return [route, association]

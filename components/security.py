@@ -22,7 +22,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import ports
-from components.tagging import tags
+from components.tagging import renamed_from, tags
 
 ALL_TRAFFIC = "-1"
 ALL_PORTS = None
@@ -49,20 +49,39 @@ class SecurityGroups(pulumi.ComponentResource):
     nodes_group_id: pulumi.Output[str]
     cluster_group_id: pulumi.Output[str]
     efs_group_id: pulumi.Output[str]
+    # Every rule; instances wait for them, since a group without its rules has no egress.
+    rules: list[pulumi.Resource]
 
     def __init__(self, name: str, args: SecurityArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:SecurityGroups", name, None, opts)
         self._name = name
         self._child = pulumi.ResourceOptions(parent=self)
-        # Every rule; instances wait for them, since a group without its rules has no egress.
-        self.rules: list[pulumi.Resource] = []
+        self.rules = []
 
         gateway = self._group("gateway", args.vpc_id, "vllm-cluster gateway: TLS API for clients, SSH and dashboard for admins")
         nodes = self._group("nodes", args.vpc_id, "vllm-cluster GPU nodes: reachable from the gateway only")
         cluster = self._group("cluster", args.vpc_id, "vllm-cluster GPU nodes among themselves: EFA, Ray, NCCL")
         efs = self._group("efs", args.vpc_id, "vllm-cluster model cache (EFS mount target)")
+        self._gateway_rules(gateway, nodes, args)
+        self._nodes_rules(nodes, gateway, efs)
+        self._cluster_rules(cluster)
+        self._efs_rules(efs, cluster)
 
-        # --- gateway: the only group with rules that name outside addresses ---------
+        self.gateway_group_id = gateway.id
+        self.nodes_group_id = nodes.id
+        self.cluster_group_id = cluster.id
+        self.efs_group_id = efs.id
+        self.register_outputs(
+            {
+                "gatewayGroupId": self.gateway_group_id,
+                "nodesGroupId": self.nodes_group_id,
+                "clusterGroupId": self.cluster_group_id,
+                "efsGroupId": self.efs_group_id,
+            }
+        )
+
+    def _gateway_rules(self, gateway, nodes, args: SecurityArgs) -> None:
+        """The only group with rules that name outside addresses."""
         for cidr in args.api_allowed_cidrs:
             self._ingress(f"gateway-api-{_slug(cidr)}", gateway, ports.API_HTTPS, cidr=cidr,
                           why=f"OpenAI-compatible API over TLS for allowed clients {cidr} (apiAllowedCidrs)")
@@ -84,7 +103,8 @@ class SecurityGroups(pulumi.ComponentResource):
         self._egress("gateway-http-out", gateway, 80, cidr="0.0.0.0/0",
                      why="Ubuntu package mirrors over HTTP (apt checks signatures)")
 
-        # --- nodes: the gateway in, the internet out through the NAT ---------------
+    def _nodes_rules(self, nodes, gateway, efs) -> None:
+        """The gateway in, the internet out through the NAT."""
         self._ingress("nodes-vllm-from-gateway", nodes, ports.VLLM_API, group=gateway,
                       why="vLLM API, proxied by the gateway only")
         self._ingress("nodes-dashboard-from-gateway", nodes, ports.RAY_DASHBOARD, group=gateway,
@@ -98,37 +118,27 @@ class SecurityGroups(pulumi.ComponentResource):
         self._egress("nodes-nfs-out", nodes, ports.NFS, group=efs,
                      why="Mount the EFS model cache (NFS over TLS)")
 
-        # --- cluster: the EFA rule, both directions, to and from itself -------------
+    def _cluster_rules(self, cluster) -> None:
+        """The EFA rule, both directions, to and from itself."""
         self._ingress("cluster-self-in", cluster, ALL_PORTS, group=cluster,
                       why="EFA requires all traffic from this group itself; Ray and NCCL use random ports between nodes")
         self._egress("cluster-self-out", cluster, ALL_PORTS, group=cluster,
                      why="EFA requires all traffic to this group itself; Ray and NCCL use random ports between nodes")
 
-        # --- efs: NFS from the cluster only -----------------------------------------
+    def _efs_rules(self, efs, cluster) -> None:
+        """NFS from the cluster only."""
         self._ingress("efs-nfs-from-cluster", efs, ports.NFS, group=cluster,
                       why="NFS to the model cache, from the GPU nodes only")
 
-        self.gateway_group_id = gateway.id
-        self.nodes_group_id = nodes.id
-        self.cluster_group_id = cluster.id
-        self.efs_group_id = efs.id
-        self.register_outputs(
-            {
-                "gatewayGroupId": gateway.id,
-                "nodesGroupId": nodes.id,
-                "clusterGroupId": cluster.id,
-                "efsGroupId": efs.id,
-            }
-        )
-
     def _group(self, role: str, vpc_id: pulumi.Input[str], description: str) -> aws.ec2.SecurityGroup:
         # No inline rules: the provider then also removes AWS's default allow-all egress.
+        # The description is fixed at creation: changing it replaces the group.
         return aws.ec2.SecurityGroup(
-            f"{self._name}-{role}",
+            f"{self._name}-{role}-sg",
             vpc_id=vpc_id,
             description=description,
-            tags=tags(f"{self._name}-{role}"),
-            opts=self._child,
+            tags=tags(f"{self._name}-{role}-sg"),
+            opts=renamed_from(f"{self._name}-{role}", parent=self),
         )
 
     def _ingress(self, rule: str, target, port: int | None, why: str, cidr: str | None = None, group=None) -> None:

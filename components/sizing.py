@@ -46,6 +46,38 @@ ENGINE_START_SECONDS_PER_B = 2.5  # compile and CUDA graphs grow with size: 70B 
 ENGINE_READY_TIMEOUT_FLOOR_SECONDS = 600
 ENGINE_READY_TIMEOUT_FACTOR = 3
 
+# Every spelling of a weight type that `plan --dtype` and the stack's vllmExtraArgs accept,
+# and the canonical name it stands for (a key of models.DTYPE_BYTES, or auto: the model's
+# own type). vLLM's spellings are those of its --dtype; the short ones are the planner's.
+DTYPE_SPELLINGS = {
+    "auto": "auto",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    "fp8": "fp8", "int8": "int8", "int4": "int4",
+}
+# What `vllm serve --dtype` accepts (vllm.config.model.ModelDType, checked against vLLM's
+# API reference for vllm.config.model, 2026-12).
+VLLM_DTYPE_CHOICES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+# The spelling vLLM takes for each canonical type it can load weights as. fp8, int8 and int4
+# have none: quantized weights come from a quantized checkpoint or --quantization, never --dtype.
+VLLM_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def canonical_dtype(text: str, source: str) -> str:
+    """The canonical name of a dtype spelling, case and surrounding spaces aside:
+    'bfloat16' and 'BF16' -> 'bf16', 'half' -> 'fp16'. `source` names where the value came
+    from (a flag, a config key) for the error, which lists every accepted spelling."""
+    canonical = DTYPE_SPELLINGS.get(text.strip().lower()) if isinstance(text, str) else None
+    if canonical is None:
+        raise ValueError(f"{source} {text!r} is not a weight type; accepted: {', '.join(DTYPE_SPELLINGS)}")
+    return canonical
+
+
+def vllm_dtype(canonical: str) -> str | None:
+    """How vLLM's --dtype spells a canonical dtype; None for the quantized ones it does not take."""
+    return VLLM_DTYPES.get(canonical)
+
 
 @dataclass(frozen=True)
 class ModelSize:
@@ -69,12 +101,15 @@ class ModelSize:
         return self.dtype if self.dtype in ("bf16", "fp16", "fp32") else "bf16"
 
     @classmethod
-    def of(cls, info: ModelInfo | None, name: str, params_b: float | None = None, dtype: str | None = None) -> "ModelSize":
+    def of(cls, info: ModelInfo | None, name: str, params_b: float | None = None,
+           dtype: str | None = None) -> "ModelSize":
+        """`dtype` as --dtype gave it, in any accepted spelling; unset or auto: the table's
+        type for the model, else bf16."""
         if info is None and params_b is None:
             raise ValueError(f"{name} is not in the model table (components/models.py): give --params-b and --dtype")
-        chosen_dtype = dtype or (info.dtype if info else "bf16")
-        if chosen_dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype {chosen_dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        chosen_dtype = canonical_dtype(dtype, "--dtype") if dtype else "auto"
+        if chosen_dtype == "auto":
+            chosen_dtype = info.dtype if info else "bf16"
         if info is None or params_b is not None:
             # A size given by hand is another model than the table's: no architecture.
             return cls(name, float(params_b), chosen_dtype)
@@ -243,10 +278,13 @@ def time_to_first_token(model: ModelSize, nodes: int, params_b: float) -> list[T
     engine = engine_start_seconds(params_b)
     return [
         Term("instance boot", INSTANCE_BOOT_SECONDS, "launch to SSH on the Deep Learning AMI"),
-        Term("software install", SOFTWARE_INSTALL_SECONDS, "efs-utils and pip install of vLLM + Ray, nodes in parallel"),
-        Term("model download", download, f"{model.weight_bytes / GB:.1f} GB at EFS Elastic's {EFS_ELASTIC_CLIENT_MIB_S} MiB/s per client"),
+        Term("software install", SOFTWARE_INSTALL_SECONDS,
+             "efs-utils and pip install of vLLM + Ray, nodes in parallel"),
+        Term("model download", download,
+             f"{model.weight_bytes / GB:.1f} GB at EFS Elastic's {EFS_ELASTIC_CLIENT_MIB_S} MiB/s per client"),
         Term("model load", load, f"each node reads its 1/{nodes} at {EFS_ELASTIC_CLIENT_MIB_S} MiB/s"),
-        Term("engine start", engine, f"{ENGINE_START_BASE_SECONDS} s + {ENGINE_START_SECONDS_PER_B} s per billion parameters"),
+        Term("engine start", engine,
+             f"{ENGINE_START_BASE_SECONDS} s + {ENGINE_START_SECONDS_PER_B} s per billion parameters"),
     ]
 
 
@@ -267,7 +305,9 @@ def warnings_for(model: ModelSize, instance: InstanceType, tp: int, the_fit: Fit
     """The planner's own warnings; the spec's (several nodes without EFA) come with the spec."""
     warnings = []
     if tp > instance.gpus:
-        warnings.append(f"tensor parallelism {tp} spans nodes ({instance.gpus} GPUs each): TP traffic crosses the network")
+        warnings.append(
+            f"tensor parallelism {tp} spans nodes ({instance.gpus} GPUs each): TP traffic crosses the network"
+        )
     if model.weight_bytes > instance.gpus * instance.gpu_memory_gib * GIB:
         warnings.append(
             f"the weights ({model.weight_bytes / GB:.0f} GB) exceed one node's GPU memory "

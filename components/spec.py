@@ -5,42 +5,42 @@ component can trust, or raises SpecError listing every problem at once. Each
 problem names the config key, the value it had and what to do, so a bad config
 is fixed in one round and never reaches AWS.
 
-CONFIG_KEYS is the contract (namespace `vllm-cluster`). Pulumi.yaml and the
-README's config reference are checked against it by tests.
+The keys themselves, their types and defaults, are the contract in
+components/config_keys.py (namespace `vllm-cluster`).
 """
 
 from __future__ import annotations
 
-import difflib
+import datetime
 import ipaddress
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import catalog, versions
+from components import catalog, sizing, versions
 from components.catalog import InstanceType
 
-NAMESPACE = "vllm-cluster"
+# CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
+# program (__main__.py), cli/plan.py and components/bootstrap.py.
+from components.config_keys import (  # noqa: F401
+    CONFIG_KEYS,
+    DEFAULT_API_RATE_LIMIT_PER_SECOND,
+    DEFAULT_API_READ_TIMEOUT_SECONDS,
+    DEFAULT_VPC_CIDR,
+    KEYS_BY_NAME,
+    MAX_API_RATE_LIMIT_PER_SECOND,
+    MAX_API_READ_TIMEOUT_SECONDS,
+    NAMESPACE,
+    ConfigKey,
+    closest_key,
+    unknown_keys,
+)
 
-DEFAULT_VPC_CIDR = "10.42.0.0/16"
-DEFAULT_ROOT_VOLUME_GIB = 200
 # The Deep Learning Base AMI's own snapshot is about 100 GiB; the virtualenv with
 # vLLM and its CUDA wheels adds about 10 GiB more.
 MIN_ROOT_VOLUME_GIB = 150
 MAX_ROOT_VOLUME_GIB = 16384
-DEFAULT_GATEWAY_INSTANCE_TYPE = "t3.small"
-# The gateway's API limits. 600 s covers a non-streamed completion of a few thousand
-# tokens from a 70B model (say 8,000 tokens at 20 a second: 400 s) and frees the connection
-# of a hung request within ten minutes; longer generations should stream (each chunk resets
-# the timer). Above an hour a stuck request holds a connection for longer than any client
-# waits: stream instead.
-DEFAULT_API_READ_TIMEOUT_SECONDS = 600
-MAX_API_READ_TIMEOUT_SECONDS = 3600
-# Per client address: stops a runaway script, not a busy application. Every client behind
-# one NAT shares it; 0 turns it off (the API key still guards the routes).
-DEFAULT_API_RATE_LIMIT_PER_SECOND = 20
-MAX_API_RATE_LIMIT_PER_SECOND = 10000
 MIN_API_KEY_LENGTH = 32
 
 # Flags the program sets itself from dedicated keys; letting vllmExtraArgs set them
@@ -59,72 +59,6 @@ MANAGED_VLLM_FLAGS = {
     "--port": "(set by the program)",
     "--model": "model",
 }
-
-
-@dataclass(frozen=True)
-class ConfigKey:
-    """One config key as Pulumi.yaml declares it.
-
-    Pulumi makes every declared key without a default required, and refuses a
-    plaintext default on a key declared `secret: true`. So optional keys carry a
-    default that means "not set" (`auto`): "" for strings, 0 for numbers, "auto"
-    for efa; the program derives the real value. The two secrets (hfToken,
-    apiKey) are declared as plain optional strings, and the program itself
-    refuses them unless they were set with --secret.
-    """
-
-    name: str
-    type: str  # Pulumi.yaml config type: string, integer, boolean or array (of strings)
-    description: str
-    default: Any = None  # the Pulumi.yaml default; None for a required key
-    auto: bool = False  # the default means "derive it", as the description says
-    secret: bool = False  # must be set with `pulumi config set --secret`
-
-    @property
-    def required(self) -> bool:
-        return self.default is None
-
-
-CONFIG_KEYS: tuple[ConfigKey, ...] = (
-    ConfigKey("model", "string", "Hugging Face repo id of the model to serve, e.g. Qwen/Qwen2.5-1.5B-Instruct."),
-    ConfigKey("modelRevision", "string", "Branch, tag or commit of the model to stage and serve.", default="main"),
-    ConfigKey("hfEndpoint", "string", "Hugging Face Hub (or mirror) URL models are downloaded from. Empty: https://huggingface.co.", default="", auto=True),
-    ConfigKey("instanceType", "string", "GPU instance type for every node; one of the catalog's types."),
-    ConfigKey("nodes", "integer", "Number of GPU nodes: one head plus nodes - 1 workers.", default=1),
-    ConfigKey("tensorParallelSize", "integer", "Tensor-parallel size; stays inside one node. 0: the GPUs of one node.", default=0, auto=True),
-    ConfigKey("pipelineParallelSize", "integer", "Pipeline-parallel size; stages span nodes. 0: the number of nodes.", default=0, auto=True),
-    ConfigKey("efa", "string", "EFA interfaces: true, false, or auto (on when the type supports EFA and nodes > 1).", default="auto", auto=True),
-    ConfigKey("apiAllowedCidrs", "array", "CIDRs that may call the HTTPS API on the gateway."),
-    ConfigKey("adminCidrs", "array", "CIDRs that may SSH to the gateway and reach the Ray dashboard. Never 0.0.0.0/0."),
-    ConfigKey("allowPublicApi", "boolean", "Must be true to put 0.0.0.0/0 or ::/0 in apiAllowedCidrs.", default=False),
-    ConfigKey("hfToken", "string", "Hugging Face token for gated models. Secret: set it with --secret. Empty: none.", default="", auto=True, secret=True),
-    ConfigKey("apiKey", "string", "API key clients send as a Bearer token, 32+ characters. Secret: set it with --secret. Empty: generated.", default="", auto=True, secret=True),
-    ConfigKey("vllmVersion", "string", f"vLLM version on every node (floor {versions.VLLM_MIN_VERSION}). Empty: the version pinned in components/versions.py.", default="", auto=True),
-    ConfigKey("rayVersion", "string", f"Ray version on every node (floor {versions.RAY_MIN_VERSION}). Empty: the version pinned in components/versions.py.", default="", auto=True),
-    ConfigKey("maxModelLen", "integer", "vLLM --max-model-len. 0: the model's own context length.", default=0, auto=True),
-    ConfigKey("gpuMemoryUtilization", "string", "vLLM --gpu-memory-utilization, a number in (0, 1] such as 0.90. Empty: vLLM's default.", default="", auto=True),
-    ConfigKey("servedModelName", "string", "Model name clients send. Empty: the model id.", default="", auto=True),
-    ConfigKey("vllmExtraArgs", "array", "Further vllm serve arguments, one array item per word.", default=[]),
-    ConfigKey("availabilityZone", "string", "Zone for every node. Empty: the first zone of the region that offers instanceType.", default="", auto=True),
-    ConfigKey("vpcCidr", "string", "CIDR of the new VPC, /16 to /24.", default=DEFAULT_VPC_CIDR),
-    ConfigKey("vpcId", "string", "Existing VPC to deploy into, with publicSubnetId and privateSubnetId. Empty: a new VPC.", default="", auto=True),
-    ConfigKey("publicSubnetId", "string", "Existing public subnet (route to an internet gateway) for the gateway.", default="", auto=True),
-    ConfigKey("privateSubnetId", "string", "Existing private subnet (route to a NAT) for the GPU nodes.", default="", auto=True),
-    ConfigKey("amiId", "string", "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04).", default="", auto=True),
-    ConfigKey("capacityReservationId", "string", "Launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block (cr-...). Empty: none.", default="", auto=True),
-    ConfigKey("capacityBlock", "boolean", "capacityReservationId is a Capacity Block for ML (launched with market type capacity-block).", default=False),
-    ConfigKey("placementGroupName", "string", "Existing cluster placement group for the GPU nodes, such as the one a capacity reservation was made in. Empty: the stack creates one when nodes > 1 or EFA is on.", default="", auto=True),
-    ConfigKey("rootVolumeGiB", "integer", "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),
-    ConfigKey("tlsCertificate", "string", "PEM certificate (with its chain) for the gateway's HTTPS. Empty: a self-signed certificate for the gateway's IP, generated in the stack.", default="", auto=True),
-    ConfigKey("tlsPrivateKey", "string", "PEM private key of tlsCertificate. Secret: set it with --secret.", default="", auto=True, secret=True),
-    ConfigKey("endpointHostname", "string", "DNS name clients use for the gateway; required with tlsCertificate (it must be in the certificate).", default="", auto=True),
-    ConfigKey("retainModelCache", "boolean", "Keep the EFS model cache (and the models on it) on pulumi destroy.", default=False),
-    ConfigKey("gatewayInstanceType", "string", "Instance type of the gateway (no GPU).", default=DEFAULT_GATEWAY_INSTANCE_TYPE),
-    ConfigKey("apiReadTimeoutSeconds", "integer", f"Seconds the gateway waits for the next bytes of a response before it answers 504; 1 to {MAX_API_READ_TIMEOUT_SECONDS}. Generations longer than this need \"stream\": true.", default=DEFAULT_API_READ_TIMEOUT_SECONDS),
-    ConfigKey("apiRateLimitPerSecond", "integer", f"API requests per second per client address at the gateway (burst: twice as many), up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share it. 0: no limit.", default=DEFAULT_API_RATE_LIMIT_PER_SECOND),
-)
-
-KEYS_BY_NAME = {key.name: key for key in CONFIG_KEYS}
 
 
 class Secret:
@@ -249,6 +183,23 @@ class SpecError(Exception):
         return [p.key for p in self.problems]
 
 
+# The AWS pages that state the rules the checkers enforce, linked from their errors.
+# EFA is supported only on the instance types this page lists.
+EFA_INSTANCE_TYPES_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types"
+# "The code for an Availability Zone is its Region code followed by a letter identifier."
+AVAILABILITY_ZONES_DOC = "https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-availability-zones.html"
+# "The smallest VPC you can create uses a /28 netmask ..., and the largest uses a /16 netmask."
+CREATE_VPC_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateVpc.html"
+# How an instance type is named: family, generation, attributes, a dot and a size.
+INSTANCE_TYPE_NAMES_DOC = "https://docs.aws.amazon.com/ec2/latest/instancetypes/instance-type-names.html"
+# An instance launches into a Capacity Reservation or a Capacity Block by the reservation's
+# id, and only in the reservation's own Availability Zone.
+RESERVATION_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html"
+CAPACITY_BLOCK_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html"
+# CreatePlacementGroup's GroupName: "Constraints: Up to 255 ASCII characters".
+PLACEMENT_GROUP_NAME_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreatePlacementGroup.html"
+PLACEMENT_GROUP_NAME_MAX = 255
+
 # Characters that would let a value escape into a shell: ; $ ` ' " | & < > ( ) \ { } * ? ! # ~,
 # whitespace and control characters. Model ids, names and vLLM words never need them.
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
@@ -267,7 +218,144 @@ _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?(/[A-Za-z0-9._/-]*)?$")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}$")
 _PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----\s+[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
-_PEM_PRIVATE_KEY = re.compile(r"-----BEGIN ([A-Z]+ )?PRIVATE KEY-----\s+[A-Za-z0-9+/=\s]+-----END ([A-Z]+ )?PRIVATE KEY-----")
+_PEM_PRIVATE_KEY = re.compile(
+    r"-----BEGIN ([A-Z]+ )?PRIVATE KEY-----\s+[A-Za-z0-9+/=\s]+-----END ([A-Z]+ )?PRIVATE KEY-----"
+)
+
+
+# --- the pieces the checkers return ------------------------------------------------------
+# Each concern's checker returns one of these; load_spec lays them side by side into the
+# ClusterSpec, so their field names are the spec's. A field is None where the config held a
+# problem: a spec is built only when there is none.
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What the nodes download and the name clients ask for."""
+
+    model: str | None
+    model_revision: str
+    hf_endpoint: str | None
+    served_model_name: str | None
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """vLLM settings beyond the parallelism."""
+
+    vllm_extra_args: tuple[str, ...]
+    max_model_len: int | None
+    gpu_memory_utilization: float | None
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """The GPU nodes and how the model's ranks are laid over them."""
+
+    instance: InstanceType | None
+    nodes: int | None
+    tensor_parallel_size: int | None
+    pipeline_parallel_size: int | None
+    efa: bool
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """Who may reach the API and the admin paths."""
+
+    api_allowed_cidrs: tuple[str, ...]
+    admin_cidrs: tuple[str, ...]
+    allow_public_api: bool
+
+
+@dataclass(frozen=True)
+class Secrets:
+    hf_token: Secret | None
+    api_key: Secret | None
+
+
+@dataclass(frozen=True)
+class NodeSoftware:
+    vllm_version: str
+    ray_version: str
+
+
+@dataclass(frozen=True)
+class NetworkPlacement:
+    """Where the nodes go: a zone, and a new VPC or an existing network."""
+
+    availability_zone: str | None
+    vpc_cidr: str
+    existing_network: ExistingNetwork | None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Reserved capacity and the placement group the nodes launch into."""
+
+    capacity_reservation_id: str | None
+    capacity_block: bool
+    placement_group_name: str | None
+
+
+@dataclass(frozen=True)
+class NodeStorage:
+    ami_id: str | None
+    root_volume_gib: int
+    retain_model_cache: bool
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    gateway_instance_type: str
+    api_read_timeout_seconds: int
+    api_rate_limit_per_second: int
+
+
+def _fields(piece: Any) -> dict[str, Any]:
+    """A piece's fields by name, shallow (dataclasses.asdict would turn the InstanceType
+    and ExistingNetwork inside into dicts)."""
+    return {f.name: getattr(piece, f.name) for f in fields(piece)}
+
+
+# --- reading raw values ---------------------------------------------------------------------
+
+
+# Values longer than this are cut in errors: a certificate pasted into the wrong key
+# should not fill the terminal.
+_MAX_SHOWN = 200
+
+
+def _kind(raw: Any) -> str:
+    """What a value is, in the words of a stack file."""
+    if isinstance(raw, bool):
+        return "true/false"
+    if isinstance(raw, (int, float)):
+        return "a number"
+    if isinstance(raw, str):
+        return "text"
+    if isinstance(raw, (list, tuple)):
+        return "a list"
+    if isinstance(raw, dict):
+        return "a map"
+    if isinstance(raw, datetime.date):
+        return "a date"  # YAML reads an unquoted 2024-01-01 as one
+    return f"a {type(raw).__name__}"
+
+
+def _display(raw: Any) -> str:
+    """JSON where it can be (strings quoted, lists as lists); else the value's own text (a
+    YAML date); else only its kind (a number too long for Python to print)."""
+    for render in (json.dumps, str):
+        try:
+            text = render(raw)
+        except (TypeError, ValueError):
+            continue
+        if len(text) <= _MAX_SHOWN:
+            return text
+        length = len(raw) if isinstance(raw, (str, list)) else len(text)
+        return f"{text[:_MAX_SHOWN]}... ({length} {'items' if isinstance(raw, list) else 'characters'})"
+    return f"<{_kind(raw)}>"
 
 
 def _show(key: str, raw: Any) -> str:
@@ -277,9 +365,8 @@ def _show(key: str, raw: Any) -> str:
     if raw is None:
         return "(not set)"
     if key not in KEYS_BY_NAME or KEYS_BY_NAME[key].secret:
-        return f"<hidden, {len(str(raw))} characters>"
-    text = raw if isinstance(raw, str) else json.dumps(raw)
-    return json.dumps(text) if isinstance(raw, str) else text
+        return f"<hidden, {len(raw)} characters>" if isinstance(raw, str) else f"<hidden, {_kind(raw)}>"
+    return _display(raw)
 
 
 def _shell_meta_in(text: str) -> str:
@@ -287,28 +374,75 @@ def _shell_meta_in(text: str) -> str:
     return " ".join(repr(ch) for ch in found)
 
 
+def _injection_note(text: str) -> str:
+    """The clause every refused name adds when it holds shell characters: the reason these
+    values are checked at all is that they reach a shell on the nodes."""
+    meta = _shell_meta_in(text)
+    return f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""
+
+
+# Whole numbers as config values: digits only (no 1e3, no 1_000), and few enough of them
+# that every later sum and message stays an ordinary int.
+_WHOLE_NUMBER = re.compile(r"^-?[0-9]{1,15}$")
+_MAX_WHOLE_NUMBER = 10**15
+
+
+def _means_unset(value: Any, definition: ConfigKey | None) -> bool:
+    """Absent, empty, or the key's auto default (which Pulumi fills in from Pulumi.yaml).
+    Compares like with like, so that no value is turned into text just to be compared."""
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        return True
+    if definition is None or not definition.auto:
+        return False
+    if isinstance(value, str):
+        return value.strip().lower() == str(definition.default).lower()
+    return type(value) is type(definition.default) and value == definition.default
+
+
+def _as_float(value: Any) -> float | None:
+    """None for what is no number: true/false (which Python would read as 1 and 0), text
+    that does not parse, an int beyond any float, a list."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        return None
+
+
 class _Reader:
     """Parses raw config values (strings as Pulumi passes them, or native YAML
-    values) into typed values, recording a Problem instead of raising."""
+    values) into typed values, recording a Problem instead of raising. A value of
+    the wrong type is one problem that names the type the key takes and how to set it."""
 
     def __init__(self, raw: Mapping[str, Any]):
         self.raw = raw
         self.problems: list[Problem] = []
+        self.warnings: list[str] = []  # worth saying, but no reason to stop a deployment
 
     def fail(self, key: str, message: str, raw: Any = ...) -> None:
         value = self.raw.get(key) if raw is ... else raw
         self.problems.append(Problem(key, _show(key, value), message))
 
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+    def wrong_type(self, key: str, expected: str, placeholder: str) -> None:
+        definition = KEYS_BY_NAME[key]
+        if definition.type == "array":
+            fix = f"pulumi config set --path '{NAMESPACE}:{key}[0]' {placeholder}"
+        else:
+            fix = f"pulumi config set {'--secret ' if definition.secret else ''}{NAMESPACE}:{key} {placeholder}"
+        if not definition.required:
+            fix += f", or pulumi config rm {NAMESPACE}:{key} for the default"
+        value = self.raw.get(key)
+        found = "" if isinstance(value, str) else f", not {_kind(value)}"
+        self.fail(key, f"must be {expected}{found}. Fix: {fix}")
+
     def present(self, key: str) -> bool:
         """Set to something other than "not set": absent, empty, or the key's
         auto default (which Pulumi fills in from Pulumi.yaml) all mean unset."""
-        value = self.raw.get(key)
-        if value is None or (isinstance(value, str) and value.strip() == ""):
-            return False
-        definition = KEYS_BY_NAME.get(key)
-        if definition is not None and definition.auto and str(value).strip().lower() == str(definition.default).lower():
-            return False
-        return True
+        return not _means_unset(self.raw.get(key), KEYS_BY_NAME.get(key))
 
     def default(self, key: str) -> Any:
         definition = KEYS_BY_NAME[key]
@@ -321,7 +455,7 @@ class _Reader:
             return self.default(key)
         value = self.raw[key]
         if not isinstance(value, str):
-            self.fail(key, "must be a string")
+            self.wrong_type(key, "text (in a stack file, put it in quotes)", "TEXT")
             return None
         return value
 
@@ -329,29 +463,24 @@ class _Reader:
         if not self.present(key):
             return self.default(key)
         value = self.raw[key]
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            self.fail(key, "must be a whole number")
-            return None
-        if isinstance(value, str):
-            if not re.fullmatch(r"-?\d+", value.strip()):
-                self.fail(key, "must be a whole number, e.g. 2")
-                return None
-            value = int(value)
-        return value
+        if isinstance(value, str) and _WHOLE_NUMBER.match(value.strip()):
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < _MAX_WHOLE_NUMBER:
+            return value
+        default = KEYS_BY_NAME[key].default
+        example = f", e.g. {default}" if isinstance(default, int) and default > 0 else ""
+        self.wrong_type(key, f"a whole number{example}", "NUMBER")
+        return None
 
     def number(self, key: str) -> float | None:
         """A decimal number. Pulumi.yaml has no number type, so the key is declared
         a string and YAML may hand us either a float or its text."""
         if not self.present(key):
             return self.default(key)
-        value = self.raw[key]
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            self.fail(key, "must be a number such as 0.90")
-            return None
+        parsed = _as_float(self.raw[key])
+        if parsed is None:
+            self.wrong_type(key, "a number such as 0.90", "0.90")
+        return parsed
 
     def boolean(self, key: str) -> bool | None:
         if not self.present(key):
@@ -361,15 +490,20 @@ class _Reader:
             return value
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
-        self.fail(key, "must be true or false" + (" (or auto)" if KEYS_BY_NAME[key].auto else ""))
+        if KEYS_BY_NAME[key].auto:
+            self.wrong_type(key, "true or false (or auto)", "auto")
+        else:
+            self.wrong_type(key, "true or false", "true")
         return None
 
     def string_list(self, key: str) -> list[str] | None:
+        example = "203.0.113.0/24" if "Cidr" in key else "--enforce-eager"
         if not self.present(key):
             if KEYS_BY_NAME[key].required:
                 self.fail(
                     key,
-                    f"is required: a list of CIDRs. Fix: pulumi config set --path '{NAMESPACE}:{key}[0]' 203.0.113.0/24",
+                    "is required: a list of CIDRs. "
+                    f"Fix: pulumi config set --path '{NAMESPACE}:{key}[0]' 203.0.113.0/24",
                 )
                 return None
             default = self.default(key)
@@ -378,13 +512,235 @@ class _Reader:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError:
-                self.fail(key, f"must be a list, e.g. [\"{'203.0.113.0/24' if 'Cidr' in key else '--enforce-eager'}\"]")
-                return None
+            except (ValueError, RecursionError):  # not JSON, or nested deeper than Python recurses
+                value = None
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            self.fail(key, "must be a list of strings")
+            self.wrong_type(key, f"a list of strings, e.g. [\"{example}\"]", example)
             return None
         return value
+
+
+# --- one checker per concern -------------------------------------------------------------
+# Each reads its keys, records what is wrong on the reader (every problem, never the first
+# only) and returns its piece of the spec.
+
+
+def _check_known_keys(reader: _Reader) -> None:
+    for name in unknown_keys(reader.raw):
+        guess = closest_key(name)
+        reader.fail(
+            name,
+            "is not a setting of vllm-cluster"
+            + (f"; did you mean {guess}?" if guess else "")
+            + f" Fix: pulumi config rm {NAMESPACE}:{name}",
+        )
+
+
+def _check_model_source(reader: _Reader) -> ModelSource:
+    """The model id, revision and served name reach a shell on the nodes; the hub URL is
+    written to an env file."""
+    model = reader.string("model")
+    if model is not None and not _HF_REPO_ID.match(model):
+        reader.fail(
+            "model",
+            "must be a Hugging Face repo id such as meta-llama/Llama-3.1-8B-Instruct" + _injection_note(model),
+        )
+
+    model_revision = reader.string("modelRevision") or "main"
+    if not _REVISION.match(model_revision) or ".." in model_revision:
+        reader.fail(
+            "modelRevision",
+            "must be a branch, tag or commit of the model repo, such as main or a 40-character commit hash"
+            + _injection_note(model_revision),
+        )
+
+    hf_endpoint = reader.string("hfEndpoint")
+    if hf_endpoint is not None and not _URL.match(hf_endpoint):
+        reader.fail(
+            "hfEndpoint",
+            "must be an http(s) URL such as https://hf-mirror.example.com (letters, digits and . - : / only)",
+        )
+
+    served_model_name = reader.string("servedModelName")
+    if served_model_name is not None and not _SERVED_NAME.match(served_model_name):
+        reader.fail(
+            "servedModelName",
+            "may only hold letters, digits and . _ : / -" + _injection_note(served_model_name),
+        )
+    return ModelSource(model, model_revision, hf_endpoint, served_model_name)
+
+
+def _check_extra_args(reader: _Reader) -> tuple[str, ...]:
+    """Each item is one word of `vllm serve`: no shell characters, and none of the flags
+    the program sets from its own keys."""
+    extra_args = reader.string_list("vllmExtraArgs") or []
+    for arg in extra_args:
+        if not _SAFE_ARG.match(arg):
+            reader.fail(
+                "vllmExtraArgs",
+                f"item {json.dumps(arg)} may only hold letters, digits and . _ : / = , @ + % -"
+                + _injection_note(arg)
+                + ". Put each word in its own item, e.g. [\"--max-num-seqs\", \"64\"]",
+            )
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_VLLM_FLAGS:
+            reader.fail("vllmExtraArgs", f"item {arg} is managed by the program; use {MANAGED_VLLM_FLAGS[flag]}")
+    return _with_vllm_dtype(reader, extra_args)
+
+
+def _vllm_dtype_spelling(reader: _Reader, value: str) -> str:
+    """`value` of --dtype as vLLM spells it: its own spellings pass as written, the short
+    ones (bf16 ...) are translated, since vLLM would refuse them."""
+    if value in sizing.VLLM_DTYPE_CHOICES:
+        return value
+    try:
+        canonical = sizing.canonical_dtype(value, "--dtype")
+    except ValueError:
+        # Not the planner's full list: the quantized types are no value for vLLM's --dtype.
+        accepted = [spelling for spelling, name in sizing.DTYPE_SPELLINGS.items() if sizing.vllm_dtype(name)]
+        reader.fail(
+            "vllmExtraArgs",
+            f"--dtype {value!r} is not a weight type vLLM takes; accepted: {', '.join(accepted)}. "
+            "Fix: one of these after --dtype, or no --dtype for the model's own",
+        )
+        return value
+    spelling = sizing.vllm_dtype(canonical)
+    if spelling is None:
+        reader.fail(
+            "vllmExtraArgs",
+            f"--dtype {value} is a quantized weight type; vLLM's --dtype takes only "
+            f"{', '.join(sizing.VLLM_DTYPE_CHOICES)}. Quantized weights come from a quantized checkpoint "
+            "(a model id that names its quantization) or --quantization. "
+            "Fix: [\"--quantization\", \"fp8\"] in place of the --dtype, or drop it",
+        )
+        return value
+    return spelling
+
+
+def _with_vllm_dtype(reader: _Reader, args: list[str]) -> tuple[str, ...]:
+    """The args with any --dtype value (`--dtype X` or `--dtype=X`) in vLLM's spelling."""
+    out = list(args)
+    for i, arg in enumerate(args):
+        if arg == "--dtype":
+            if i + 1 == len(args):
+                reader.fail("vllmExtraArgs", "ends with --dtype and no value. Fix: [\"--dtype\", \"bfloat16\"]")
+            else:
+                out[i + 1] = _vllm_dtype_spelling(reader, args[i + 1])
+        elif arg.startswith("--dtype="):
+            out[i] = "--dtype=" + _vllm_dtype_spelling(reader, arg.split("=", 1)[1])
+    return tuple(out)
+
+
+def _check_engine_settings(reader: _Reader) -> EngineSettings:
+    extra_args = _check_extra_args(reader)
+    max_model_len = reader.integer("maxModelLen")
+    if max_model_len is not None and max_model_len < 1:
+        reader.fail("maxModelLen", "must be a positive number of tokens, e.g. 8192")
+    gpu_memory_utilization = reader.number("gpuMemoryUtilization")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        reader.fail("gpuMemoryUtilization", "must be greater than 0 and at most 1, e.g. 0.90")
+        gpu_memory_utilization = None
+    return EngineSettings(extra_args, max_model_len, gpu_memory_utilization)
+
+
+def _check_instance_type(reader: _Reader) -> InstanceType | None:
+    name = reader.string("instanceType")
+    instance = catalog.lookup(name) if name is not None else None
+    if name is not None and instance is None:
+        reader.fail(
+            "instanceType",
+            f"is not in the catalog. Known types: {', '.join(catalog.known_instance_types())}. "
+            "Fix: pick one, or add a row to components/catalog.py after checking it with "
+            "aws ec2 describe-instance-types",
+        )
+    return instance
+
+
+def _check_nodes(reader: _Reader) -> int | None:
+    nodes = reader.integer("nodes")
+    if nodes is not None and nodes < 1:
+        reader.fail("nodes", f"must be at least 1. Fix: pulumi config set {NAMESPACE}:nodes 1")
+        return None
+    return nodes
+
+
+def _check_parallel_sizes(reader: _Reader) -> tuple[int | None, int | None]:
+    """tensorParallelSize and pipelineParallelSize as set; None for unset (derived) or refused."""
+    sizes = []
+    for key in ("tensorParallelSize", "pipelineParallelSize"):
+        size = reader.integer(key)
+        if size is not None and size < 1:
+            reader.fail(key, "must be at least 1")
+            size = None
+        sizes.append(size)
+    return sizes[0], sizes[1]
+
+
+def _check_rank_layout(reader: _Reader, instance: InstanceType, nodes: int, tp: int | None,
+                       pp: int | None) -> tuple[int, int]:
+    """Every GPU holds one rank, and no tensor-parallel group straddles two nodes.
+    Unset sizes are derived: TP the GPUs of one node, PP the number of nodes."""
+    gpus = instance.gpus
+    tp_value = tp if tp is not None else gpus
+    pp_value = pp if pp is not None else nodes
+    if tp_value > gpus:
+        reader.fail(
+            "tensorParallelSize",
+            f"is larger than the {gpus} GPU(s) of one {instance.name}; tensor parallelism stays inside a node "
+            f"(NVLink), pipeline parallelism spans nodes. Fix: tensorParallelSize {gpus}, pipelineParallelSize "
+            f"{nodes}",
+            raw=tp_value,
+        )
+    elif gpus % tp_value:
+        reader.fail(
+            "tensorParallelSize",
+            f"must divide the {gpus} GPUs of a {instance.name} so that no tensor-parallel group straddles two "
+            f"nodes. Fix: one of {', '.join(str(d) for d in range(1, gpus + 1) if gpus % d == 0)}",
+            raw=tp_value,
+        )
+    elif tp_value * pp_value != nodes * gpus:
+        need_pp = nodes * gpus // tp_value
+        reader.fail(
+            "pipelineParallelSize" if pp is not None else "tensorParallelSize",
+            f"tensorParallelSize {tp_value} x pipelineParallelSize {pp_value} = {tp_value * pp_value} GPU(s), "
+            f"but {nodes} node(s) x {gpus} GPU(s) = {nodes * gpus}: every GPU must hold one rank. "
+            f"Fix: pipelineParallelSize {need_pp} with tensorParallelSize {tp_value}",
+            raw=pp_value if pp is not None else tp_value,
+        )
+    return tp_value, pp_value
+
+
+def _check_efa(reader: _Reader, instance: InstanceType, nodes: int) -> bool:
+    """EFA where the type has it and there is traffic between nodes, unless the config says."""
+    efa = reader.boolean("efa")
+    if efa is None:
+        efa = instance.efa_supported and nodes > 1
+    elif efa and not instance.efa_supported:
+        efa_types = [t for t in catalog.known_instance_types() if catalog.CATALOG[t].efa_supported]
+        reader.fail(
+            "efa",
+            f"is true, but {instance.name} has no EFA. Fix: set efa false, or use one of {', '.join(efa_types)} "
+            f"(EFA-capable types: {EFA_INSTANCE_TYPES_DOC})",
+        )
+    if nodes > 1 and not efa:
+        reader.warn(
+            f"{nodes} nodes without EFA: traffic between pipeline stages goes over TCP on the primary "
+            f"interface, which is slower and the usual cause of multi-node hangs when the NIC is wrong. "
+            f"Set {NAMESPACE}:efa true on an EFA instance type for production."
+        )
+    return efa
+
+
+def _check_cluster_shape(reader: _Reader) -> ClusterShape:
+    instance = _check_instance_type(reader)
+    nodes = _check_nodes(reader)
+    tp, pp = _check_parallel_sizes(reader)
+    if instance is None or nodes is None:
+        # Nothing to lay the ranks over; the instance type or node count is already a problem.
+        return ClusterShape(instance, nodes, tp, pp, bool(reader.boolean("efa")))
+    tp, pp = _check_rank_layout(reader, instance, nodes, tp, pp)
+    return ClusterShape(instance, nodes, tp, pp, _check_efa(reader, instance, nodes))
 
 
 def _world_spanning(networks: list) -> list:
@@ -398,7 +754,10 @@ def _world_spanning(networks: list) -> list:
     return spanning
 
 
-def _check_cidrs(reader: _Reader, key: str, cidrs: list[str], world_allowed: bool, world_fix: str) -> tuple[str, ...]:
+def _check_cidrs(reader: _Reader, key: str, world_allowed: bool, world_fix: str) -> tuple[str, ...]:
+    cidrs = reader.string_list(key)
+    if cidrs is None:
+        return ()
     checked = []
     if not cidrs:
         reader.fail(key, "must name at least one CIDR; an empty list would leave the path closed to everyone")
@@ -421,21 +780,27 @@ def _check_cidrs(reader: _Reader, key: str, cidrs: list[str], world_allowed: boo
     return tuple(str(network) for network in checked)
 
 
-def _check_release(reader: _Reader, key: str, value: str, floor: str, pinned: str) -> None:
-    try:
-        parsed = versions.parse_version(value)
-    except ValueError as error:
-        reader.fail(key, f"{error}, e.g. {pinned}")
-        return
-    if parsed < versions.parse_version(floor):
-        reader.fail(
-            key,
-            f"is below the security floor {floor} (see README, 'Node software'). "
-            f"Fix: pulumi config set {NAMESPACE}:{key} {pinned}",
-        )
+def _check_exposure(reader: _Reader) -> Exposure:
+    allow_public_api = bool(reader.boolean("allowPublicApi"))
+    api_allowed_cidrs = _check_cidrs(
+        reader,
+        "apiAllowedCidrs",
+        world_allowed=allow_public_api,
+        world_fix=f"list your clients' CIDRs, or pulumi config set {NAMESPACE}:allowPublicApi true "
+        "if the API (guarded by its key) is meant to be public",
+    )
+    admin_cidrs = _check_cidrs(
+        reader,
+        "adminCidrs",
+        world_allowed=False,
+        world_fix="SSH and the Ray dashboard run arbitrary code (ShadowRay, CVE-2023-48022); "
+        "list only your own network, e.g. \"$(curl -s https://checkip.amazonaws.com)/32\"",
+    )
+    return Exposure(api_allowed_cidrs, admin_cidrs, allow_public_api)
 
 
-def _check_secret_token(reader: _Reader, key: str, value: str | None, min_length: int = 1) -> Secret | None:
+def _check_secret_token(reader: _Reader, key: str, min_length: int = 1) -> Secret | None:
+    value = reader.string(key)
     if value is None:
         return None
     if len(value) < min_length:
@@ -455,25 +820,126 @@ def _check_secret_token(reader: _Reader, key: str, value: str | None, min_length
     return Secret(value)
 
 
-# The AWS pages that state the rule: an instance launches into a Capacity Reservation
-# or a Capacity Block only in the reservation's own Availability Zone.
-RESERVATION_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html"
-CAPACITY_BLOCK_LAUNCH_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html"
+def _check_secrets(reader: _Reader, secret_keys: set[str] | None) -> Secrets:
+    """Secrets must have been set with --secret: a plain value sits unencrypted in the
+    stack file and in state. `secret_keys` None skips that check (no stack at hand)."""
+    for key in ("hfToken", "apiKey", "tlsPrivateKey"):
+        if reader.present(key) and secret_keys is not None and key not in secret_keys:
+            reader.fail(
+                key,
+                "was set in plain text: it would sit unencrypted in the stack file and in state. "
+                f"Fix: pulumi config set --secret {NAMESPACE}:{key} VALUE",
+            )
+    return Secrets(
+        hf_token=_check_secret_token(reader, "hfToken"),
+        api_key=_check_secret_token(reader, "apiKey", MIN_API_KEY_LENGTH),
+    )
 
 
-def _check_reservation_zone(
-    reader: _Reader,
-    reservation_id: str | None,
-    capacity_block: bool,
-    availability_zone: str | None,
-    existing_network: ExistingNetwork | None,
-) -> None:
+def _check_release(reader: _Reader, key: str, floor: str, pinned: str) -> str:
+    value = reader.string(key) or pinned
+    try:
+        parsed = versions.parse_version(value)
+    except ValueError as error:
+        reader.fail(key, f"{error}, e.g. {pinned}")
+        return value
+    if parsed < versions.parse_version(floor):
+        reader.fail(
+            key,
+            f"is below the security floor {floor} (see README, 'Node software'). "
+            f"Fix: pulumi config set {NAMESPACE}:{key} {pinned}",
+        )
+    return value
+
+
+def _check_node_software(reader: _Reader) -> NodeSoftware:
+    return NodeSoftware(
+        vllm_version=_check_release(reader, "vllmVersion", versions.VLLM_MIN_VERSION, versions.VLLM_VERSION),
+        ray_version=_check_release(reader, "rayVersion", versions.RAY_MIN_VERSION, versions.RAY_VERSION),
+    )
+
+
+def _check_zone(reader: _Reader, region: str | None) -> str | None:
+    """A zone's name is its region's and one letter; the nodes launch in aws:region, where a
+    zone of another region does not exist. Without the region (a caller that holds no
+    stack) only the name's shape is checked."""
+    zone = reader.string("availabilityZone")
+    if zone is None:
+        return None
+    if not _AZ.match(zone):
+        reader.fail(
+            "availabilityZone",
+            f"is not an Availability Zone name such as us-east-1a (its region's name and a letter; "
+            f"see {AVAILABILITY_ZONES_DOC})",
+        )
+    elif region and zone[:-1] != region:
+        reader.fail(
+            "availabilityZone",
+            f"is not in the stack's region {region} (aws:region): a zone's name is its region's and a letter. "
+            f"Fix: a zone such as {region}a, or change aws:region (see {AVAILABILITY_ZONES_DOC})",
+        )
+    return zone
+
+
+def _check_vpc_cidr(reader: _Reader) -> str:
+    vpc_cidr = reader.string("vpcCidr") or DEFAULT_VPC_CIDR
+    try:
+        network = ipaddress.ip_network(vpc_cidr, strict=True)
+    except ValueError:
+        reader.fail("vpcCidr", "is not a CIDR such as 10.42.0.0/16")
+        return vpc_cidr
+    if network.version != 4 or not 16 <= network.prefixlen <= 24:
+        reader.fail(
+            "vpcCidr",
+            f"must be an IPv4 CIDR from /16 to /24, e.g. 10.42.0.0/16 (EC2 creates no VPC larger than a /16: "
+            f"see {CREATE_VPC_DOC})",
+        )
+    elif not network.is_private:
+        reader.fail("vpcCidr", "must be a private range (RFC 1918), e.g. 10.42.0.0/16")
+    return vpc_cidr
+
+
+def _check_existing_network(reader: _Reader, vpc_cidr: str) -> ExistingNetwork | None:
+    """vpcId, publicSubnetId and privateSubnetId: all three or none."""
+    shapes = {
+        "vpcId": (_VPC, "vpc-0abc12345def67890"),
+        "publicSubnetId": (_SUBNET, "subnet-0abc12345def67890"),
+        "privateSubnetId": (_SUBNET, "subnet-0abc12345def67890"),
+    }
+    ids = {key: reader.string(key) for key in shapes}
+    if not any(ids.values()):
+        return None
+    missing = [key for key, value in ids.items() if not value]
+    for key in missing:
+        reader.fail(key, "must be set together with vpcId, publicSubnetId and privateSubnetId (all or none)")
+    for key, value in ids.items():
+        pattern, example = shapes[key]
+        if value and not pattern.match(value):
+            reader.fail(key, f"is not an id such as {example}")
+    if vpc_cidr != DEFAULT_VPC_CIDR:
+        reader.fail("vpcCidr", "applies only to a new VPC; remove it when vpcId is set")
+    if missing:
+        return None
+    return ExistingNetwork(ids["vpcId"], ids["publicSubnetId"], ids["privateSubnetId"])
+
+
+def _check_network(reader: _Reader, region: str | None) -> NetworkPlacement:
+    zone = _check_zone(reader, region)
+    vpc_cidr = _check_vpc_cidr(reader)
+    return NetworkPlacement(zone, vpc_cidr, _check_existing_network(reader, vpc_cidr))
+
+
+def _check_reservation_zone(reader: _Reader, reservation_id: str | None, capacity_block: bool,
+                            network: NetworkPlacement) -> None:
     """A reservation serves one zone. Without availabilityZone the program picks the
     first zone (alphabetically) that offers the type, which is the reservation's zone
     only by luck. With an existing network the private subnet decides the zone."""
-    if reservation_id is None or availability_zone is not None or existing_network is not None:
+    if reservation_id is None or network.availability_zone is not None or network.existing_network is not None:
         return
-    kind, doc = ("Capacity Block", CAPACITY_BLOCK_LAUNCH_DOC) if capacity_block else ("Capacity Reservation", RESERVATION_LAUNCH_DOC)
+    if capacity_block:
+        kind, doc = "Capacity Block", CAPACITY_BLOCK_LAUNCH_DOC
+    else:
+        kind, doc = "Capacity Reservation", RESERVATION_LAUNCH_DOC
     reader.fail(
         "capacityReservationId",
         f"is set but availabilityZone is not: the nodes would launch in the first zone of the region that "
@@ -484,17 +950,12 @@ def _check_reservation_zone(
     )
 
 
-PLACEMENT_GROUP_NAME_MAX = 255
-# The rule: "Constraints: Up to 255 ASCII characters" (GroupName).
-PLACEMENT_GROUP_NAME_DOC = "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreatePlacementGroup.html"
-
-
-def _check_placement_group_name(reader: _Reader, name: str | None) -> str | None:
+def _check_placement_group_name(reader: _Reader) -> str | None:
     """An existing placement group by name: EC2 takes up to 255 ASCII characters; this
     program also refuses whitespace and shell characters, which no group needs."""
+    name = reader.string("placementGroupName")
     if name is None:
         return None
-    meta = _shell_meta_in(name)
     if not name.isascii():
         reader.fail(
             "placementGroupName",
@@ -505,16 +966,56 @@ def _check_placement_group_name(reader: _Reader, name: str | None) -> str | None
         reader.fail(
             "placementGroupName",
             f"is {len(name)} characters; EC2 placement group names have at most {PLACEMENT_GROUP_NAME_MAX}. "
-            f"Fix: the group's name as aws ec2 describe-placement-groups shows it (see {PLACEMENT_GROUP_NAME_DOC})",
+            "Fix: the group's name as aws ec2 describe-placement-groups shows it "
+            f"(see {PLACEMENT_GROUP_NAME_DOC})",
         )
-    elif meta:
-        reader.fail("placementGroupName", f"contains {meta}; a placement group name here may not hold whitespace or shell characters. Fix: rename the group or pick another")
+    elif _shell_meta_in(name):
+        reader.fail(
+            "placementGroupName",
+            "may not hold whitespace or shell characters here" + _injection_note(name)
+            + ". Fix: rename the group or pick another",
+        )
     else:
         return name
     return None
 
 
-def _check_api_read_timeout(reader: _Reader, seconds: int | None) -> int:
+def _check_capacity(reader: _Reader, network: NetworkPlacement) -> Capacity:
+    reservation_id = reader.string("capacityReservationId")
+    if reservation_id is not None and not _CAPACITY_RESERVATION.match(reservation_id):
+        reader.fail(
+            "capacityReservationId",
+            "is not a Capacity Reservation id such as cr-0123456789abcdef0. Fix: the id aws ec2 "
+            f"describe-capacity-reservations shows (see {RESERVATION_LAUNCH_DOC})",
+        )
+    capacity_block = bool(reader.boolean("capacityBlock"))
+    if capacity_block and reservation_id is None:
+        reader.fail(
+            "capacityBlock",
+            "is true, but no capacityReservationId names the block: instances launch into a Capacity Block by "
+            f"its reservation id. Fix: pulumi config set {NAMESPACE}:capacityReservationId cr-... "
+            f"(see {CAPACITY_BLOCK_LAUNCH_DOC})",
+        )
+    _check_reservation_zone(reader, reservation_id, capacity_block, network)
+    return Capacity(reservation_id, capacity_block, _check_placement_group_name(reader))
+
+
+def _check_node_storage(reader: _Reader) -> NodeStorage:
+    ami_id = reader.string("amiId")
+    if ami_id is not None and not _AMI.match(ami_id):
+        reader.fail("amiId", "is not an AMI id such as ami-0123456789abcdef0")
+    root_volume_gib = reader.integer("rootVolumeGiB")
+    if root_volume_gib is not None and not MIN_ROOT_VOLUME_GIB <= root_volume_gib <= MAX_ROOT_VOLUME_GIB:
+        reader.fail(
+            "rootVolumeGiB",
+            f"must be from {MIN_ROOT_VOLUME_GIB} to {MAX_ROOT_VOLUME_GIB}: the Deep Learning AMI and the vLLM "
+            f"virtualenv need about {MIN_ROOT_VOLUME_GIB} GiB",
+        )
+    return NodeStorage(ami_id, root_volume_gib, bool(reader.boolean("retainModelCache")))
+
+
+def _check_api_read_timeout(reader: _Reader) -> int:
+    seconds = reader.integer("apiReadTimeoutSeconds")
     if seconds is not None and not 1 <= seconds <= MAX_API_READ_TIMEOUT_SECONDS:
         reader.fail(
             "apiReadTimeoutSeconds",
@@ -525,14 +1026,26 @@ def _check_api_read_timeout(reader: _Reader, seconds: int | None) -> int:
     return seconds if seconds is not None else DEFAULT_API_READ_TIMEOUT_SECONDS
 
 
-def _check_api_rate_limit(reader: _Reader, per_second: int | None) -> int:
+def _check_api_rate_limit(reader: _Reader) -> int:
+    per_second = reader.integer("apiRateLimitPerSecond")
     if per_second is not None and not 0 <= per_second <= MAX_API_RATE_LIMIT_PER_SECOND:
         reader.fail(
             "apiRateLimitPerSecond",
-            f"must be from 0 to {MAX_API_RATE_LIMIT_PER_SECOND} requests per second per client; 0 turns the limit off. "
+            f"must be from 0 to {MAX_API_RATE_LIMIT_PER_SECOND} requests per second per client; "
+            "0 turns the limit off. "
             f"Fix: pulumi config set {NAMESPACE}:apiRateLimitPerSecond {DEFAULT_API_RATE_LIMIT_PER_SECOND}",
         )
     return per_second if per_second is not None else DEFAULT_API_RATE_LIMIT_PER_SECOND
+
+
+def _check_gateway(reader: _Reader) -> GatewaySettings:
+    gateway_instance_type = reader.string("gatewayInstanceType")
+    if gateway_instance_type is not None and not _EC2_TYPE.match(gateway_instance_type):
+        reader.fail(
+            "gatewayInstanceType",
+            f"is not an EC2 instance type such as t3.small (see {INSTANCE_TYPE_NAMES_DOC})",
+        )
+    return GatewaySettings(gateway_instance_type, _check_api_read_timeout(reader), _check_api_rate_limit(reader))
 
 
 def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> UserCertificate | None:
@@ -545,7 +1058,8 @@ def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> Us
     checks = (
         ("tlsCertificate", certificate, _PEM_CERTIFICATE.search,
          "must be a PEM certificate (-----BEGIN CERTIFICATE-----) when tlsPrivateKey or endpointHostname is set. "
-         f"Fix: pulumi config set {NAMESPACE}:tlsCertificate < cert.pem, or unset all three for a generated certificate"),
+         f"Fix: pulumi config set {NAMESPACE}:tlsCertificate < cert.pem, or unset all three for a generated "
+         "certificate"),
         ("tlsPrivateKey", private_key, _PEM_PRIVATE_KEY.search,
          "must be the PEM private key of tlsCertificate. "
          f"Fix: pulumi config set --secret {NAMESPACE}:tlsPrivateKey < key.pem"),
@@ -561,6 +1075,47 @@ def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> Us
     if not ok or (secret_keys is not None and "tlsPrivateKey" not in secret_keys):
         return None
     return UserCertificate(certificate_pem=certificate, private_key=Secret(private_key), hostname=hostname)
+
+
+def load_spec(
+    raw: Mapping[str, Any],
+    *,
+    stack: str,
+    region: str | None = None,
+    secret_keys: set[str] | None = None,
+) -> ClusterSpec:
+    """Validate `raw` (config key without namespace -> value) and return the spec.
+
+    `region` is the stack's aws:region, which an availabilityZone must lie in; None
+    skips that check. `secret_keys` names the keys (without namespace) that were set
+    with --secret; None skips that check (for callers that hold no stack, such as the
+    planner).
+
+    Raises SpecError with every problem found. Warnings that should not stop a
+    deployment are returned in `spec.warnings`.
+    """
+    reader = _Reader(raw)
+    _check_known_keys(reader)
+    source = _check_model_source(reader)
+    engine = _check_engine_settings(reader)
+    shape = _check_cluster_shape(reader)
+    exposure = _check_exposure(reader)
+    secrets = _check_secrets(reader, secret_keys)
+    software = _check_node_software(reader)
+    network = _check_network(reader, region)
+    capacity = _check_capacity(reader, network)
+    storage = _check_node_storage(reader)
+    gateway = _check_gateway(reader)
+    tls = _check_user_certificate(reader, secret_keys)
+    if reader.problems:
+        raise SpecError(reader.problems)
+    pieces = (source, engine, shape, exposure, secrets, software, network, capacity, storage, gateway)
+    return ClusterSpec(
+        stack=stack,
+        **{name: value for piece in pieces for name, value in _fields(piece).items()},
+        tls=tls,
+        warnings=tuple(reader.warnings),
+    )
 
 
 # The EFS page that states it: mounting by the file system's DNS name needs the Amazon
@@ -587,332 +1142,3 @@ def existing_vpc_problems(vpc_id: str, dns_support: bool, dns_hostnames: bool) -
         for attribute, label, flag, enabled in missing
         if not enabled
     ]
-
-
-def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
-    return sorted(set(raw) - set(KEYS_BY_NAME))
-
-
-def _closest_key(name: str) -> str | None:
-    lowered = name.lower()
-    for key in KEYS_BY_NAME:
-        if key.lower() == lowered:
-            return key
-    matches = difflib.get_close_matches(name, list(KEYS_BY_NAME), n=1)
-    return matches[0] if matches else None
-
-
-def load_spec(
-    raw: Mapping[str, Any],
-    *,
-    stack: str,
-    region: str | None = None,
-    secret_keys: set[str] | None = None,
-) -> ClusterSpec:
-    """Validate `raw` (config key without namespace -> value) and return the spec.
-
-    `secret_keys` names the keys (without namespace) that were set with --secret;
-    None skips that check (for callers that hold no stack, such as the planner).
-
-    Raises SpecError with every problem found. Warnings that should not stop a
-    deployment are returned in `spec.warnings`.
-    """
-    reader = _Reader(raw)
-    warnings: list[str] = []
-
-    for name in unknown_keys(raw):
-        guess = _closest_key(name)
-        reader.fail(
-            name,
-            "is not a setting of vllm-cluster"
-            + (f"; did you mean {guess}?" if guess else "")
-            + f" Fix: pulumi config rm {NAMESPACE}:{name}",
-        )
-
-    # --- model and the names that reach a shell on the nodes -----------------------
-    model = reader.string("model")
-    if model is not None and not _HF_REPO_ID.match(model):
-        meta = _shell_meta_in(model)
-        reader.fail(
-            "model",
-            "must be a Hugging Face repo id such as meta-llama/Llama-3.1-8B-Instruct"
-            + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""),
-        )
-
-    model_revision = reader.string("modelRevision") or "main"
-    if not _REVISION.match(model_revision) or ".." in model_revision:
-        meta = _shell_meta_in(model_revision)
-        reader.fail(
-            "modelRevision",
-            "must be a branch, tag or commit of the model repo, such as main or a 40-character commit hash"
-            + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""),
-        )
-
-    hf_endpoint = reader.string("hfEndpoint")
-    if hf_endpoint is not None and not _URL.match(hf_endpoint):
-        reader.fail(
-            "hfEndpoint",
-            "must be an http(s) URL such as https://hf-mirror.example.com (letters, digits and . - : / only)",
-        )
-
-    served_model_name = reader.string("servedModelName")
-    if served_model_name is not None and not _SERVED_NAME.match(served_model_name):
-        meta = _shell_meta_in(served_model_name)
-        reader.fail(
-            "servedModelName",
-            "may only hold letters, digits and . _ : / -"
-            + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else ""),
-        )
-
-    extra_args = reader.string_list("vllmExtraArgs") or []
-    for arg in extra_args:
-        if not _SAFE_ARG.match(arg):
-            meta = _shell_meta_in(arg)
-            reader.fail(
-                "vllmExtraArgs",
-                f"item {json.dumps(arg)} may only hold letters, digits and . _ : / = , @ + % -"
-                + (f"; it contains {meta}, which could inject into a shell on the nodes" if meta else "")
-                + ". Put each word in its own item, e.g. [\"--max-num-seqs\", \"64\"]",
-            )
-            continue
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_VLLM_FLAGS:
-            reader.fail("vllmExtraArgs", f"item {arg} is managed by the program; use {MANAGED_VLLM_FLAGS[flag]}")
-
-    # --- instance type and parallelism ----------------------------------------------
-    instance_name = reader.string("instanceType")
-    instance = catalog.lookup(instance_name) if instance_name is not None else None
-    if instance_name is not None and instance is None:
-        reader.fail(
-            "instanceType",
-            f"is not in the catalog. Known types: {', '.join(catalog.known_instance_types())}. "
-            "Fix: pick one, or add a row to components/catalog.py after checking it with aws ec2 describe-instance-types",
-        )
-
-    nodes = reader.integer("nodes")
-    if nodes is not None and nodes < 1:
-        reader.fail("nodes", f"must be at least 1. Fix: pulumi config set {NAMESPACE}:nodes 1")
-        nodes = None
-
-    tp = reader.integer("tensorParallelSize")
-    pp = reader.integer("pipelineParallelSize")
-    for key, size in (("tensorParallelSize", tp), ("pipelineParallelSize", pp)):
-        if size is not None and size < 1:
-            reader.fail(key, "must be at least 1")
-    tp = tp if tp is None or tp >= 1 else None
-    pp = pp if pp is None or pp >= 1 else None
-
-    if instance is not None and nodes is not None:
-        gpus = instance.gpus
-        tp_value = tp if tp is not None else gpus
-        pp_value = pp if pp is not None else nodes
-        if tp_value > gpus:
-            reader.fail(
-                "tensorParallelSize",
-                f"is larger than the {gpus} GPU(s) of one {instance.name}; tensor parallelism stays inside a node "
-                f"(NVLink), pipeline parallelism spans nodes. Fix: tensorParallelSize {gpus}, pipelineParallelSize "
-                f"{nodes}",
-                raw=tp_value,
-            )
-        elif gpus % tp_value:
-            reader.fail(
-                "tensorParallelSize",
-                f"must divide the {gpus} GPUs of a {instance.name} so that no tensor-parallel group straddles two "
-                f"nodes. Fix: one of {', '.join(str(d) for d in range(1, gpus + 1) if gpus % d == 0)}",
-                raw=tp_value,
-            )
-        elif tp_value * pp_value != nodes * gpus:
-            need_pp = nodes * gpus // tp_value
-            reader.fail(
-                "pipelineParallelSize" if pp is not None else "tensorParallelSize",
-                f"tensorParallelSize {tp_value} x pipelineParallelSize {pp_value} = {tp_value * pp_value} GPU(s), "
-                f"but {nodes} node(s) x {gpus} GPU(s) = {nodes * gpus}: every GPU must hold one rank. "
-                f"Fix: pipelineParallelSize {need_pp} with tensorParallelSize {tp_value}",
-                raw=pp_value if pp is not None else tp_value,
-            )
-        tp, pp = tp_value, pp_value
-
-    efa = reader.boolean("efa")
-    if instance is not None and nodes is not None:
-        if efa is None:
-            efa = instance.efa_supported and nodes > 1
-        elif efa and not instance.efa_supported:
-            efa_types = [t for t in catalog.known_instance_types() if catalog.CATALOG[t].efa_supported]
-            reader.fail(
-                "efa",
-                f"is true, but {instance.name} has no EFA. Fix: set efa false, or use one of {', '.join(efa_types)}",
-            )
-        if nodes > 1 and not efa:
-            warnings.append(
-                f"{nodes} nodes without EFA: traffic between pipeline stages goes over TCP on the primary "
-                f"interface, which is slower and the usual cause of multi-node hangs when the NIC is wrong. "
-                f"Set {NAMESPACE}:efa true on an EFA instance type for production."
-            )
-
-    # --- who may reach what -----------------------------------------------------------
-    allow_public_api = reader.boolean("allowPublicApi")
-    api_cidrs = reader.string_list("apiAllowedCidrs")
-    api_allowed_cidrs = (
-        _check_cidrs(
-            reader,
-            "apiAllowedCidrs",
-            api_cidrs,
-            world_allowed=bool(allow_public_api),
-            world_fix=f"list your clients' CIDRs, or pulumi config set {NAMESPACE}:allowPublicApi true "
-            "if the API (guarded by its key) is meant to be public",
-        )
-        if api_cidrs is not None
-        else ()
-    )
-    admin = reader.string_list("adminCidrs")
-    admin_cidrs = (
-        _check_cidrs(
-            reader,
-            "adminCidrs",
-            admin,
-            world_allowed=False,
-            world_fix="SSH and the Ray dashboard run arbitrary code (ShadowRay, CVE-2023-48022); "
-            "list only your own network, e.g. \"$(curl -s https://checkip.amazonaws.com)/32\"",
-        )
-        if admin is not None
-        else ()
-    )
-
-    # --- secrets ---------------------------------------------------------------------
-    for key in ("hfToken", "apiKey", "tlsPrivateKey"):
-        if reader.present(key) and secret_keys is not None and key not in secret_keys:
-            reader.fail(
-                key,
-                "was set in plain text: it would sit unencrypted in the stack file and in state. "
-                f"Fix: pulumi config set --secret {NAMESPACE}:{key} VALUE",
-            )
-    hf_token = _check_secret_token(reader, "hfToken", reader.string("hfToken"))
-    api_key = _check_secret_token(reader, "apiKey", reader.string("apiKey"), MIN_API_KEY_LENGTH)
-
-    # --- node software ----------------------------------------------------------------
-    vllm_version = reader.string("vllmVersion") or versions.VLLM_VERSION
-    ray_version = reader.string("rayVersion") or versions.RAY_VERSION
-    _check_release(reader, "vllmVersion", vllm_version, versions.VLLM_MIN_VERSION, versions.VLLM_VERSION)
-    _check_release(reader, "rayVersion", ray_version, versions.RAY_MIN_VERSION, versions.RAY_VERSION)
-
-    # --- vLLM settings ----------------------------------------------------------------
-    max_model_len = reader.integer("maxModelLen")
-    if max_model_len is not None and max_model_len < 1:
-        reader.fail("maxModelLen", "must be a positive number of tokens, e.g. 8192")
-    gpu_memory_utilization = reader.number("gpuMemoryUtilization")
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        reader.fail("gpuMemoryUtilization", "must be greater than 0 and at most 1, e.g. 0.90")
-        gpu_memory_utilization = None
-
-    # --- placement and network --------------------------------------------------------
-    availability_zone = reader.string("availabilityZone")
-    if availability_zone is not None:
-        if not _AZ.match(availability_zone):
-            reader.fail("availabilityZone", "is not an Availability Zone name such as us-east-1a")
-        elif region and not availability_zone.startswith(region):
-            reader.fail(
-                "availabilityZone",
-                f"is not in the stack's region {region} (aws:region). Fix: a zone such as {region}a, or change aws:region",
-            )
-
-    vpc_cidr = reader.string("vpcCidr") or DEFAULT_VPC_CIDR
-    try:
-        vpc_network = ipaddress.ip_network(vpc_cidr, strict=True)
-        if vpc_network.version != 4 or not 16 <= vpc_network.prefixlen <= 24:
-            reader.fail("vpcCidr", "must be an IPv4 CIDR from /16 to /24, e.g. 10.42.0.0/16")
-        elif not vpc_network.is_private:
-            reader.fail("vpcCidr", "must be a private range (RFC 1918), e.g. 10.42.0.0/16")
-    except ValueError:
-        reader.fail("vpcCidr", "is not a CIDR such as 10.42.0.0/16")
-
-    existing_ids = {key: reader.string(key) for key in ("vpcId", "publicSubnetId", "privateSubnetId")}
-    existing_network = None
-    if any(existing_ids.values()):
-        missing = [key for key, value in existing_ids.items() if not value]
-        for key in missing:
-            reader.fail(key, "must be set together with vpcId, publicSubnetId and privateSubnetId (all or none)")
-        patterns = {"vpcId": _VPC, "publicSubnetId": _SUBNET, "privateSubnetId": _SUBNET}
-        for key, value in existing_ids.items():
-            if value and not patterns[key].match(value):
-                reader.fail(key, f"is not an id such as {'vpc-0abc12345def67890' if key == 'vpcId' else 'subnet-0abc12345def67890'}")
-        if vpc_cidr != DEFAULT_VPC_CIDR:
-            reader.fail("vpcCidr", "applies only to a new VPC; remove it when vpcId is set")
-        if not missing:
-            existing_network = ExistingNetwork(
-                vpc_id=existing_ids["vpcId"],
-                public_subnet_id=existing_ids["publicSubnetId"],
-                private_subnet_id=existing_ids["privateSubnetId"],
-            )
-
-    ami_id = reader.string("amiId")
-    if ami_id is not None and not _AMI.match(ami_id):
-        reader.fail("amiId", "is not an AMI id such as ami-0123456789abcdef0")
-
-    root_volume_gib = reader.integer("rootVolumeGiB")
-    if root_volume_gib is not None and not MIN_ROOT_VOLUME_GIB <= root_volume_gib <= MAX_ROOT_VOLUME_GIB:
-        reader.fail(
-            "rootVolumeGiB",
-            f"must be from {MIN_ROOT_VOLUME_GIB} to {MAX_ROOT_VOLUME_GIB}: the Deep Learning AMI and the vLLM "
-            f"virtualenv need about {MIN_ROOT_VOLUME_GIB} GiB",
-        )
-
-    capacity_reservation_id = reader.string("capacityReservationId")
-    if capacity_reservation_id is not None and not _CAPACITY_RESERVATION.match(capacity_reservation_id):
-        reader.fail("capacityReservationId", "is not a Capacity Reservation id such as cr-0123456789abcdef0")
-    capacity_block = reader.boolean("capacityBlock")
-    if capacity_block and capacity_reservation_id is None:
-        reader.fail(
-            "capacityBlock",
-            f"is true, but no capacityReservationId names the block. Fix: pulumi config set {NAMESPACE}:capacityReservationId cr-...",
-        )
-    _check_reservation_zone(reader, capacity_reservation_id, bool(capacity_block), availability_zone, existing_network)
-    placement_group_name = _check_placement_group_name(reader, reader.string("placementGroupName"))
-
-    retain_model_cache = reader.boolean("retainModelCache")
-    gateway_instance_type = reader.string("gatewayInstanceType")
-    if gateway_instance_type is not None and not _EC2_TYPE.match(gateway_instance_type):
-        reader.fail("gatewayInstanceType", "is not an EC2 instance type such as t3.small")
-
-    tls = _check_user_certificate(reader, secret_keys)
-    api_read_timeout_seconds = _check_api_read_timeout(reader, reader.integer("apiReadTimeoutSeconds"))
-    api_rate_limit_per_second = _check_api_rate_limit(reader, reader.integer("apiRateLimitPerSecond"))
-
-    if reader.problems:
-        raise SpecError(reader.problems)
-
-    return ClusterSpec(
-        stack=stack,
-        model=model,
-        model_revision=model_revision,
-        hf_endpoint=hf_endpoint,
-        instance=instance,
-        nodes=nodes,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-        efa=bool(efa),
-        api_allowed_cidrs=api_allowed_cidrs,
-        admin_cidrs=admin_cidrs,
-        allow_public_api=bool(allow_public_api),
-        hf_token=hf_token,
-        api_key=api_key,
-        vllm_version=vllm_version,
-        ray_version=ray_version,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization,
-        served_model_name=served_model_name,
-        vllm_extra_args=tuple(extra_args),
-        availability_zone=availability_zone,
-        vpc_cidr=vpc_cidr,
-        existing_network=existing_network,
-        ami_id=ami_id,
-        root_volume_gib=root_volume_gib,
-        capacity_reservation_id=capacity_reservation_id,
-        capacity_block=bool(capacity_block),
-        placement_group_name=placement_group_name,
-        retain_model_cache=bool(retain_model_cache),
-        gateway_instance_type=gateway_instance_type,
-        tls=tls,
-        api_read_timeout_seconds=api_read_timeout_seconds,
-        api_rate_limit_per_second=api_rate_limit_per_second,
-        warnings=tuple(warnings),
-    )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.tagging import tags
+from components.tagging import renamed_from, tags
 
 # The Deep Learning AMI's default user (ubuntu) owns the cache, so the services and
 # an admin logged in over SSH read and write it with the same identity.
@@ -71,28 +71,29 @@ class ModelStorage(pulumi.ComponentResource):
     file_system_arn: pulumi.Output[str]
     dns_name: pulumi.Output[str]
     access_point_id: pulumi.Output[str]
+    mount_target_id: pulumi.Output[str]
+    # The nodes mount at boot: the mount target and the policy must exist first.
+    ready: list[pulumi.Resource]
 
     def __init__(self, name: str, args: ModelStorageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:ModelStorage", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-
         file_system = aws.efs.FileSystem(
-            f"{name}-fs",
+            f"{name}-model-cache",
             encrypted=True,
             throughput_mode="elastic",
             performance_mode="generalPurpose",
-            tags=tags(f"{name}-fs"),
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy),
+            tags=tags(f"{name}-model-cache"),
+            opts=renamed_from(f"{name}-fs", parent=self, retain_on_delete=args.retain_on_destroy),
         )
         mount_target = aws.efs.MountTarget(
-            f"{name}-mount",
+            f"{name}-model-cache-mount",
             file_system_id=file_system.id,
             subnet_id=args.subnet_id,
             security_groups=[args.efs_group_id],
-            opts=child,
+            opts=renamed_from(f"{name}-mount", parent=self),
         )
         access_point = aws.efs.AccessPoint(
-            f"{name}-models",
+            f"{name}-model-cache-access-point",
             file_system_id=file_system.id,
             posix_user={"uid": MODEL_CACHE_UID, "gid": MODEL_CACHE_GID},
             root_directory={
@@ -103,14 +104,14 @@ class ModelStorage(pulumi.ComponentResource):
                     "permissions": "0755",
                 },
             },
-            tags=tags(f"{name}-models"),
-            opts=child,
+            tags=tags(f"{name}-model-cache-access-point"),
+            opts=renamed_from(f"{name}-models", parent=self),
         )
         policy = aws.efs.FileSystemPolicy(
-            f"{name}-tls-only",
+            f"{name}-model-cache-tls-only",
             file_system_id=file_system.id,
             policy=file_system.arn.apply(file_system_policy),
-            opts=child,
+            opts=renamed_from(f"{name}-tls-only", parent=self),
         )
 
         self.file_system_id = file_system.id
@@ -118,12 +119,13 @@ class ModelStorage(pulumi.ComponentResource):
         self.dns_name = file_system.dns_name
         self.access_point_id = access_point.id
         self.mount_target_id = mount_target.id
-        # The nodes mount at boot: the mount target and the policy must exist first.
         self.ready = [mount_target, policy]
         self.register_outputs(
             {
-                "fileSystemId": file_system.id,
-                "accessPointId": access_point.id,
-                "mountTargetId": mount_target.id,
+                "fileSystemId": self.file_system_id,
+                "fileSystemArn": self.file_system_arn,
+                "dnsName": self.dns_name,
+                "accessPointId": self.access_point_id,
+                "mountTargetId": self.mount_target_id,
             }
         )

@@ -1,5 +1,8 @@
-"""Tags every taggable resource carries, so a cluster's resources can be found
-(and billed) by stack in the AWS console."""
+"""How resources are named and tagged.
+
+Every taggable resource carries the same tags, so a cluster's resources can be
+found (and billed) by stack in the AWS console; its Name tag is its resource name.
+"""
 
 import pulumi
 
@@ -11,3 +14,13 @@ def tags(name: str, **extra: str) -> dict[str, str]:
         "vllm-cluster:stack": pulumi.get_stack(),
         **extra,
     }
+
+
+def renamed_from(old_name: str, **options) -> pulumi.ResourceOptions:
+    """Options for a resource that was called `old_name` in stacks deployed before
+    (issue 12 renamed resources so that each name says what the resource is). The
+    alias is the old URN: `pulumi up` matches the live resource to the new name and
+    updates it in place, and the AWS provider keeps the cloud name it generated from
+    the old one (pulumi-terraform-bridge reuses an old default), so nothing is replaced.
+    tests/test_program.py checks every alias against the deployed URNs."""
+    return pulumi.ResourceOptions(aliases=[pulumi.Alias(name=old_name)], **options)

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,12 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
         assert (installed / "bin" / name).read_text() == (ROOT / "scripts/node" / name).read_text(), name
         assert (installed / "bin" / name).stat().st_mode & 0o777 == 0o755
     assert (installed / "lib/vllm-cluster-lib.sh").read_text() == LIBRARY
+    assert (installed / "lib/vllm_cluster_lib.py").read_text() == (ROOT / "scripts/lib/vllm_cluster_lib.py").read_text()
+    # The Python checks import their shared helpers from ../lib, where the script put them.
+    for check in ("ray-cluster-check", "vllm-watchdog-check", "preflight-check"):
+        loaded = subprocess.run([sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv[1])",
+                                 str(installed / "bin" / check)], capture_output=True, text=True, cwd=tmp_path)
+        assert loaded.returncode == 0, (check, loaded.stderr)
     assert sorted(bootstrap.NODE_UNITS) == sorted(p.name for p in UNITS.iterdir())
     for unit in bootstrap.NODE_UNITS:
         assert (tmp_path / "etc/systemd/system" / unit).read_text() == (UNITS / unit).read_text()
@@ -185,11 +192,13 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
     assert env_file.read_text() == bootstrap.cluster_env(boot(1)) and env_file.stat().st_mode & 0o777 == 0o600
 
 
-def test_user_data_writes_cluster_env_and_the_first_boot_script_only(tmp_path):
+def test_user_data_writes_cluster_env_the_first_boot_script_and_its_library_only(tmp_path):
     write_files_of(bootstrap.node_user_data(boot(1)), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-first-boot\n")
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    assert written == ["etc/vllm-cluster/cluster.env", "opt/vllm-cluster/bin/vllm-cluster-first-boot"]
+    assert written == ["etc/vllm-cluster/cluster.env", "opt/vllm-cluster/bin/vllm-cluster-first-boot",
+                       "opt/vllm-cluster/lib/vllm-cluster-lib.sh"]
     assert (tmp_path / "etc/vllm-cluster/cluster.env").read_text() == bootstrap.cluster_env(boot(1))
+    assert (tmp_path / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").read_text() == LIBRARY
 
 
 def test_gateway_user_data_writes_the_library_and_the_gateway_command(tmp_path):
@@ -225,7 +234,6 @@ def test_scripts_and_renderer_agree_on_paths():
         assert constant in NODE_SCRIPT
     gateway = (ROOT / "scripts" / "gateway" / "vllm-cluster-gateway").read_text()
     assert bootstrap.TLS_DIR in gateway and bootstrap.NGINX_SITE in gateway
-    assert f"RAY_GCS_PORT={ports.RAY_GCS}" in NODE_SCRIPT and f"VLLM_PORT={ports.VLLM_API}" in NODE_SCRIPT
 
 
 # --- systemd units --------------------------------------------------------------------
@@ -256,7 +264,7 @@ def test_ray_and_vllm_units_lift_the_locked_memory_limit_for_efa():
 def test_the_worker_waits_for_the_heads_gcs_and_joins_it():
     text = unit("ray-worker.service")
     assert "ExecStartPre=/opt/vllm-cluster/bin/vllm-cluster-node wait-gcs" in text
-    assert f"--address=${{HEAD_IP}}:{ports.RAY_GCS}" in text
+    assert "--address=${HEAD_IP}:${PORT_RAY_GCS}" in text
 
 
 def test_vllm_unit_reads_the_key_from_a_file_and_waits_for_the_whole_cluster():
@@ -363,7 +371,7 @@ def test_dashboard_is_for_admin_cidrs_only():
     dashboard = site[site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;") :]
     assert "allow 198.51.100.7/32;\n    allow 2001:db8::/48;\n    deny all;" in dashboard
     api = site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
-    assert "8265" not in api
+    assert f":{ports.RAY_DASHBOARD}" not in api
 
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)

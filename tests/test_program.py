@@ -2,6 +2,7 @@
 stacks/: the resource graph must hold each security and placement property the
 README promises, whatever the stack."""
 
+import ast
 import ipaddress
 import json
 import re
@@ -10,7 +11,19 @@ import pytest
 
 from components import ports
 from components.catalog import CATALOG
-from pulumi_mocks import ProjectConfigError, run_program, run_stack, stack_config, stack_names
+from pulumi_mocks import (
+    PROJECT,
+    ROOT,
+    ProjectConfigError,
+    alias_urns,
+    engine_urn,
+    engine_urns,
+    run_program,
+    run_stack,
+    run_stack_recorded,
+    stack_config,
+    stack_names,
+)
 
 STACKS = stack_names()
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -20,6 +33,7 @@ INSTANCE = "aws:ec2/instance:Instance"
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 SUBNET = "aws:ec2/subnet:Subnet"
 WORLD = {"0.0.0.0/0", "::/0"}
+GATEWAY_HOST = "vllm-gateway-host"
 
 
 @pytest.fixture(scope="module", params=STACKS)
@@ -36,7 +50,7 @@ def cfg(run, key, default=None):
 
 
 def group_id(run, role):
-    return run.id_of(next(r for r in run.of_type(SG) if r.name == f"vllm-{role}"))
+    return run.id_of(next(r for r in run.of_type(SG) if r.name == f"vllm-{role}-sg"))
 
 
 def rules_of(run, type_, role):
@@ -153,12 +167,12 @@ def test_every_rule_and_group_says_why_it_exists(run):
 
 
 def test_model_cache_is_encrypted_elastic_tls_only_and_in_the_node_subnet(run):
-    fs = run.named("vllm-fs")
+    fs = run.named("vllm-model-cache")
     assert fs.inputs["encrypted"] is True and fs.inputs["throughputMode"] == "elastic"
     assert fs.retain_on_delete == (cfg(run, "retainModelCache", False) is True)
     mount = run.of_type("aws:efs/mountTarget:MountTarget")
     assert len(mount) == 1
-    assert mount[0].inputs["subnetId"] == run.id_of(run.named("vllm-private", SUBNET))
+    assert mount[0].inputs["subnetId"] == run.id_of(run.named("vllm-private-subnet", SUBNET))
     assert mount[0].inputs["securityGroups"] == [group_id(run, "efs")]
     assert len(run.of_type("aws:efs/accessPoint:AccessPoint")) == 1
     policy = json.loads(run.of_type("aws:efs/fileSystemPolicy:FileSystemPolicy")[0].inputs["policy"])
@@ -167,8 +181,8 @@ def test_model_cache_is_encrypted_elastic_tls_only_and_in_the_node_subnet(run):
 
 
 def test_retain_model_cache_keeps_the_file_system_on_destroy():
-    assert run_stack("dev", {"retainModelCache": True}).named("vllm-fs").retain_on_delete is True
-    assert run_stack("dev", {"retainModelCache": False}).named("vllm-fs").retain_on_delete is False
+    assert run_stack("dev", {"retainModelCache": True}).named("vllm-model-cache").retain_on_delete is True
+    assert run_stack("dev", {"retainModelCache": False}).named("vllm-model-cache").retain_on_delete is False
 
 
 # --- compute --------------------------------------------------------------------------
@@ -190,7 +204,7 @@ def test_gpu_nodes_share_one_subnet_one_template_and_no_public_ip(run):
     assert len(templates) == 1
     template = templates[0]
     interfaces = template.inputs["networkInterfaces"]
-    assert {i["subnetId"] for i in interfaces} == {run.id_of(run.named("vllm-private", SUBNET))}
+    assert {i["subnetId"] for i in interfaces} == {run.id_of(run.named("vllm-private-subnet", SUBNET))}
     primary = [i for i in interfaces if i["deviceIndex"] == 0 and i["networkCardIndex"] == 0]
     assert len(primary) == 1 and primary[0]["associatePublicIpAddress"] == "false"
     assert not any(i.get("associatePublicIpAddress") == "true" for i in interfaces)
@@ -240,7 +254,7 @@ def test_imdsv2_only_and_encrypted_gp3_root(run):
     ebs = template["blockDeviceMappings"][0]["ebs"]
     assert ebs["encrypted"] == "true" and ebs["volumeType"] == "gp3"
     assert ebs["volumeSize"] == cfg(run, "rootVolumeGiB", 200)
-    gateway = run.named("vllm-host").inputs
+    gateway = run.named(GATEWAY_HOST).inputs
     assert gateway["metadataOptions"]["httpTokens"] == "required"
     assert gateway["rootBlockDevice"]["encrypted"] is True
 
@@ -264,7 +278,7 @@ def test_deep_learning_ami_is_looked_up_unless_set(run):
 
 def test_a_newer_image_does_not_replace_running_nodes_or_the_gateway(run):
     assert "imageId" in run.of_type(TEMPLATE)[0].ignore_changes
-    assert "ami" in run.named("vllm-host").ignore_changes
+    assert "ami" in run.named(GATEWAY_HOST).ignore_changes
     pinned = run_stack(run.stack, {"amiId": "ami-0123456789abcdef0"})
     assert "imageId" not in pinned.of_type(TEMPLATE)[0].ignore_changes  # a pinned AMI change is deliberate
 
@@ -277,7 +291,7 @@ def test_instances_boot_only_after_routes_rules_and_the_mount_target(run):
     mount = {r.urn for r in run.of_type("aws:efs/mountTarget:MountTarget")}
     for node in gpu_nodes(run):
         assert rules | routes | mount <= set(node.dependencies), node.name
-    assert rules | routes <= set(run.named("vllm-host").dependencies)
+    assert rules | routes <= set(run.named(GATEWAY_HOST).dependencies)
 
 
 # A reservation serves one zone: the config names it (the spec refuses one without it).
@@ -291,7 +305,7 @@ def test_gpu_nodes_launch_into_a_configured_capacity_reservation_or_block(run):
     target = reserved.of_type(TEMPLATE)[0].inputs["capacityReservationSpecification"]["capacityReservationTarget"]
     assert target["capacityReservationId"] == "cr-0123456789abcdef0"
     assert all(n.inputs["instanceMarketOptions"]["marketType"] == "capacity-block" for n in gpu_nodes(reserved))
-    assert "instanceMarketOptions" not in reserved.named("vllm-host").inputs
+    assert "instanceMarketOptions" not in reserved.named(GATEWAY_HOST).inputs
 
 
 def test_reserved_gpu_nodes_are_replaced_delete_first_and_the_preview_says_so(run):
@@ -300,7 +314,7 @@ def test_reserved_gpu_nodes_are_replaced_delete_first_and_the_preview_says_so(ru
     reserved = run_stack(run.stack, RESERVED)
     assert reserved.error is None
     assert gpu_nodes(reserved) and all(node.delete_before_replace for node in gpu_nodes(reserved))
-    assert not reserved.named("vllm-host").delete_before_replace
+    assert not reserved.named(GATEWAY_HOST).delete_before_replace
     assert any("cr-0123456789abcdef0" in w and "stops" in w and "before its replacement" in w for w in reserved.warnings)
 
 
@@ -310,8 +324,8 @@ def test_unreserved_gpu_nodes_keep_the_default_create_first_replacement(run):
 
 
 def test_gateway_is_public_with_an_elastic_ip(run):
-    gateway = run.named("vllm-host")
-    assert gateway.inputs["subnetId"] == run.id_of(run.named("vllm-public", SUBNET))
+    gateway = run.named(GATEWAY_HOST)
+    assert gateway.inputs["subnetId"] == run.id_of(run.named("vllm-public-subnet", SUBNET))
     assert gateway.inputs["vpcSecurityGroupIds"] == [group_id(run, "gateway")]
     eips = [e for e in run.of_type("aws:ec2/eip:Eip") if e.parent_type == "vllm-cluster:index:Gateway"]
     assert len(eips) == 1 and eips[0].inputs["instance"] == run.id_of(gateway)
@@ -322,7 +336,7 @@ def test_network_is_one_zone_with_public_and_private_subnets_and_a_nat(run):
     assert len(subnets) == 2 and len({s.inputs["availabilityZone"] for s in subnets}) == 1
     assert not any(s.inputs.get("mapPublicIpOnLaunch") for s in subnets)
     routes = {r.name: r.inputs for r in run.of_type("aws:ec2/route:Route")}
-    assert "gatewayId" in routes["vllm-public-default"] and "natGatewayId" in routes["vllm-private-default"]
+    assert "gatewayId" in routes["vllm-public-default-route"] and "natGatewayId" in routes["vllm-private-default-route"]
     assert len(run.of_type("aws:ec2/natGateway:NatGateway")) == 1
 
 
@@ -335,7 +349,7 @@ def test_existing_network_is_used_instead_of_a_new_one():
     assert result.error is None
     assert result.of_type("aws:ec2/vpc:Vpc") == [] and result.of_type("aws:ec2/subnet:Subnet") == []
     assert {i["subnetId"] for i in result.of_type(TEMPLATE)[0].inputs["networkInterfaces"]} == {"subnet-0bbbbbbbbbbbbbbbb"}
-    assert result.named("vllm-host").inputs["subnetId"] == "subnet-0aaaaaaaaaaaaaaaa"
+    assert result.named(GATEWAY_HOST).inputs["subnetId"] == "subnet-0aaaaaaaaaaaaaaaa"
 
 
 @pytest.mark.parametrize("attribute", ["enableDnsHostnames", "enableDnsSupport"])
@@ -373,6 +387,57 @@ def test_resource_names_are_identical_across_two_runs(run):
     # Registration order is the SDK's business; the set of (type, name) pairs is what Pulumi diffs.
     assert sorted((r.type, r.name) for r in again.resources) == sorted((r.type, r.name) for r in run.resources)
     assert len({(r.type, r.name) for r in run.resources}) == len(run.resources)
+
+
+def component_classes():
+    """(type token, class name, {attribute: annotation}, public attributes it assigns)
+    of every ComponentResource in components/, read from the source."""
+    for path in sorted((ROOT / "components").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not (isinstance(node, ast.ClassDef) and "pulumi.ComponentResource" in map(ast.unparse, node.bases)):
+                continue
+            annotations = {
+                item.target.id: ast.unparse(item.annotation)
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+            assigned = {
+                item.attr
+                for item in ast.walk(node)
+                if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store)
+                and ast.unparse(item.value) == "self" and not item.attr.startswith("_")
+            }
+            token = next(
+                call.args[0].value
+                for call in ast.walk(node)
+                if isinstance(call, ast.Call) and ast.unparse(call.func) == "super().__init__"
+            )
+            yield token, node.name, annotations, assigned
+
+
+def camel(attribute: str) -> str:
+    first, *rest = attribute.split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def test_components_declare_every_attribute_they_set():
+    classes = list(component_classes())
+    assert len(classes) == 8
+    for _, name, annotations, assigned in classes:
+        assert assigned <= set(annotations), f"{name} sets undeclared {sorted(assigned - set(annotations))}"
+
+
+def test_components_register_every_value_they_expose(recorded_runs):
+    """What another component or the stack reads from a component is in its registered
+    outputs, so `pulumi stack` shows it; resource handles (instances, rules) kept only
+    to wait for are not values."""
+    for stack, (run, recorded) in recorded_runs.items():
+        registered = {component_type: keys for (component_type, _), keys in recorded.outputs.items()}
+        for token, name, annotations, _ in component_classes():
+            values = {camel(a) for a, annotation in annotations.items()
+                      if re.search(r"\b(Output|Input)\[", annotation) or annotation in ("bool", "int", "str")}
+            assert values, name
+            assert values <= registered.get(token, set()), f"{stack}: {name} does not register {sorted(values - registered.get(token, set()))}"
 
 
 # --- exports --------------------------------------------------------------------------
@@ -451,3 +516,89 @@ def test_several_nodes_without_efa_warns():
     result = run_stack("prod", {"efa": "false"})
     assert result.error is None
     assert any("without EFA" in w for w in result.warnings)
+
+
+# --- the identity of deployed resources ---------------------------------------------------
+
+
+def deployed_urns(stack: str) -> set[str]:
+    """tests/golden/urns-<stack>.txt: the URNs in the state of a stack deployed before issue 12."""
+    text = (ROOT / "tests" / "golden" / f"urns-{stack}.txt").read_text()
+    return {line for line in text.splitlines() if line and not line.startswith("#")}
+
+
+@pytest.fixture(scope="module")
+def recorded_runs():
+    """Every stack run once with its aliases and registered outputs recorded."""
+    runs = {}
+    for stack in STACKS:
+        run, recorded = run_stack_recorded(stack)
+        assert run.error is None, f"stack {stack}: {run.error}"
+        runs[stack] = (run, recorded)
+    return runs
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_deployed_resource_is_still_declared_under_its_urn_or_an_alias(stack, recorded_runs):
+    """The engine matches a declared resource to the state by URN, then by alias: a
+    deployed URN that nothing claims is deleted, and a declaration that claims none is
+    created. Either would replace a live resource (a GPU node, the model cache). A
+    component's type is in its URN and its children's, so this holds the types too."""
+    run, recorded = recorded_runs[stack]
+    identities = {urn: {urn, *aliases} for urn, aliases in alias_urns(run, recorded, stack).items()}
+    deployed = deployed_urns(stack)
+    for old in sorted(deployed):
+        claimed_by = [urn for urn, names in identities.items() if old in names]
+        assert len(claimed_by) == 1, f"{old} is claimed by {claimed_by or 'nothing'}"
+    for urn, names in identities.items():
+        assert names & deployed, f"{urn} matches nothing deployed: `pulumi up` would create it"
+
+
+# Issue 12 named every resource by what it is: (type, new name) -> the name deployed stacks know.
+RENAMED = {
+    (INSTANCE, "vllm-gateway-host"): "vllm-host",
+    ("aws:ec2/eip:Eip", "vllm-gateway-ip"): "vllm-ip",
+    ("aws:ec2/placementGroup:PlacementGroup", "vllm-node-placement-group"): "vllm-placement",
+    ("aws:iam/role:Role", "vllm-node-role"): "vllm-role",
+    ("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "vllm-node-role-ssm"): "vllm-ssm",
+    ("aws:iam/rolePolicy:RolePolicy", "vllm-node-role-model-cache"): "vllm-model-cache",
+    ("aws:iam/instanceProfile:InstanceProfile", "vllm-node-instance-profile"): "vllm-profile",
+    (SUBNET, "vllm-public-subnet"): "vllm-public",
+    (SUBNET, "vllm-private-subnet"): "vllm-private",
+    ("aws:ec2/internetGateway:InternetGateway", "vllm-internet-gateway"): "vllm-igw",
+    ("aws:ec2/natGateway:NatGateway", "vllm-nat-gateway"): "vllm-nat",
+    ("aws:ec2/routeTable:RouteTable", "vllm-public-route-table"): "vllm-public",
+    ("aws:ec2/routeTable:RouteTable", "vllm-private-route-table"): "vllm-private",
+    ("aws:ec2/route:Route", "vllm-public-default-route"): "vllm-public-default",
+    ("aws:ec2/route:Route", "vllm-private-default-route"): "vllm-private-default",
+    ("aws:ec2/routeTableAssociation:RouteTableAssociation", "vllm-public-route-table-association"): "vllm-public",
+    ("aws:ec2/routeTableAssociation:RouteTableAssociation", "vllm-private-route-table-association"): "vllm-private",
+    (SG, "vllm-gateway-sg"): "vllm-gateway",
+    (SG, "vllm-nodes-sg"): "vllm-nodes",
+    (SG, "vllm-cluster-sg"): "vllm-cluster",
+    (SG, "vllm-efs-sg"): "vllm-efs",
+    ("aws:efs/fileSystem:FileSystem", "vllm-model-cache"): "vllm-fs",
+    ("aws:efs/mountTarget:MountTarget", "vllm-model-cache-mount"): "vllm-mount",
+    ("aws:efs/accessPoint:AccessPoint", "vllm-model-cache-access-point"): "vllm-models",
+    ("aws:efs/fileSystemPolicy:FileSystemPolicy", "vllm-model-cache-tls-only"): "vllm-tls-only",
+    ("tls:index/privateKey:PrivateKey", "vllm-gateway-tls-key"): "vllm-tls",
+    ("tls:index/selfSignedCert:SelfSignedCert", "vllm-gateway-tls-certificate"): "vllm-tls",
+}
+
+
+def test_each_renamed_resource_is_aliased_to_its_old_urn_and_nothing_else_is_aliased(recorded_runs):
+    seen = set()
+    for stack, (run, recorded) in recorded_runs.items():
+        engine, aliases = engine_urns(run, stack), alias_urns(run, recorded, stack)
+        for resource in run.resources:
+            urn = engine[resource.urn]
+            old_name = RENAMED.get((resource.type, resource.name))
+            if old_name is None:
+                assert aliases[urn] == [], f"{urn} carries aliases {aliases[urn]} but is not in RENAMED"
+                continue
+            old_urn = engine_urn(stack, PROJECT, engine.get(resource.parent), resource.type, old_name)
+            assert aliases[urn] == [old_urn], urn
+            assert old_urn in deployed_urns(stack), f"{old_urn} was never deployed: RENAMED is wrong"
+            seen.add((resource.type, resource.name))
+    assert seen == set(RENAMED), f"RENAMED names resources no stack declares: {set(RENAMED) - seen}"
+

@@ -9,7 +9,7 @@ import jsonschema
 import yaml
 
 from components import versions
-from components.spec import CONFIG_KEYS
+from components.config_keys import CONFIG_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 # A copy of Pulumi's official project-file schema, kept in the repository so this

@@ -5,7 +5,7 @@ import json
 import re
 from pathlib import Path
 
-from components.spec import CONFIG_KEYS
+from components.config_keys import CONFIG_KEYS
 from pulumi_mocks import stack_names
 
 ROOT = Path(__file__).resolve().parent.parent

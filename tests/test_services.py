@@ -57,7 +57,7 @@ def depends_on(run, name: str) -> set[str]:
 
 
 def node_names(run) -> list[str]:
-    return [r.name.removeprefix("vllm-") for r in run.of_type("aws:ec2/instance:Instance") if r.name != "vllm-host"]
+    return [r.name.removeprefix("vllm-") for r in run.of_type("aws:ec2/instance:Instance") if r.name != "vllm-gateway-host"]
 
 
 # --- order and parallelism -------------------------------------------------------------
@@ -97,7 +97,7 @@ def test_every_command_waits_for_its_host(run):
     for name, command in commands(run).items():
         waits_for = {run.by_urn(urn).name for urn in command.dependencies}
         if name.startswith("vllm-gateway-"):
-            assert {"vllm-host", "vllm-ip"} & waits_for or "vllm-gateway-setup" in depends_on(run, name), name
+            assert {"vllm-gateway-host", "vllm-gateway-ip"} & waits_for or "vllm-gateway-setup" in depends_on(run, name), name
         elif name.startswith("vllm-setup-"):
             assert name.replace("vllm-setup-", "vllm-") in waits_for, name
 

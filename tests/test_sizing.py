@@ -130,3 +130,71 @@ def test_a_model_outside_the_table_is_timed_as_the_largest_the_gpus_could_hold()
     assert bound.weight_bytes == pytest.approx(2 * 8 * 40 * 2**30) and bound.dtype == "bf16"
     assert sizing.served_model_size("meta-llama/Llama-3.1-70B-Instruct", p4d, 2) == LLAMA_70B
     assert sizing.engine_ready_timeout_seconds(bound, 2) > sizing.engine_ready_timeout_seconds(LLAMA_70B, 2)
+
+
+# vLLM's own --dtype choices (vllm.config.model.ModelDType): what `vllm serve` accepts.
+VLLM_DTYPE_CHOICES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+SPELLINGS = [
+    # (as a user writes it, the canonical name)
+    ("auto", "auto"),
+    ("half", "fp16"), ("float16", "fp16"), ("fp16", "fp16"),
+    ("bfloat16", "bf16"), ("bf16", "bf16"),
+    ("float", "fp32"), ("float32", "fp32"), ("fp32", "fp32"),
+    ("fp8", "fp8"), ("int8", "int8"), ("int4", "int4"),
+    ("BF16", "bf16"), (" bfloat16 ", "bf16"),
+]
+
+
+@pytest.mark.parametrize("spelling, canonical", SPELLINGS)
+def test_vllms_spellings_and_the_short_ones_name_the_same_dtype(spelling, canonical):
+    assert sizing.canonical_dtype(spelling, "--dtype") == canonical
+
+
+def test_every_canonical_dtype_but_auto_has_a_size():
+    canonical = {sizing.canonical_dtype(spelling, "--dtype") for spelling, _ in SPELLINGS}
+    assert canonical - {"auto"} == set(models.DTYPE_BYTES)
+
+
+def test_an_unknown_dtype_names_where_it_came_from_the_value_and_every_accepted_spelling():
+    with pytest.raises(ValueError) as caught:
+        sizing.canonical_dtype("fp12", "--dtype")
+    text = str(caught.value)
+    assert "--dtype" in text and "fp12" in text
+    for spelling in ("auto", "half", "float16", "bfloat16", "float", "float32", "bf16", "fp16", "fp32", "fp8", "int8",
+                     "int4"):
+        assert spelling in text.split("accepted:", 1)[1], spelling
+
+
+@pytest.mark.parametrize("spelling", [*VLLM_DTYPE_CHOICES, "bf16", "fp16", "fp32"])
+def test_what_vllm_receives_as_dtype_is_one_of_its_own_choices(spelling):
+    assert sizing.vllm_dtype(sizing.canonical_dtype(spelling, "--dtype")) in VLLM_DTYPE_CHOICES
+
+
+@pytest.mark.parametrize("quantized", ["fp8", "int8", "int4"])
+def test_quantized_weight_types_have_no_vllm_dtype(quantized):
+    """vLLM's --dtype is the type of unquantized weights and activations; fp8, int8 and int4
+    weights come from a quantized checkpoint or --quantization."""
+    assert sizing.vllm_dtype(quantized) is None
+
+
+def test_the_planner_sizes_vllms_spellings_like_the_short_ones():
+    for vllm_spelling, short in (("bfloat16", "bf16"), ("half", "fp16"), ("float", "fp32"), ("float32", "fp32")):
+        sized = sizing.ModelSize.of(None, "x", params_b=7, dtype=vllm_spelling)
+        assert sized.dtype == short and sized.weight_bytes == sizing.ModelSize.of(None, "x", 7, short).weight_bytes
+
+
+def test_auto_takes_the_models_own_dtype():
+    llama = models.lookup("meta-llama/Llama-3.1-70B-Instruct")
+    assert sizing.ModelSize.of(llama, "m", dtype="auto").dtype == llama.dtype
+    assert sizing.ModelSize.of(None, "x", params_b=7, dtype="auto").dtype == "bf16"
+
+
+def test_plan_dtype_takes_vllms_spelling_and_names_the_flag_when_it_is_unknown(capsys):
+    from cli.__main__ import main
+
+    assert main(["plan", "--stack", "dev", "--json", "--params-b", "7", "--dtype", "bfloat16"]) == 0
+    assert '"dtype": "bf16"' in capsys.readouterr().out
+    assert main(["plan", "--stack", "dev", "--params-b", "7", "--dtype", "fp12"]) == 2
+    error = capsys.readouterr().err
+    assert "--dtype 'fp12'" in error and "bfloat16" in error and "Traceback" not in error

@@ -1,10 +1,16 @@
 """Validation of the stack config: every bad value is refused before anything is
 declared, with an error that names the key, shows the value and says what to do."""
 
+import datetime
+import json
+import re
+
 import pytest
+import yaml
 
 from components import versions
-from components.spec import CONFIG_KEYS, SpecError, existing_vpc_problems, load_spec
+from components.config_keys import CONFIG_KEYS
+from components.spec import SpecError, existing_vpc_problems, load_spec
 
 GOOD = {
     "model": "meta-llama/Llama-3.1-70B-Instruct",
@@ -74,9 +80,11 @@ BAD_CONFIGS = [
     ("unknown instance type", {"instanceType": "p9.huge"}, "instanceType", "p5.48xlarge"),
     ("zero nodes", {"nodes": 0}, "nodes", "at least 1"),
     ("nodes not a number", {"nodes": "two"}, "nodes", "whole number"),
-    ("TP x PP short of the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 1}, "pipelineParallelSize", "pipelineParallelSize 2"),
+    ("TP x PP short of the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 1},
+     "pipelineParallelSize", "pipelineParallelSize 2"),
     ("TP x PP beyond the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 4}, "pipelineParallelSize", "= 16"),
-    ("TP across nodes", {"tensorParallelSize": 16, "pipelineParallelSize": 1}, "tensorParallelSize", "stays inside a node"),
+    ("TP across nodes", {"tensorParallelSize": 16, "pipelineParallelSize": 1},
+     "tensorParallelSize", "stays inside a node"),
     ("TP that splits a node unevenly", {"tensorParallelSize": 3}, "tensorParallelSize", "divide"),
     ("negative TP", {"tensorParallelSize": -1}, "tensorParallelSize", "at least 1"),
     ("negative PP", {"pipelineParallelSize": -2}, "pipelineParallelSize", "at least 1"),
@@ -87,9 +95,12 @@ BAD_CONFIGS = [
     ("API open to the world", {"apiAllowedCidrs": ["0.0.0.0/0"]}, "apiAllowedCidrs", "allowPublicApi"),
     ("API open to the IPv6 world", {"apiAllowedCidrs": ["::/0"]}, "apiAllowedCidrs", "allowPublicApi"),
     ("admin open to the world", {"adminCidrs": ["0.0.0.0/0"]}, "adminCidrs", "whole internet"),
-    ("admin open to the world even when the API may be", {"adminCidrs": ["::/0"], "allowPublicApi": True}, "adminCidrs", "whole internet"),
-    ("admin open to the world in two halves", {"adminCidrs": ["0.0.0.0/1", "128.0.0.0/1"]}, "adminCidrs", "whole internet"),
-    ("API open to the IPv6 world in pieces", {"apiAllowedCidrs": ["::/1", "8000::/2", "c000::/2"]}, "apiAllowedCidrs", "whole internet"),
+    ("admin open to the world even when the API may be", {"adminCidrs": ["::/0"], "allowPublicApi": True},
+     "adminCidrs", "whole internet"),
+    ("admin open to the world in two halves", {"adminCidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
+     "adminCidrs", "whole internet"),
+    ("API open to the IPv6 world in pieces", {"apiAllowedCidrs": ["::/1", "8000::/2", "c000::/2"]},
+     "apiAllowedCidrs", "whole internet"),
     ("no admin CIDR", {"adminCidrs": []}, "adminCidrs", "at least one"),
     ("API CIDRs missing", {"apiAllowedCidrs": None}, "apiAllowedCidrs", "required"),
     ("CIDRs not a list", {"adminCidrs": "198.51.100.7/32"}, "adminCidrs", "list"),
@@ -104,8 +115,10 @@ BAD_CONFIGS = [
     ("served name with a semicolon", {"servedModelName": "llama;id"}, "servedModelName", "';'"),
     ("extra argument with a dollar", {"vllmExtraArgs": ["--max-num-seqs", "$(id)"]}, "vllmExtraArgs", "'$'"),
     ("extra argument with a space", {"vllmExtraArgs": ["--max-num-seqs 64"]}, "vllmExtraArgs", "own item"),
-    ("extra argument that sets TP", {"vllmExtraArgs": ["--tensor-parallel-size=4"]}, "vllmExtraArgs", "tensorParallelSize"),
-    ("extra argument that puts the key on a command line", {"vllmExtraArgs": ["--api-key", "x"]}, "vllmExtraArgs", "never a command line"),
+    ("extra argument that sets TP", {"vllmExtraArgs": ["--tensor-parallel-size=4"]},
+     "vllmExtraArgs", "tensorParallelSize"),
+    ("extra argument that puts the key on a command line", {"vllmExtraArgs": ["--api-key", "x"]},
+     "vllmExtraArgs", "never a command line"),
     ("short API key", {"apiKey": "too-short"}, "apiKey", "32 characters"),
     ("API key with a quote", {"apiKey": "a" * 40 + "'"}, "apiKey", "letters, digits"),
     ("vLLM below its security floor", {"vllmVersion": "0.21.3"}, "vllmVersion", "security floor 0.22.0"),
@@ -119,11 +132,14 @@ BAD_CONFIGS = [
     ("public VPC range", {"vpcCidr": "8.8.0.0/16"}, "vpcCidr", "private"),
     ("VPC too large", {"vpcCidr": "10.0.0.0/8"}, "vpcCidr", "/16 to /24"),
     ("half an existing network", {"vpcId": "vpc-0123456789abcdef0"}, "privateSubnetId", "all or none"),
-    ("malformed subnet id", {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "public", "privateSubnetId": "subnet-0123456789abcdef0"}, "publicSubnetId", "subnet-"),
+    ("malformed subnet id",
+     {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "public", "privateSubnetId": "subnet-0123456789abcdef0"},
+     "publicSubnetId", "subnet-"),
     ("malformed AMI id", {"amiId": "ubuntu"}, "amiId", "ami-"),
     ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId", "cr-"),
     ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock", "capacityReservationId"),
-    ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId", "availabilityZone"),
+    ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"},
+     "capacityReservationId", "availabilityZone"),
     ("no read timeout", {"apiReadTimeoutSeconds": 0}, "apiReadTimeoutSeconds", "from 1 to 3600"),
     ("read timeout over an hour", {"apiReadTimeoutSeconds": 7200}, "apiReadTimeoutSeconds", "stream"),
     ("read timeout in words", {"apiReadTimeoutSeconds": "ten minutes"}, "apiReadTimeoutSeconds", "whole number"),
@@ -139,9 +155,11 @@ BAD_CONFIGS = [
     ("hub that is not a URL", {"hfEndpoint": "hf-mirror;curl evil"}, "hfEndpoint", "http(s) URL"),
     ("revision with shell characters", {"modelRevision": "main;reboot"}, "modelRevision", "inject"),
     ("revision climbing out of the cache", {"modelRevision": "a/../../etc"}, "modelRevision", "branch, tag or commit"),
-    ("certificate without its key", {"tlsCertificate": CERT, "endpointHostname": "llm.example.com"}, "tlsPrivateKey", "--secret"),
+    ("certificate without its key", {"tlsCertificate": CERT, "endpointHostname": "llm.example.com"},
+     "tlsPrivateKey", "--secret"),
     ("certificate without a hostname", {"tlsCertificate": CERT, "tlsPrivateKey": KEY}, "endpointHostname", "DNS name"),
-    ("key that is not PEM", {"tlsCertificate": CERT, "tlsPrivateKey": "secret", "endpointHostname": "llm.example.com"}, "tlsPrivateKey", "PEM"),
+    ("key that is not PEM", {"tlsCertificate": CERT, "tlsPrivateKey": "secret", "endpointHostname": "llm.example.com"},
+     "tlsPrivateKey", "PEM"),
     ("hostname without a certificate", {"endpointHostname": "llm.example.com"}, "tlsCertificate", "PEM certificate"),
 ]
 
@@ -221,15 +239,17 @@ def test_every_key_is_understood_by_the_loader():
 
     from components import spec as spec_module
 
-    source = inspect.getsource(spec_module.load_spec) + inspect.getsource(spec_module._check_user_certificate)
+    checkers = [f for name, f in vars(spec_module).items() if name.startswith("_check") and callable(f)]
+    source = "".join(inspect.getsource(f) for f in checkers)
     for key in CONFIG_KEYS:
-        assert f'"{key.name}"' in source, f"load_spec never reads {key.name}"
+        assert f'"{key.name}"' in source, f"no checker reads {key.name}"
 
 
 RESERVATION = "cr-0123456789abcdef0"
 
 
-@pytest.mark.parametrize("block, page", [(False, "capacity-reservations-launch.html"), (True, "capacity-blocks-launch.html")])
+@pytest.mark.parametrize("block, page", [(False, "capacity-reservations-launch.html"),
+                                         (True, "capacity-blocks-launch.html")])
 def test_a_reservation_without_its_zone_names_both_keys_the_value_the_fix_and_the_rule(block, page):
     """Without availabilityZone the nodes go to the first zone that offers the type; a
     Capacity Reservation or Capacity Block serves only its own zone."""
@@ -242,7 +262,8 @@ def test_a_reservation_without_its_zone_names_both_keys_the_value_the_fix_and_th
 
 
 def test_a_reservation_in_its_zone_or_in_an_existing_subnet_is_accepted():
-    assert spec_of(capacityReservationId=RESERVATION, availabilityZone="us-east-1b").capacity_reservation_id == RESERVATION
+    reserved = spec_of(capacityReservationId=RESERVATION, availabilityZone="us-east-1b")
+    assert reserved.capacity_reservation_id == RESERVATION
     # With an existing network the nodes go where privateSubnetId is; availabilityZone does not apply.
     existing = spec_of(capacityReservationId=RESERVATION, vpcId="vpc-0123456789abcdef0",
                        publicSubnetId="subnet-0123456789abcdef0", privateSubnetId="subnet-0fedcba9876543210")
@@ -283,3 +304,143 @@ def test_an_existing_vpc_without_dns_support_names_both_fixes_support_first():
     assert "enableDnsSupport" in str(problems[0]) and "--enable-dns-support" in str(problems[0])
     assert "enableDnsHostnames" in str(problems[1])
     assert existing_vpc_problems(VPC, dns_support=True, dns_hostnames=True) == []
+
+
+# --- dtype in vllmExtraArgs ------------------------------------------------------------
+
+@pytest.mark.parametrize("args, passed", [
+    (["--dtype", "bf16"], ("--dtype", "bfloat16")),
+    (["--dtype=fp16"], ("--dtype=float16",)),
+    (["--dtype", "FP32", "--enforce-eager"], ("--dtype", "float32", "--enforce-eager")),
+    (["--dtype", "half"], ("--dtype", "half")),  # vLLM's own spelling is passed as written
+    (["--dtype=auto"], ("--dtype=auto",)),
+])
+def test_a_dtype_in_any_spelling_reaches_vllm_in_one_it_accepts(args, passed):
+    from components import bootstrap
+
+    spec = spec_of(vllmExtraArgs=args)
+    assert spec.vllm_extra_args == passed
+    assert bootstrap.vllm_serve_args(spec, "10.0.0.1")[-len(passed):] == list(passed)
+
+
+def test_an_unknown_dtype_names_the_key_the_flag_the_value_and_every_spelling():
+    [problem] = problems_of(vllmExtraArgs=["--dtype", "bf17"]).problems
+    text = str(problem)
+    assert problem.key == "vllmExtraArgs" and "--dtype" in text and "bf17" in text
+    for spelling in ("auto", "half", "float16", "bfloat16", "float", "float32", "bf16", "fp16", "fp32"):
+        assert spelling in text, spelling
+
+
+@pytest.mark.parametrize("quantized", ["fp8", "int4", "--dtype=int8"])
+def test_a_quantized_weight_type_is_not_a_vllm_dtype(quantized):
+    args = [quantized] if quantized.startswith("--") else ["--dtype", quantized]
+    [problem] = problems_of(vllmExtraArgs=args).problems
+    assert problem.key == "vllmExtraArgs" and "--quantization" in str(problem)
+
+
+def test_a_dtype_flag_without_its_value_is_refused():
+    [problem] = problems_of(vllmExtraArgs=["--enforce-eager", "--dtype"]).problems
+    assert problem.key == "vllmExtraArgs" and "--dtype" in str(problem)
+
+
+# --- values of the wrong type --------------------------------------------------------------
+
+YAML_DATE = datetime.date(2024, 1, 1)  # what YAML makes of `2024-01-01`
+WRONG_BY_TYPE = {
+    "string": [[1], {"name": "x"}, YAML_DATE, b"bytes"],
+    "integer": ["two", [1], 2.5, True, {"n": 1}, YAML_DATE, "9" * 5000],
+    "boolean": ["maybe", [True], 1, YAML_DATE],
+    "array": [5, {"cidr": "203.0.113.0/24"}, "not a list", [1], [["nested"]], "[" * 100000],
+}
+# Keys declared as strings in Pulumi.yaml that hold another kind of value.
+WRONG_BY_KEY = {
+    "efa": ["maybe", [True], 5],
+    "gpuMemoryUtilization": ["most", [0.9], True, 10**400],
+}
+
+
+def wrong_values():
+    for key in CONFIG_KEYS:
+        for value in WRONG_BY_KEY.get(key.name, WRONG_BY_TYPE[key.type]):
+            yield pytest.param(key.name, value, id=f"{key.name}={str(value)[:20]!s}")
+
+
+@pytest.mark.parametrize("key, value", list(wrong_values()))
+def test_a_value_of_the_wrong_type_is_one_problem_naming_the_key_the_type_and_the_fix(key, value):
+    try:
+        load_spec({**GOOD, key: value}, stack="test", region="us-east-1", secret_keys={key})
+    except SpecError as error:
+        problems = error.problems
+    else:
+        raise AssertionError(f"{key} = {value!r} was accepted")
+    assert [p.key for p in problems] == [key], [str(p) for p in problems]
+    text = str(problems[0])
+    assert f"vllm-cluster:{key} = " in text and "Fix:" in text
+    assert any(kind in text for kind in ("text", "whole number", "true or false", "list", "number")), text
+
+
+@pytest.mark.parametrize("key, value, kind", [
+    ("nodes", "two", "whole number"),
+    ("tensorParallelSize", [1], "whole number"),
+    ("allowPublicApi", "maybe", "true or false"),
+    ("model", ["org/model"], "text"),
+    ("adminCidrs", 5, "list"),
+])
+def test_the_wrong_type_message_shows_the_value(key, value, kind):
+    [problem] = problems_of(**{key: value}).problems
+    assert problem.value == json.dumps(value) if not isinstance(value, str) else problem.value == f'"{value}"'
+    assert kind in problem.message
+
+
+# --- the zone and the region ----------------------------------------------------------
+
+def test_the_planner_refuses_a_zone_outside_the_stacks_region(tmp_path):
+    """The planner reads the stack file, aws:region included, and refuses what `pulumi up` would."""
+    from cli.plan import read_stack
+
+    stack_file = tmp_path / "Pulumi.zones.yaml"
+    stack_file.write_text(yaml.safe_dump({"config": {
+        "aws:region": "us-east-1", **{f"vllm-cluster:{k}": v for k, v in GOOD.items()},
+        "vllm-cluster:availabilityZone": "eu-west-1a",
+    }}))
+    with pytest.raises(SpecError) as caught:
+        read_stack("zones", str(stack_file))
+    [problem] = caught.value.problems
+    assert problem.key == "availabilityZone" and "eu-west-1a" in str(problem) and "aws:region" in str(problem)
+
+
+def test_the_program_declares_nothing_for_a_zone_outside_aws_region():
+    from pulumi_mocks import run_stack
+
+    run = run_stack("dev", {"availabilityZone": "eu-west-1a"})
+    assert run.resources == []
+    assert "vllm-cluster:availabilityZone" in str(run.error) and "aws:region" in str(run.error)
+
+
+def test_a_zone_inside_the_region_is_accepted():
+    assert spec_of(availabilityZone="us-east-1f").availability_zone == "us-east-1f"
+    assert load_spec({**GOOD, "availabilityZone": "us-gov-west-1a"}, stack="t", region="us-gov-west-1")
+
+
+# --- AWS rules link the page that states them -----------------------------------------------
+# Errors about the program's own rules (the root volume's floor, shell characters) need none.
+
+AWS_RULES = [
+    ("EFA on a type without it", {"instanceType": "g6.xlarge", "nodes": 1, "efa": "true"}, "efa"),
+    ("zone of another region", {"availabilityZone": "eu-west-1a"}, "availabilityZone"),
+    ("zone that is not a zone", {"availabilityZone": "east"}, "availabilityZone"),
+    ("reservation without its zone", {"capacityReservationId": RESERVATION}, "capacityReservationId"),
+    ("block without its zone", {"capacityReservationId": RESERVATION, "capacityBlock": True}, "capacityReservationId"),
+    ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock"),
+    ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId"),
+    ("placement group name too long", {"placementGroupName": "p" * 256}, "placementGroupName"),
+    ("placement group name not ASCII", {"placementGroupName": "gruppe-\u00fc"}, "placementGroupName"),
+    ("VPC larger than a /16", {"vpcCidr": "10.0.0.0/8"}, "vpcCidr"),
+    ("gateway type that is not a type", {"gatewayInstanceType": "small"}, "gatewayInstanceType"),
+]
+
+
+@pytest.mark.parametrize("what, changes, key", AWS_RULES, ids=[case[0] for case in AWS_RULES])
+def test_an_error_about_an_aws_rule_links_the_aws_page_that_states_it(what, changes, key):
+    named = [str(p) for p in problems_of(**changes).problems if p.key == key]
+    assert named and all(re.search(r"https://docs\.aws\.amazon\.com/\S+", text) for text in named), named

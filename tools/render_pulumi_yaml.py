@@ -1,4 +1,4 @@
-"""Writes Pulumi.yaml's `config:` block from components/spec.py's CONFIG_KEYS, the
+"""Writes Pulumi.yaml's `config:` block from components/config_keys.py's CONFIG_KEYS, the
 one source of the config contract. Run it after changing a key:
 
     python tools/render_pulumi_yaml.py
@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.spec import CONFIG_KEYS  # noqa: E402
+from components.config_keys import CONFIG_KEYS  # noqa: E402
 
 MARKER = "config:\n"
 

@@ -1,23 +1,84 @@
 # vllm-cluster-lib.sh: helpers shared by the host scripts of vllm-cluster.
 #
-# Installed at /opt/vllm-cluster/lib/vllm-cluster-lib.sh by the node's and the
-# gateway's user data; sourced by vllm-cluster-node and vllm-cluster-gateway, which
-# run with `set -euo pipefail`. Defines functions only.
+# Installed at /opt/vllm-cluster/lib/vllm-cluster-lib.sh by every user data and by the
+# nodes' setup command; sourced by vllm-cluster-node, vllm-cluster-first-boot and
+# vllm-cluster-gateway, which run with `set -euo pipefail`. Defines functions, the state
+# directory both kinds of host share, and the list of temporary paths the EXIT trap
+# removes (remove_on_exit). A helper two host scripts need lives here, not in both.
 #
 # Reads: LOG_NAME (or NODE_NAME) for the log prefix.
 # shellcheck shell=bash
 
+readonly STATE_DIR=/var/lib/vllm-cluster
+
 log() { printf '%s [%s] %s\n' "$(date -u +%H:%M:%S)" "${LOG_NAME:-${NODE_NAME:-node}}" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+require_root() {
+  [ "$(id -u)" -eq 0 ] || die "run as root (sudo)"
+}
+
+# Source env files (KEY=value lines, as components/bootstrap.py and the node's setup
+# write them) and export what they set, so the Python checks see it too.
+load_env() {
+  local file
+  for file in "$@"; do
+    [ -r "$file" ] || die "$file is missing: run 'vllm-cluster-node setup' first"
+    set -a
+    # shellcheck disable=SC1090  # the env files are written by the node's setup and the stack
+    . "$file"
+    set +a
+  done
+}
+
+# Two runs of setup at once (cloud-init's and the stack's, or a command sent again)
+# must not interleave: the second waits. The lock is held until the script exits.
+hold_setup_lock() {
+  exec 9>/run/vllm-cluster-setup.lock
+  flock 9
+}
+
+# When setup last finished, for whoever looks at the host.
+record_setup_done() {
+  mkdir -p "$STATE_DIR"
+  date -u +%FT%TZ >"$STATE_DIR/setup.done"
+}
+
+# Temporary files and directories are removed by an EXIT trap, not by hand: a `die`,
+# a failed command under `set -e` or a SIGTERM from systemd ends the script on a path
+# that would otherwise have to remember them. The scripts set no EXIT trap of their own.
+# A subshell ($(...), a pipeline) keeps its own list and trap: bash does not run the
+# parent's EXIT trap there, and the subshell must not remove what the parent still uses.
+TEMP_PATHS=()
+TEMP_PATHS_OWNER=""
+
+# Remove the paths given (files or directories) when this shell exits, however it exits.
+remove_on_exit() {
+  if [ "$TEMP_PATHS_OWNER" != "$BASHPID" ]; then
+    TEMP_PATHS=()
+    TEMP_PATHS_OWNER=$BASHPID
+    trap remove_temp_paths EXIT
+  fi
+  TEMP_PATHS+=("$@")
+}
+
+remove_temp_paths() {
+  [ "$TEMP_PATHS_OWNER" = "$BASHPID" ] || return 0
+  if [ "${#TEMP_PATHS[@]}" -gt 0 ]; then
+    rm -rf -- "${TEMP_PATHS[@]}"
+  fi
+}
+
 # Replace $1 with stdin's content only if it differs; prints "changed" or "unchanged".
+# The new content is written beside the target, so the final mv is atomic; when it is
+# not moved into place (unchanged, or a failure), the EXIT trap removes it.
 install_if_changed() {
   local target=$1 mode=$2 temp
   temp=$(mktemp "$target.XXXXXX")
+  remove_on_exit "$temp"
   cat >"$temp"
   chmod "$mode" "$temp"
   if [ -f "$target" ] && cmp -s "$temp" "$target"; then
-    rm -f "$temp"
     echo unchanged
   else
     mv -f "$temp" "$target"

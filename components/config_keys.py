@@ -1,0 +1,180 @@
+"""The config contract: every `vllm-cluster:*` key the program reads, its Pulumi.yaml
+type, description and default.
+
+One table feeds three readers: tools/render_pulumi_yaml.py writes Pulumi.yaml's
+`config:` block from it, tests/test_readme.py holds the README's config reference to
+it, and components/spec.py validates a stack against it. Pure data, no cloud calls.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from components import versions
+
+NAMESPACE = "vllm-cluster"
+
+DEFAULT_VPC_CIDR = "10.42.0.0/16"
+DEFAULT_ROOT_VOLUME_GIB = 200
+DEFAULT_GATEWAY_INSTANCE_TYPE = "t3.small"
+# The gateway's API limits. 600 s covers a non-streamed completion of a few thousand
+# tokens from a 70B model (say 8,000 tokens at 20 a second: 400 s) and frees the connection
+# of a hung request within ten minutes; longer generations should stream (each chunk resets
+# the timer). Above an hour a stuck request holds a connection for longer than any client
+# waits: stream instead.
+DEFAULT_API_READ_TIMEOUT_SECONDS = 600
+MAX_API_READ_TIMEOUT_SECONDS = 3600
+# Per client address: stops a runaway script, not a busy application. Every client behind
+# one NAT shares it; 0 turns it off (the API key still guards the routes).
+DEFAULT_API_RATE_LIMIT_PER_SECOND = 20
+MAX_API_RATE_LIMIT_PER_SECOND = 10000
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One config key as Pulumi.yaml declares it.
+
+    Pulumi makes every declared key without a default required, and refuses a
+    plaintext default on a key declared `secret: true`. So optional keys carry a
+    default that means "not set" (`auto`): "" for strings, 0 for numbers, "auto"
+    for efa; the program derives the real value. The two secrets (hfToken,
+    apiKey) are declared as plain optional strings, and the program itself
+    refuses them unless they were set with --secret.
+    """
+
+    name: str
+    type: str  # Pulumi.yaml config type: string, integer, boolean or array (of strings)
+    description: str
+    default: Any = None  # the Pulumi.yaml default; None for a required key
+    auto: bool = False  # the default means "derive it", as the description says
+    secret: bool = False  # must be set with `pulumi config set --secret`
+
+    @property
+    def required(self) -> bool:
+        return self.default is None
+
+
+# fmt: off
+CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("model", "string",
+              "Hugging Face repo id of the model to serve, e.g. Qwen/Qwen2.5-1.5B-Instruct."),
+    ConfigKey("modelRevision", "string",
+              "Branch, tag or commit of the model to stage and serve.", default="main"),
+    ConfigKey("hfEndpoint", "string",
+              "Hugging Face Hub (or mirror) URL models are downloaded from. Empty: https://huggingface.co.",
+              default="", auto=True),
+    ConfigKey("instanceType", "string",
+              "GPU instance type for every node; one of the catalog's types."),
+    ConfigKey("nodes", "integer",
+              "Number of GPU nodes: one head plus nodes - 1 workers.", default=1),
+    ConfigKey("tensorParallelSize", "integer",
+              "Tensor-parallel size; stays inside one node. 0: the GPUs of one node.", default=0, auto=True),
+    ConfigKey("pipelineParallelSize", "integer",
+              "Pipeline-parallel size; stages span nodes. 0: the number of nodes.", default=0, auto=True),
+    ConfigKey("efa", "string",
+              "EFA interfaces: true, false, or auto (on when the type supports EFA and nodes > 1).",
+              default="auto", auto=True),
+    ConfigKey("apiAllowedCidrs", "array",
+              "CIDRs that may call the HTTPS API on the gateway."),
+    ConfigKey("adminCidrs", "array",
+              "CIDRs that may SSH to the gateway and reach the Ray dashboard. Never 0.0.0.0/0."),
+    ConfigKey("allowPublicApi", "boolean",
+              "Must be true to put 0.0.0.0/0 or ::/0 in apiAllowedCidrs.", default=False),
+    ConfigKey("hfToken", "string",
+              "Hugging Face token for gated models. Secret: set it with --secret. Empty: none.",
+              default="", auto=True, secret=True),
+    ConfigKey("apiKey", "string",
+              "API key clients send as a Bearer token, 32+ characters. Secret: set it with --secret. "
+              "Empty: generated.",
+              default="", auto=True, secret=True),
+    ConfigKey("vllmVersion", "string",
+              f"vLLM version on every node (floor {versions.VLLM_MIN_VERSION}). "
+              "Empty: the version pinned in components/versions.py.",
+              default="", auto=True),
+    ConfigKey("rayVersion", "string",
+              f"Ray version on every node (floor {versions.RAY_MIN_VERSION}). "
+              "Empty: the version pinned in components/versions.py.",
+              default="", auto=True),
+    ConfigKey("maxModelLen", "integer",
+              "vLLM --max-model-len. 0: the model's own context length.", default=0, auto=True),
+    ConfigKey("gpuMemoryUtilization", "string",
+              "vLLM --gpu-memory-utilization, a number in (0, 1] such as 0.90. Empty: vLLM's default.",
+              default="", auto=True),
+    ConfigKey("servedModelName", "string",
+              "Model name clients send. Empty: the model id.", default="", auto=True),
+    ConfigKey("vllmExtraArgs", "array",
+              "Further vllm serve arguments, one array item per word.", default=[]),
+    ConfigKey("availabilityZone", "string",
+              "Zone for every node. Empty: the first zone of the region that offers instanceType.",
+              default="", auto=True),
+    ConfigKey("vpcCidr", "string",
+              "CIDR of the new VPC, /16 to /24.", default=DEFAULT_VPC_CIDR),
+    ConfigKey("vpcId", "string",
+              "Existing VPC to deploy into, with publicSubnetId and privateSubnetId. Empty: a new VPC.",
+              default="", auto=True),
+    ConfigKey("publicSubnetId", "string",
+              "Existing public subnet (route to an internet gateway) for the gateway.", default="", auto=True),
+    ConfigKey("privateSubnetId", "string",
+              "Existing private subnet (route to a NAT) for the GPU nodes.", default="", auto=True),
+    ConfigKey("amiId", "string",
+              "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04).",
+              default="", auto=True),
+    ConfigKey("capacityReservationId", "string",
+              "Launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block (cr-...). "
+              "Empty: none.",
+              default="", auto=True),
+    ConfigKey("capacityBlock", "boolean",
+              "capacityReservationId is a Capacity Block for ML (launched with market type capacity-block).",
+              default=False),
+    ConfigKey("placementGroupName", "string",
+              "Existing cluster placement group for the GPU nodes, such as the one a capacity reservation was "
+              "made in. Empty: the stack creates one when nodes > 1 or EFA is on.",
+              default="", auto=True),
+    ConfigKey("rootVolumeGiB", "integer",
+              "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),
+    ConfigKey("tlsCertificate", "string",
+              "PEM certificate (with its chain) for the gateway's HTTPS. Empty: a self-signed certificate for "
+              "the gateway's IP, generated in the stack.",
+              default="", auto=True),
+    ConfigKey("tlsPrivateKey", "string",
+              "PEM private key of tlsCertificate. Secret: set it with --secret.",
+              default="", auto=True, secret=True),
+    ConfigKey("endpointHostname", "string",
+              "DNS name clients use for the gateway; required with tlsCertificate (it must be in the "
+              "certificate).",
+              default="", auto=True),
+    ConfigKey("retainModelCache", "boolean",
+              "Keep the EFS model cache (and the models on it) on pulumi destroy.", default=False),
+    ConfigKey("gatewayInstanceType", "string",
+              "Instance type of the gateway (no GPU).", default=DEFAULT_GATEWAY_INSTANCE_TYPE),
+    ConfigKey("apiReadTimeoutSeconds", "integer",
+              "Seconds the gateway waits for the next bytes of a response before it answers 504; "
+              f"1 to {MAX_API_READ_TIMEOUT_SECONDS}. Generations longer than this need \"stream\": true.",
+              default=DEFAULT_API_READ_TIMEOUT_SECONDS),
+    ConfigKey("apiRateLimitPerSecond", "integer",
+              "API requests per second per client address at the gateway (burst: twice as many), "
+              f"up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share it. 0: no limit.",
+              default=DEFAULT_API_RATE_LIMIT_PER_SECOND),
+)
+# fmt: on
+
+KEYS_BY_NAME = {key.name: key for key in CONFIG_KEYS}
+
+
+def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
+    """The keys of `raw` the program does not read, sorted so errors are deterministic.
+    Compared as text: YAML may hand over a key that is not a string (`1: x`)."""
+    return sorted({str(key) for key in raw} - set(KEYS_BY_NAME))
+
+
+def closest_key(name: str) -> str | None:
+    """The key a misspelt one most likely meant: the same name in another case first
+    (hftoken -> hfToken), else the nearest by spelling."""
+    lowered = name.lower()
+    for key in KEYS_BY_NAME:
+        if key.lower() == lowered:
+            return key
+    matches = difflib.get_close_matches(name, list(KEYS_BY_NAME), n=1)
+    return matches[0] if matches else None
