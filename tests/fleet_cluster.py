@@ -66,7 +66,7 @@ def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
 
 
 def instance_ips(nodes: int) -> dict[str, str]:
-    ips = {"vllm-head": node_ip(0), "vllm-host": GATEWAY_IP}
+    ips = {"vllm-head": node_ip(0), "vllm-gateway-host": GATEWAY_IP}
     ips.update({f"vllm-worker-{i}": node_ip(i) for i in range(1, nodes)})
     return ips
 
@@ -76,7 +76,7 @@ def fleet_program(nodes: int, key_store: dict, **overrides: Any) -> ProgramRun:
         fleet_config(nodes, **overrides),
         stack="fleet",
         instance_ips=instance_ips(nodes),
-        public_ips={"vllm-ip": GATEWAY_IP},
+        public_ips={"vllm-gateway-ip": GATEWAY_IP},
         secret_keys=["apiKey"],
         real_crypto=True,
         key_store=key_store,
@@ -267,7 +267,7 @@ def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnd
     run = fleet_program(nodes, key_store, **overrides)
     config = fleet_config(nodes, **overrides)
     public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
-    host_names = {"vllm-host": "gateway", "vllm-head": "node0"}
+    host_names = {"vllm-gateway-host": "gateway", "vllm-head": "node0"}
     host_names.update({f"vllm-worker-{i}": f"node{i}" for i in range(1, nodes)})
     user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
     instance = CATALOG[config["instanceType"]]
