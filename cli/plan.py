@@ -8,47 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from cli.stack_file import read_stack
 from components import bootstrap, image, models, sizing
-from components.spec import NAMESPACE, load_spec
 from components.topology import node_name, topology_summary
-
-# Secret values in a stack file are ciphertext (`secure:`) the planner cannot read
-# offline; they do not change the plan, so stand-ins that pass validation are used.
-SECRET_STAND_INS = {
-    "apiKey": "planner-stand-in-for-the-api-key-0000",
-    "hfToken": "hf_planner_stand_in",
-    "tlsPrivateKey": "-----BEGIN PRIVATE KEY-----\nUExBTk5FUg==\n-----END PRIVATE KEY-----\n",
-}
-
-
-def readable_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The stack's vllm-cluster keys (namespace stripped), secrets replaced by stand-ins."""
-    values, secret = {}, []
-    for key, value in config.items():
-        if not key.startswith(f"{NAMESPACE}:"):
-            continue
-        name = key.split(":", 1)[1]
-        if isinstance(value, dict) and "secure" in value:
-            values[name] = SECRET_STAND_INS.get(name, value)
-            secret.append(name)
-        else:
-            values[name] = value
-    return values, secret
-
-
-def read_stack(stack: str, stack_file: str | None = None) -> tuple[dict[str, Any], list[str], Any]:
-    """(config, names of the secrets stood in for, validated spec) of a stack, from
-    stacks/Pulumi.<stack>.yaml or `stack_file`, with Pulumi.yaml's defaults applied."""
-    from cli.mock_runtime import apply_project_config, stack_config
-
-    raw = yaml.safe_load(Path(stack_file).read_text())["config"] if stack_file else stack_config(stack)
-    config, secret_keys = readable_config(apply_project_config(stack, raw))
-    return config, secret_keys, load_spec(config, stack=stack, secret_keys=set(secret_keys))
 
 
 def _kv_cache_dtype(spec) -> str | None:
@@ -73,11 +37,15 @@ def resources_by_component(run) -> dict[str, dict[str, int]]:
     return {owner: dict(sorted(counts.items())) for owner, counts in sorted(grouped.items(), key=lambda kv: kv[0].split("(")[1])}
 
 
-def build_plan(stack: str, params_b: float | None = None, dtype: str | None = None) -> dict[str, Any]:
-    from cli.mock_runtime import run_program
+def build_plan(stack: str, params_b: float | None = None, dtype: str | None = None,
+               stack_file: str | None = None) -> dict[str, Any]:
+    """The plan of stacks/Pulumi.<stack>.yaml (or `stack_file`). Raises StackFileError
+    when the stack file cannot be read or its config is refused."""
+    from cli.mock_runtime import run_program  # the engine: only the planner pays for it
 
-    config, secret_keys, spec = read_stack(stack)
-    run = run_program({k: v for k, v in config.items()}, stack=stack, secret_keys=secret_keys)
+    the_stack = read_stack(stack, stack_file)
+    spec, secret_keys = the_stack.spec, the_stack.secret_keys
+    run = run_program(dict(the_stack.config), stack=stack, secret_keys=secret_keys)
     if run.error is not None:
         raise RuntimeError(f"the program failed under the mock runtime: {run.error}")
 

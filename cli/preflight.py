@@ -11,7 +11,8 @@ from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 
-from cli.cluster import Cluster, stack_outputs, stack_spec
+from cli.cluster import Cluster, stack_outputs
+from cli.stack_file import read_stack
 from components import bootstrap
 from components.topology import efa_interface_count
 
@@ -40,12 +41,11 @@ def _facts(result) -> dict | None:
 
 
 def main(args) -> int:
-    try:
-        spec = stack_spec(args.stack, args.stack_file)
-        cluster = Cluster(stack_outputs(args.stack, args.outputs))
-    except Exception as error:  # no stack, no outputs: a tool error, not a failed check
-        print(f"vllm-cluster preflight: cannot look at stack {args.stack}: {error}", file=sys.stderr)
-        return 2
+    """Exit 0 when every node passes every check, 1 naming each failure. A stack file or
+    outputs that cannot be read raise (StackFileError, OutputsError): cli/__main__.py
+    reports them as a tool error."""
+    spec = read_stack(args.stack, args.stack_file).spec
+    cluster = Cluster(stack_outputs(args.stack, args.outputs))
     try:
         model_dir = bootstrap.model_directory(spec.model, spec.model_revision)
         command = (f"sudo {bootstrap.INSTALL_DIR}/venv/bin/python {bootstrap.BIN_DIR}/preflight-check "
