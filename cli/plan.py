@@ -41,9 +41,9 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
                stack_file: str | None = None) -> dict[str, Any]:
     """The plan of stacks/Pulumi.<stack>.yaml (or `stack_file`). Raises StackFileError
     when the stack file cannot be read or its config is refused."""
+    the_stack = read_stack(stack, stack_file)  # first: a bad stack file is reported before the engine loads
     from cli.mock_runtime import run_program  # the engine: only the planner pays for it
 
-    the_stack = read_stack(stack, stack_file)
     spec, secret_keys = the_stack.spec, the_stack.secret_keys
     run = run_program(dict(the_stack.config), stack=stack, secret_keys=secret_keys)
     if run.error is not None:
