@@ -390,24 +390,26 @@ def run_program(
     except Exception as error:  # the program's own failure is the result under test
         run.error = error
 
-    for request in monitor.requests:
-        run.resources.append(
-            DeclaredResource(
-                type=request.type,
-                name=request.name,
-                urn=monitor.make_urn(request.parent, request.type, request.name),
-                parent=request.parent,
-                custom=request.custom,
-                inputs=_whole_numbers(mocks.inputs.get((request.type, request.name), {})),
-                retain_on_delete=bool(request.retainOnDelete),
-                additional_secret_outputs=list(request.additionalSecretOutputs),
-                dependencies=list(request.dependencies),
-                ignore_changes=list(request.ignoreChanges),
-                delete_before_replace=bool(request.deleteBeforeReplace),
-            )
-        )
+    run.resources = [_declared(request, monitor, mocks) for request in monitor.requests]
     run.invokes = mocks.invokes
     return run
+
+
+def _declared(request, monitor: RecordingMonitor, mocks: MockCloud) -> DeclaredResource:
+    """A registration as the monitor received it, with the inputs the mocks were shown."""
+    return DeclaredResource(
+        type=request.type,
+        name=request.name,
+        urn=monitor.make_urn(request.parent, request.type, request.name),
+        parent=request.parent,
+        custom=request.custom,
+        inputs=_whole_numbers(mocks.inputs.get((request.type, request.name), {})),
+        retain_on_delete=bool(request.retainOnDelete),
+        additional_secret_outputs=list(request.additionalSecretOutputs),
+        dependencies=list(request.dependencies),
+        ignore_changes=list(request.ignoreChanges),
+        delete_before_replace=bool(request.deleteBeforeReplace),
+    )
 
 
 def run_stack(stack: str, overrides: Mapping[str, Any] | None = None, **kwargs) -> ProgramRun:
