@@ -38,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--interval", type=float, default=5.0)
 
     args = parser.parse_args(argv)
-    # Imported only now, for the command asked for: `--help` and `status` stay quick,
-    # and only `plan` loads the Pulumi engine.
+    # Imported after parsing, like each command's module: `--help` loads none of
+    # them, and only `plan` loads the Pulumi engine.
     from cli.cluster import OutputsError
     from cli.stack_file import StackFileError
 
     try:
-        return run(args)
+        return run_command(args)
     except (StackFileError, OutputsError) as error:
         # The tool could not look (a bad stack file, no outputs): a tool error, not a
         # verdict on the cluster, in one line and without a traceback.
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 CANNOT_LOOK = {"plan": 2, "preflight": 2, "status": 3}
 
 
-def run(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace) -> int:
     if args.command == "plan":
         from cli import plan as planner
 
