@@ -4,14 +4,22 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test bench bench-fleet local local-down up destroy pulumi-yaml clean
+.PHONY: test test-deps bench bench-fleet local local-down up destroy pulumi-yaml clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
-test: $(VENV)/.installed
+# The system packages the tests use (nginx, systemd-nspawn, debootstrap, ...): installed
+# when run as root, otherwise named; the tests that need a missing one skip, and the
+# run ends saying which did not run and how to run them.
+test-deps:
+	tools/install-test-deps
+
+# The packages first: creating the virtualenv needs python3-venv.
+test: test-deps
+	@$(MAKE) --no-print-directory --silent $(VENV)/.installed
 	$(VENV)/bin/python -m pytest
 
 bench: $(VENV)/.installed

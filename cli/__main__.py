@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = commands.add_parser("plan", help="offline: resources, topology, fit, cost, time to first token")
     plan.add_argument("--stack", required=True, help="reads stacks/Pulumi.<stack>.yaml")
+    plan.add_argument("--stack-file", help="the stack's config file (default: stacks/Pulumi.<stack>.yaml)")
     plan.add_argument("--json", action="store_true")
     plan.add_argument("--params-b", type=positive_number, help="model size in billions of parameters (models not in the table)")
     plan.add_argument("--dtype", help="weight type: bf16, fp16, fp32, fp8, int8, int4")
@@ -37,13 +38,31 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--interval", type=float, default=5.0)
 
     args = parser.parse_args(argv)
+    # Imported after parsing, like each command's module: `--help` loads none of
+    # them, and only `plan` loads the Pulumi engine.
+    from cli.cluster import OutputsError
+    from cli.stack_file import StackFileError
+
+    try:
+        return run_command(args)
+    except (StackFileError, OutputsError) as error:
+        # The tool could not look (a bad stack file, no outputs): a tool error, not a
+        # verdict on the cluster, in one line and without a traceback.
+        print(f"vllm-cluster {args.command}: {error}", file=sys.stderr)
+        return CANNOT_LOOK[args.command]
+
+
+# Exit codes for "the tool could not look": status documents 3 (unknown) for it.
+CANNOT_LOOK = {"plan": 2, "preflight": 2, "status": 3}
+
+
+def run_command(args: argparse.Namespace) -> int:
     if args.command == "plan":
         from cli import plan as planner
-        from components.spec import SpecError
 
         try:
-            document = planner.build_plan(args.stack, args.params_b, args.dtype)
-        except (SpecError, ValueError, FileNotFoundError) as error:
+            document = planner.build_plan(args.stack, args.params_b, args.dtype, stack_file=args.stack_file)
+        except ValueError as error:  # a model outside the table without --params-b, or an unknown --dtype
             print(f"vllm-cluster plan: {error}", file=sys.stderr)
             return 2
         print(json.dumps(document, indent=2) if args.json else planner.render(document), end="" if not args.json else "\n")

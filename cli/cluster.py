@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cli.plan import read_stack
-from components.services import SSH_USER
-from components.spec import ClusterSpec
+from components import image
 from components.topology import node_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,21 +38,42 @@ def ssh_args(key_file: Path, user: str, host: str, command: str,
     return [*args, f"{user}@{host}", command]
 
 
-def stack_spec(stack: str, stack_file: str | None = None) -> ClusterSpec:
-    """The stack's validated spec, from stacks/Pulumi.<stack>.yaml or `stack_file`."""
-    return read_stack(stack, stack_file)[2]
+# What the tools read from a deployed stack's outputs (__main__.py exports them).
+REQUIRED_OUTPUTS = ("gatewayPublicIp", "headPrivateIp", "sshPrivateKey", "endpoint", "apiKey", "tlsCertificate")
+
+
+class OutputsError(Exception):
+    """The stack's outputs could not be had; the message is one line saying why."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def stack_outputs(stack: str, outputs_file: str | None) -> dict[str, Any]:
     """The stack's outputs, secrets included: from `outputs_file`, or from the Pulumi
-    CLI with the same backend and passphrase as scripts/deploy."""
+    CLI with the same backend and passphrase as scripts/deploy. Raises OutputsError."""
     if outputs_file:
-        return json.loads(Path(outputs_file).read_text())
-    command = f'. "{ROOT}/scripts/pulumi-env.sh" && pulumi stack output --stack "$1" --json --show-secrets'
-    result = subprocess.run(["bash", "-c", command, "outputs", stack], capture_output=True, text=True, cwd=ROOT)
-    if result.returncode != 0:
-        raise RuntimeError(f"pulumi stack output --stack {stack} failed: {result.stderr.strip()}")
-    return json.loads(result.stdout)
+        source = outputs_file
+        try:
+            text = Path(outputs_file).read_text()
+        except OSError as error:
+            raise OutputsError(f"{outputs_file}: cannot read it: {error.strerror or error}") from error
+    else:
+        source = f"pulumi stack output --stack {stack}"
+        command = f'. "{ROOT}/scripts/pulumi-env.sh" && pulumi stack output --stack "$1" --json --show-secrets'
+        result = subprocess.run(["bash", "-c", command, "outputs", stack], capture_output=True, text=True, cwd=ROOT)
+        if result.returncode != 0:
+            raise OutputsError(f"{source} failed: {_one_line(result.stderr) or f'exit {result.returncode}'}")
+        text = result.stdout
+    try:
+        outputs = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise OutputsError(f"{source}: not JSON: {error}") from error
+    missing = [name for name in REQUIRED_OUTPUTS if name not in (outputs if isinstance(outputs, dict) else {})]
+    if missing:
+        raise OutputsError(f"{source}: no {', '.join(missing)} among the outputs (is the stack deployed?)")
+    return outputs
 
 
 @dataclass
@@ -85,7 +104,8 @@ class Cluster:
         self._scratch.cleanup()
 
     def ssh(self, node: Node, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        args = ssh_args(self.key_file, SSH_USER, node.ip, command, SSH_USER, self.gateway)
+        # The image's login user, on the gateway and the nodes alike.
+        args = ssh_args(self.key_file, image.DEFAULT_USER, node.ip, command, image.DEFAULT_USER, self.gateway)
         try:
             return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -22,28 +22,26 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import pulumi
-import yaml
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-ROOT = Path(__file__).resolve().parent.parent
+# Reading stack files is pure and lives in cli/stack_file.py; these names are
+# re-exported because the tests reach the harness through this module.
+from cli.stack_file import (  # noqa: F401
+    PROJECT,
+    ROOT,
+    STACKS_DIR,
+    ProjectConfigError,
+    apply_project_config,
+    stack_config,
+    stack_names,
+)
+
 PROGRAM = ROOT / "__main__.py"
-STACKS_DIR = ROOT / "stacks"
-PROJECT = "vllm-cluster"
 
 # Public IPs come from 203.0.113.0/24, a documentation range (RFC 5737) that reaches nothing.
 MOCK_ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
-
-
-def stack_names() -> list[str]:
-    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
-
-
-def stack_config(stack: str) -> dict[str, Any]:
-    """The stack file's `config:` map, as the YAML holds it."""
-    document = yaml.safe_load((STACKS_DIR / f"Pulumi.{stack}.yaml").read_text())
-    return dict(document.get("config") or {})
 
 
 def _namespaced(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -60,49 +58,6 @@ def as_engine_config(config: Mapping[str, Any]) -> dict[str, str]:
         else:
             rendered[full_key] = json.dumps(value)
     return rendered
-
-
-class ProjectConfigError(Exception):
-    """What the Pulumi CLI says before it starts the program when the stack's config
-    does not satisfy Pulumi.yaml's declarations."""
-
-
-def _fits_declared_type(declared: dict, value: Any) -> bool:
-    kind = declared["type"]
-    if isinstance(value, dict) and set(value) == {"secure"}:
-        return True  # an encrypted value: the CLI decrypts it to the declared type
-    if kind == "array":
-        return isinstance(value, list) and all(_fits_declared_type(declared["items"], item) for item in value)
-    if isinstance(value, (list, dict)):
-        return False
-    if kind == "integer":
-        return not isinstance(value, bool) and (isinstance(value, int) or str(value).lstrip("-").isdigit())
-    if kind == "boolean":
-        return isinstance(value, bool) or str(value) in ("true", "false")
-    return True  # a string: any scalar, as the CLI stores scalars as text
-
-
-def apply_project_config(stack: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """Do what the Pulumi CLI does with Pulumi.yaml's `config:` block before it runs
-    the program: every declared key without a default must be set, set values must
-    fit the declared type, and defaults fill in the keys the stack leaves out."""
-    project = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
-    merged = dict(config)
-    missing, mistyped = [], []
-    for key, declared in (project.get("config") or {}).items():
-        full_key = f"{PROJECT}:{key}"
-        if full_key in merged:
-            if not _fits_declared_type(declared, merged[full_key]):
-                mistyped.append(key)
-        elif "default" in declared:
-            merged[full_key] = declared["default"]
-        else:
-            missing.append(key)
-    if missing:
-        raise ProjectConfigError(f"Stack '{stack}' is missing configuration value(s) {', '.join(missing)}")
-    if mistyped:
-        raise ProjectConfigError(f"Stack '{stack}' has configuration of the wrong type: {', '.join(mistyped)}")
-    return merged
 
 
 def _whole_numbers(value: Any) -> Any:
@@ -435,24 +390,26 @@ def run_program(
     except Exception as error:  # the program's own failure is the result under test
         run.error = error
 
-    for request in monitor.requests:
-        run.resources.append(
-            DeclaredResource(
-                type=request.type,
-                name=request.name,
-                urn=monitor.make_urn(request.parent, request.type, request.name),
-                parent=request.parent,
-                custom=request.custom,
-                inputs=_whole_numbers(mocks.inputs.get((request.type, request.name), {})),
-                retain_on_delete=bool(request.retainOnDelete),
-                additional_secret_outputs=list(request.additionalSecretOutputs),
-                dependencies=list(request.dependencies),
-                ignore_changes=list(request.ignoreChanges),
-                delete_before_replace=bool(request.deleteBeforeReplace),
-            )
-        )
+    run.resources = [_declared(request, monitor, mocks) for request in monitor.requests]
     run.invokes = mocks.invokes
     return run
+
+
+def _declared(request, monitor: RecordingMonitor, mocks: MockCloud) -> DeclaredResource:
+    """A registration as the monitor received it, with the inputs the mocks were shown."""
+    return DeclaredResource(
+        type=request.type,
+        name=request.name,
+        urn=monitor.make_urn(request.parent, request.type, request.name),
+        parent=request.parent,
+        custom=request.custom,
+        inputs=_whole_numbers(mocks.inputs.get((request.type, request.name), {})),
+        retain_on_delete=bool(request.retainOnDelete),
+        additional_secret_outputs=list(request.additionalSecretOutputs),
+        dependencies=list(request.dependencies),
+        ignore_changes=list(request.ignoreChanges),
+        delete_before_replace=bool(request.deleteBeforeReplace),
+    )
 
 
 def run_stack(stack: str, overrides: Mapping[str, Any] | None = None, **kwargs) -> ProgramRun:

@@ -8,47 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from cli.stack_file import read_stack
 from components import bootstrap, image, models, sizing
-from components.spec import NAMESPACE, load_spec
+from components.catalog import InstanceType
 from components.topology import node_name, topology_summary
-
-# Secret values in a stack file are ciphertext (`secure:`) the planner cannot read
-# offline; they do not change the plan, so stand-ins that pass validation are used.
-SECRET_STAND_INS = {
-    "apiKey": "planner-stand-in-for-the-api-key-0000",
-    "hfToken": "hf_planner_stand_in",
-    "tlsPrivateKey": "-----BEGIN PRIVATE KEY-----\nUExBTk5FUg==\n-----END PRIVATE KEY-----\n",
-}
-
-
-def readable_config(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The stack's vllm-cluster keys (namespace stripped), secrets replaced by stand-ins."""
-    values, secret = {}, []
-    for key, value in config.items():
-        if not key.startswith(f"{NAMESPACE}:"):
-            continue
-        name = key.split(":", 1)[1]
-        if isinstance(value, dict) and "secure" in value:
-            values[name] = SECRET_STAND_INS.get(name, value)
-            secret.append(name)
-        else:
-            values[name] = value
-    return values, secret
-
-
-def read_stack(stack: str, stack_file: str | None = None) -> tuple[dict[str, Any], list[str], Any]:
-    """(config, names of the secrets stood in for, validated spec) of a stack, from
-    stacks/Pulumi.<stack>.yaml or `stack_file`, with Pulumi.yaml's defaults applied."""
-    from cli.mock_runtime import apply_project_config, stack_config
-
-    raw = yaml.safe_load(Path(stack_file).read_text())["config"] if stack_file else stack_config(stack)
-    config, secret_keys = readable_config(apply_project_config(stack, raw))
-    return config, secret_keys, load_spec(config, stack=stack, region=raw.get("aws:region"), secret_keys=set(secret_keys))
 
 
 def _kv_cache_dtype(spec) -> str | None:
@@ -73,11 +38,52 @@ def resources_by_component(run) -> dict[str, dict[str, int]]:
     return {owner: dict(sorted(counts.items())) for owner, counts in sorted(grouped.items(), key=lambda kv: kv[0].split("(")[1])}
 
 
-def build_plan(stack: str, params_b: float | None = None, dtype: str | None = None) -> dict[str, Any]:
-    from cli.mock_runtime import run_program
+def _nodes(topology: dict[str, Any], layers: list[tuple[int, int]] | None) -> list[dict[str, Any]]:
+    """Each node's role, GPUs, ranks and pipeline stages with the layers each holds."""
+    return [
+        {
+            "node": node["node"],
+            "role": node["role"],
+            "ip": f"<{node_name(node['node'])}-ip>",
+            "gpus": node["gpus"],
+            "ranks": node["ranks"],
+            "stages": [
+                {"stage": stage, "layers": list(layers[stage]) if layers else None} for stage in node["pipelineStages"]
+            ],
+        }
+        for node in topology["nodes"]
+    ]
 
-    config, secret_keys, spec = read_stack(stack)
-    run = run_program({k: v for k, v in config.items()}, stack=stack, secret_keys=secret_keys)
+
+def _fit(the_fit: sizing.Fit, gpu_memory_utilization: float | None) -> dict[str, Any]:
+    return {
+        "weightsPerGpuGiB": round(the_fit.weights_per_rank_gib, 2),
+        "gpuMemoryGiB": the_fit.gpu_memory_gib,
+        "gpuMemoryUtilization": gpu_memory_utilization or sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
+        "usablePerGpuGiB": round(the_fit.usable_per_rank_gib, 2),
+        "runtimeOverheadGiB": sizing.RUNTIME_OVERHEAD_GIB,
+        "kvCachePerGpuGiB": round(the_fit.kv_room_per_rank_gib, 2),
+        "contextTokens": the_fit.context_tokens,
+        "maxModelLen": the_fit.max_model_len,
+        "verdict": the_fit.reason,
+    }
+
+
+def _cost(the_cost: sizing.Cost, instance: InstanceType) -> dict[str, Any]:
+    return {"gpuNodes": round(the_cost.gpu_nodes, 4), "gateway": the_cost.gateway,
+            "natGateway": the_cost.nat_gateway, "modelCache": round(the_cost.model_cache, 4),
+            "priceDate": instance.price_date, "priceSource": instance.price_source}
+
+
+def build_plan(stack: str, params_b: float | None = None, dtype: str | None = None,
+               stack_file: str | None = None) -> dict[str, Any]:
+    """The plan of stacks/Pulumi.<stack>.yaml (or `stack_file`). Raises StackFileError
+    when the stack file cannot be read or its config is refused."""
+    the_stack = read_stack(stack, stack_file)  # first: a bad stack file is reported before the engine loads
+    from cli.mock_runtime import run_program  # the engine: only the planner pays for it
+
+    spec, secret_keys = the_stack.spec, the_stack.secret_keys
+    run = run_program(dict(the_stack.config), stack=stack, secret_keys=secret_keys)
     if run.error is not None:
         raise RuntimeError(f"the program failed under the mock runtime: {run.error}")
 
@@ -96,18 +102,6 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
         option = sizing.smallest_fit(model, spec.gpu_memory_utilization, spec.max_model_len)
         smallest = option.__dict__ if option else None
 
-    nodes = []
-    for node in topology["nodes"]:
-        nodes.append({
-            "node": node["node"],
-            "role": node["role"],
-            "ip": f"<{node_name(node['node'])}-ip>",
-            "gpus": node["gpus"],
-            "ranks": node["ranks"],
-            "stages": [
-                {"stage": stage, "layers": list(layers[stage]) if layers else None} for stage in node["pipelineStages"]
-            ],
-        })
     return {
         "stack": stack,
         "model": {"name": model.name, "paramsB": model.params_b, "dtype": model.dtype,
@@ -121,27 +115,15 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
                   {"name": image.DLAMI_DESCRIPTION, "python": image.python_label()}),
         "resources": resources_by_component(run),
         "resourceCount": len(run.resources),
-        "nodes": nodes,
+        "nodes": _nodes(topology, layers),
         "ranks": topology["ranks"],
         "weightsGB": round(the_fit.weights_gb, 1),
         "fits": the_fit.fits,
-        "fit": {
-            "weightsPerGpuGiB": round(the_fit.weights_per_rank_gib, 2),
-            "gpuMemoryGiB": the_fit.gpu_memory_gib,
-            "gpuMemoryUtilization": spec.gpu_memory_utilization or sizing.DEFAULT_GPU_MEMORY_UTILIZATION,
-            "usablePerGpuGiB": round(the_fit.usable_per_rank_gib, 2),
-            "runtimeOverheadGiB": sizing.RUNTIME_OVERHEAD_GIB,
-            "kvCachePerGpuGiB": round(the_fit.kv_room_per_rank_gib, 2),
-            "contextTokens": the_fit.context_tokens,
-            "maxModelLen": the_fit.max_model_len,
-            "verdict": the_fit.reason,
-        },
+        "fit": _fit(the_fit, spec.gpu_memory_utilization),
         "smallestFit": smallest,
         "costPerHourUsd": round(the_cost.per_hour, 4),
         "costPerDayUsd": round(the_cost.per_day, 2),
-        "cost": {"gpuNodes": round(the_cost.gpu_nodes, 4), "gateway": the_cost.gateway,
-                 "natGateway": the_cost.nat_gateway, "modelCache": round(the_cost.model_cache, 4),
-                 "priceDate": instance.price_date, "priceSource": instance.price_source},
+        "cost": _cost(the_cost, instance),
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
         "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
         "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
@@ -155,52 +137,71 @@ def _ranks(ranks: list[int]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
-def render(plan: dict[str, Any]) -> str:
-    m, c, f = plan["model"], plan["cluster"], plan["fit"]
-    out = [f"vllm-cluster plan: stack {plan['stack']} (offline: no AWS, no Pulumi CLI)", ""]
-    out.append(f"Model     {m['name']}, {m['paramsB']:g} B parameters, {m['dtype']} (size from the {m['source']})")
-    out.append(
+def _summary_lines(plan: dict[str, Any]) -> list[str]:
+    m, c, i = plan["model"], plan["cluster"], plan["image"]
+    return [
+        f"vllm-cluster plan: stack {plan['stack']} (offline: no AWS, no Pulumi CLI)",
+        "",
+        f"Model     {m['name']}, {m['paramsB']:g} B parameters, {m['dtype']} (size from the {m['source']})",
         f"Cluster   {c['nodes']} x {c['instanceType']} ({c['gpusPerNode']} x {c['gpuModel']} {c['gpuMemoryGiB']:g} GiB), "
         f"TP {c['tensorParallelSize']} x PP {c['pipelineParallelSize']} = "
-        f"{c['tensorParallelSize'] * c['pipelineParallelSize']} ranks, EFA {'on' if c['efa'] else 'off'}"
-    )
-    i = plan["image"]
-    out.append(f"Image     {i['amiId']} (your own: setup checks its Python)" if "amiId" in i
-               else f"Image     {i['name']}, newest; Python {i['python']}")
-    out += ["", f"Resources ({plan['resourceCount']}, by component)"]
+        f"{c['tensorParallelSize'] * c['pipelineParallelSize']} ranks, EFA {'on' if c['efa'] else 'off'}",
+        f"Image     {i['amiId']} (your own: setup checks its Python)" if "amiId" in i
+        else f"Image     {i['name']}, newest; Python {i['python']}",
+    ]
+
+
+def _resource_lines(plan: dict[str, Any]) -> list[str]:
+    out = [f"Resources ({plan['resourceCount']}, by component)"]
     for owner, counts in plan["resources"].items():
         listed = ", ".join(f"{t.split(':')[-1]} x{n}" if n > 1 else t.split(":")[-1] for t, n in counts.items())
         out.append(f"  {owner:34s} {listed}")
-    out += ["", "Topology (rank = pp_rank x TP + tp_rank)",
-            f"  {'node':5s}{'role':8s}{'ip':16s}{'GPUs':6s}{'ranks':8s}{'stage':7s}layers"]
+    return out
+
+
+def _topology_lines(plan: dict[str, Any]) -> list[str]:
+    out = ["Topology (rank = pp_rank x TP + tp_rank)",
+           f"  {'node':5s}{'role':8s}{'ip':16s}{'GPUs':6s}{'ranks':8s}{'stage':7s}layers"]
     for node in plan["nodes"]:
         for i, stage in enumerate(node["stages"]):
             layers = f"{stage['layers'][0]}-{stage['layers'][1] - 1}" if stage["layers"] else "(unknown)"
-            first = i == 0
+            first = i == 0  # a node's own columns on its first stage's row only
             out.append(
                 f"  {str(node['node']) if first else '':5s}{node['role'] if first else '':8s}"
                 f"{node['ip'] if first else '':16s}{str(node['gpus']) if first else '':6s}"
                 f"{_ranks(node['ranks']) if first else '':8s}{str(stage['stage']):7s}{layers}"
             )
+    return out
+
+
+def _fit_lines(plan: dict[str, Any]) -> list[str]:
+    m, f = plan["model"], plan["fit"]
     tokens = f"about {f['contextTokens']:,} tokens of context" if f["contextTokens"] is not None else "context unknown (architecture not in the table)"
-    out += ["", "Fit",
-            f"  weights        {plan['weightsGB']:g} GB ({m['paramsB']:g} B x {m['dtype']})",
-            f"  per GPU        {f['weightsPerGpuGiB']:g} GiB of weights; {f['usablePerGpuGiB']:g} of {f['gpuMemoryGiB']:g} GiB usable at gpuMemoryUtilization {f['gpuMemoryUtilization']:g}, {f['runtimeOverheadGiB']:g} GiB runtime",
-            f"  KV cache       {f['kvCachePerGpuGiB']:g} GiB per GPU: {tokens} (max-model-len {f['maxModelLen'] or 'unknown'})",
-            f"  verdict        {'FITS' if plan['fits'] else 'DOES NOT FIT'}: {f['verdict']}"]
+    out = ["Fit",
+           f"  weights        {plan['weightsGB']:g} GB ({m['paramsB']:g} B x {m['dtype']})",
+           f"  per GPU        {f['weightsPerGpuGiB']:g} GiB of weights; {f['usablePerGpuGiB']:g} of {f['gpuMemoryGiB']:g} GiB usable at gpuMemoryUtilization {f['gpuMemoryUtilization']:g}, {f['runtimeOverheadGiB']:g} GiB runtime",
+           f"  KV cache       {f['kvCachePerGpuGiB']:g} GiB per GPU: {tokens} (max-model-len {f['maxModelLen'] or 'unknown'})",
+           f"  verdict        {'FITS' if plan['fits'] else 'DOES NOT FIT'}: {f['verdict']}"]
     if plan["smallestFit"]:
         s = plan["smallestFit"]
         out.append(f"  smallest fit   {s['nodes']} x {s['instance_type']} (TP {s['tp']} x PP {s['pp']}), ${s['cost_per_hour']:.2f}/h for the GPUs")
     elif not plan["fits"]:
         out.append("  smallest fit   none in the catalog up to 16 nodes")
-    k = plan["cost"]
-    out += ["", f"Cost (us-east-1 on-demand, prices of {k['priceDate']})",
+    return out
+
+
+def _cost_lines(plan: dict[str, Any]) -> list[str]:
+    c, k = plan["cluster"], plan["cost"]
+    return [f"Cost (us-east-1 on-demand, prices of {k['priceDate']})",
             f"  GPU nodes      ${k['gpuNodes']:.4f}/h ({c['nodes']} x {c['instanceType']})",
             f"  gateway        ${k['gateway']:.4f}/h",
             f"  NAT gateway    ${k['natGateway']:.4f}/h (plus data processed)",
             f"  model cache    ${k['modelCache']:.4f}/h (EFS storage for the weights)",
             f"  total          ${plan['costPerHourUsd']:.2f}/h, ${plan['costPerDayUsd']:.2f}/day"]
-    out += ["", "Time to first token from a cold `pulumi up` (estimate)"]
+
+
+def _time_to_first_token_lines(plan: dict[str, Any]) -> list[str]:
+    out = ["Time to first token from a cold `pulumi up` (estimate)"]
     for term in plan["timeToFirstToken"]:
         out.append(f"  {term['term']:16s}{term['seconds']:6d} s   {term['assumes']}")
     total = plan["timeToFirstTokenSeconds"]
@@ -210,10 +211,18 @@ def render(plan: dict[str, Any]) -> str:
         f"{sizing.ENGINE_READY_TIMEOUT_FACTOR} x (model load + engine start), at least vLLM's default "
         f"{sizing.ENGINE_READY_TIMEOUT_FLOOR_SECONDS} s)"
     )
-    out += ["", "Warnings"] + ([f"  - {w}" for w in plan["warnings"]] or ["  (none)"])
+    return out
+
+
+def _warning_lines(plan: dict[str, Any]) -> list[str]:
+    return ["Warnings"] + ([f"  - {w}" for w in plan["warnings"]] or ["  (none)"])
+
+
+def _serve_lines(plan: dict[str, Any]) -> list[str]:
+    """`vllm serve` with a flag a line, each flag beside its value."""
     args = plan["vllmServeArgs"]
-    out += ["", "vllm serve on the head (API key from a root-only env file, never an argument)",
-            "  vllm serve " + args[0]]
+    out = ["vllm serve on the head (API key from a root-only env file, never an argument)",
+           "  vllm serve " + args[0]]
     i = 1
     while i < len(args):
         if i + 1 < len(args) and not args[i + 1].startswith("--"):
@@ -222,6 +231,14 @@ def render(plan: dict[str, Any]) -> str:
         else:
             out.append(f"    {args[i]}")
             i += 1
+    return out
+
+
+def render(plan: dict[str, Any]) -> str:
+    out = _summary_lines(plan)
+    for section in (_resource_lines, _topology_lines, _fit_lines, _cost_lines, _time_to_first_token_lines,
+                    _warning_lines, _serve_lines):
+        out += ["", *section(plan)]
     if plan["secretsNotRead"]:
         out += ["", f"(secrets not read offline: {', '.join(plan['secretsNotRead'])})"]
     return "\n".join(out) + "\n"

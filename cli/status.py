@@ -14,7 +14,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from cli.cluster import Cluster, stack_outputs, stack_spec
+from cli.cluster import Cluster, stack_outputs
+from cli.stack_file import read_stack
 from components import bootstrap
 
 HEALTHY, DEGRADED, DOWN, UNKNOWN = 0, 1, 2, 3
@@ -94,12 +95,10 @@ def render(stack: str, report: dict, endpoint: str) -> str:
 
 
 def main(args) -> int:
-    try:
-        spec = stack_spec(args.stack, args.stack_file)
-        cluster = Cluster(stack_outputs(args.stack, args.outputs))
-    except Exception as error:  # no stack, no outputs: say so, and that nothing was checked
-        print(f"vllm-cluster status: cannot look at stack {args.stack}: {error}", file=sys.stderr)
-        return UNKNOWN
+    """The verdict as the exit code. A stack file or outputs that cannot be read raise
+    (StackFileError, OutputsError): cli/__main__.py reports them, exiting UNKNOWN."""
+    spec = read_stack(args.stack, args.stack_file).spec
+    cluster = Cluster(stack_outputs(args.stack, args.outputs))
     report = None
     try:
         while True:

@@ -3,7 +3,10 @@ each check names the node that fails it and says what to do."""
 
 import copy
 
-from cli.preflight import CHECKS
+from cli.preflight import node_checks
+
+# The comparison the nodes and the operator share, loaded from scripts/node/preflight-check.
+CHECKS = node_checks()
 
 GOOD = {
     "node": "head", "ip": "10.0.0.1", "python": "3.10.12", "ray": "2.60.0", "vllm": "0.33.0", "torch": "2.9.0",
