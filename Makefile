@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test test-deps bench bench-fleet local local-down up destroy pulumi-yaml clean
+.PHONY: test test-deps lint bench bench-fleet local local-down up destroy pulumi-yaml clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,16 @@ test-deps:
 test: test-deps
 	@$(MAKE) --no-print-directory --silent $(VENV)/.installed
 	$(VENV)/bin/python -m pytest
+
+# Lint and format check of every Python file (ruff.toml) and shellcheck of every shell
+# script; `venv/bin/ruff format .` fixes the formatting.
+SHELL_SCRIPTS := scripts/deploy scripts/destroy scripts/vllm-cluster scripts/pulumi-env.sh \
+	scripts/gateway/vllm-cluster-gateway scripts/lib/vllm-cluster-lib.sh scripts/node/vllm-cluster-node \
+	scripts/node/vllm-cluster-first-boot tools/install-test-deps .ci/run
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/shellcheck --severity=style --external-sources $(SHELL_SCRIPTS)
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_program_mocks.py

@@ -25,7 +25,7 @@ def secret_config_keys() -> set[str]:
     The language host names them in PULUMI_CONFIG_SECRET_KEYS; the mock runtime
     answers is_config_secret."""
     prefix = f"{NAMESPACE}:"
-    from_env = {key[len(prefix):] for key in pulumi.runtime.get_config_secret_keys_env() if key.startswith(prefix)}
+    from_env = {key[len(prefix) :] for key in pulumi.runtime.get_config_secret_keys_env() if key.startswith(prefix)}
     in_process = {key.name for key in CONFIG_KEYS if pulumi.runtime.is_config_secret(prefix + key.name)}
     return from_env | in_process
 
@@ -36,7 +36,7 @@ def read_stack_config() -> dict:
     language host passes config in PULUMI_CONFIG; the mock runtime sets it in-process."""
     values = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
     prefix = f"{NAMESPACE}:"
-    return {key[len(prefix):]: value for key, value in values.items() if key.startswith(prefix)}
+    return {key[len(prefix) :]: value for key, value in values.items() if key.startswith(prefix)}
 
 
 try:
@@ -137,9 +137,7 @@ gateway = Gateway(
         boot_after=[*network.ready, *security.rules],
     ),
 )
-certificate = GatewayCertificate(
-    name, GatewayCertificateArgs(public_ip=gateway.public_ip, user_certificate=spec.tls)
-)
+certificate = GatewayCertificate(name, GatewayCertificateArgs(public_ip=gateway.public_ip, user_certificate=spec.tls))
 node_ips = [nodes.head.private_ip, *[worker.private_ip for worker in nodes.workers]]
 services = ClusterServices(
     name,

@@ -56,14 +56,20 @@ def main() -> int:
             seconds, engine, stages = bring_up(nodes)
             times.append(seconds)
             overhead.append(seconds - engine)
-            done = ", ".join(f"{name.removeprefix('vllm-')} {at}"
-                             for name, at in sorted(stages.items(), key=lambda kv: kv[1]))
-            print(f"{nodes} nodes, run {run + 1}: {seconds:.1f} s to the first completion, of which the engine's "
-                  f"own start {engine:.1f} s; finished at (s): {done}", flush=True)
+            done = ", ".join(
+                f"{name.removeprefix('vllm-')} {at}" for name, at in sorted(stages.items(), key=lambda kv: kv[1])
+            )
+            print(
+                f"{nodes} nodes, run {run + 1}: {seconds:.1f} s to the first completion, of which the engine's "
+                f"own start {engine:.1f} s; finished at (s): {done}",
+                flush=True,
+            )
         medians[nodes], overheads[nodes] = statistics.median(times), statistics.median(overhead)
     small, large = args.sizes
-    print(f"bring-up: {small} nodes {medians[small]:.1f} s, {large} nodes {medians[large]:.1f} s, "
-          f"ratio {medians[large] / medians[small]:.2f}")
+    print(
+        f"bring-up: {small} nodes {medians[small]:.1f} s, {large} nodes {medians[large]:.1f} s, "
+        f"ratio {medians[large] / medians[small]:.2f}"
+    )
     print(f"overhead: {small} nodes {overheads[small]:.1f} s, {large} nodes {overheads[large]:.1f} s")
     return 0
 

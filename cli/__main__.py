@@ -24,14 +24,21 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--stack", required=True, help="reads stacks/Pulumi.<stack>.yaml")
     plan.add_argument("--stack-file", help="the stack's config file (default: stacks/Pulumi.<stack>.yaml)")
     plan.add_argument("--json", action="store_true")
-    plan.add_argument("--params-b", type=positive_number, help="model size in billions of parameters (models not in the table)")
+    plan.add_argument(
+        "--params-b", type=positive_number, help="model size in billions of parameters (models not in the table)"
+    )
     plan.add_argument("--dtype", help="weight type: bf16, fp16, fp32, fp8, int8, int4")
 
-    for name, text in (("preflight", "check every node before vLLM starts"), ("status", "gang health of the running cluster")):
+    for name, text in (
+        ("preflight", "check every node before vLLM starts"),
+        ("status", "gang health of the running cluster"),
+    ):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--stack", required=True)
         sub.add_argument("--stack-file", help="the stack's config file (default: stacks/Pulumi.<stack>.yaml)")
-        sub.add_argument("--outputs", help="the stack's outputs as JSON (default: pulumi stack output --json --show-secrets)")
+        sub.add_argument(
+            "--outputs", help="the stack's outputs as JSON (default: pulumi stack output --json --show-secrets)"
+        )
         sub.add_argument("--json", action="store_true")
         if name == "status":
             sub.add_argument("--watch", action="store_true", help="refresh in place")
@@ -65,7 +72,9 @@ def run_command(args: argparse.Namespace) -> int:
         except ValueError as error:  # a model outside the table without --params-b, or an unknown --dtype
             print(f"vllm-cluster plan: {error}", file=sys.stderr)
             return 2
-        print(json.dumps(document, indent=2) if args.json else planner.render(document), end="" if not args.json else "\n")
+        print(
+            json.dumps(document, indent=2) if args.json else planner.render(document), end="" if not args.json else "\n"
+        )
         return 0
     if args.command == "preflight":
         from cli import preflight

@@ -22,13 +22,24 @@ from components.topology import node_name
 ROOT = Path(__file__).resolve().parent.parent
 # Host keys are not pinned: the README's "Host keys" says why (the remote commands do the same).
 SSH_OPTIONS = (
-    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-    "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15",
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=15",
 )
 
 
-def ssh_args(key_file: Path, user: str, host: str, command: str,
-             jump_user: str | None = None, jump_host: str | None = None) -> list[str]:
+def ssh_args(
+    key_file: Path, user: str, host: str, command: str, jump_user: str | None = None, jump_host: str | None = None
+) -> list[str]:
     """`ssh` arguments that run `command` on user@host, through jump_user@jump_host when
     one is given (the gateway in front of the GPU nodes), with the one key for both hops."""
     args = ["ssh", "-i", str(key_file), *SSH_OPTIONS]
@@ -109,7 +120,9 @@ class Cluster:
         try:
             return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(args, 255, "", f"no answer from {node.name} ({node.ip}) in {timeout:g} s")
+            return subprocess.CompletedProcess(
+                args, 255, "", f"no answer from {node.name} ({node.ip}) in {timeout:g} s"
+            )
 
     def tls_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context()
@@ -122,7 +135,9 @@ class Cluster:
         """(HTTP status, seconds, error) of one small completion through the endpoint."""
         body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1}).encode()
         request = urllib.request.Request(
-            self.outputs["endpoint"].rstrip("/") + "/completions", data=body, method="POST",
+            self.outputs["endpoint"].rstrip("/") + "/completions",
+            data=body,
+            method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.outputs['apiKey']}"},
         )
         started = time.monotonic()

@@ -192,7 +192,9 @@ class MockCloud(pulumi.runtime.Mocks):
             state["privateIp"] = self._private_ip(args.name)
             state["publicIp"] = ""
         elif args.typ == "aws:ec2/eip:Eip":
-            state["publicIp"] = self.public_ips.get(args.name, f"203.0.113.{10 + int(_digest('eip', args.name), 16) % 240}")
+            state["publicIp"] = self.public_ips.get(
+                args.name, f"203.0.113.{10 + int(_digest('eip', args.name), 16) % 240}"
+            )
             state["allocationId"] = resource_id
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             state["latestVersion"] = 1
@@ -222,16 +224,16 @@ class MockCloud(pulumi.runtime.Mocks):
                 "-----END OPENSSH PRIVATE KEY-----\n"
             )
             state["privateKeyPem"] = (
-                "-----BEGIN PRIVATE KEY-----\n"
-                f"mock{_digest('pem', args.name, length=48)}\n"
-                "-----END PRIVATE KEY-----\n"
+                f"-----BEGIN PRIVATE KEY-----\nmock{_digest('pem', args.name, length=48)}\n-----END PRIVATE KEY-----\n"
             )
         elif args.typ == "tls:index/selfSignedCert:SelfSignedCert":
             # Not a real certificate: deterministic bytes in PEM armour, enough for fingerprints.
             body = base64.b64encode(hashlib.sha256(f"cert/{args.name}".encode()).digest() * 8).decode()
-            state["certPem"] = "-----BEGIN CERTIFICATE-----\n" + "\n".join(
-                body[i : i + 64] for i in range(0, len(body), 64)
-            ) + "\n-----END CERTIFICATE-----\n"
+            state["certPem"] = (
+                "-----BEGIN CERTIFICATE-----\n"
+                + "\n".join(body[i : i + 64] for i in range(0, len(body), 64))
+                + "\n-----END CERTIFICATE-----\n"
+            )
         elif args.typ == "random:index/randomPassword:RandomPassword":
             length = int(args.inputs.get("length", 32))
             state["result"] = (_digest("password", args.name, length=64) * 4)[:length]
@@ -241,7 +243,9 @@ class MockCloud(pulumi.runtime.Mocks):
         self.invokes.append((args.token, dict(args.args)))
         if args.token == "aws:ec2/getAmi:getAmi":
             image_filter = {f["name"]: f["values"] for f in args.args.get("filters", [])}
-            image_id = image_filter.get("image-id", ["ami-0" + _digest(json.dumps(args.args, sort_keys=True), length=16)])[0]
+            image_id = image_filter.get(
+                "image-id", ["ami-0" + _digest(json.dumps(args.args, sort_keys=True), length=16)]
+            )[0]
             return {"id": image_id, "imageId": image_id, "rootDeviceName": "/dev/sda1", "architecture": "x86_64"}
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             return {"id": "us-east-1", "locations": list(MOCK_ZONES), "locationTypes": ["availability-zone"] * 3}
@@ -282,7 +286,9 @@ def real_private_key(algorithm: str) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as scratch:
         key = Path(scratch) / "key"
         if algorithm == "ED25519":
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vllm-cluster", "-f", str(key)], check=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "vllm-cluster", "-f", str(key)], check=True
+            )
             private = key.read_text()
             return {
                 "privateKeyOpenssh": private,
@@ -291,7 +297,8 @@ def real_private_key(algorithm: str) -> dict[str, str]:
             }
         subprocess.run(
             ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(key)],
-            check=True, capture_output=True,
+            check=True,
+            capture_output=True,
         )
         return {"privateKeyPem": key.read_text()}
 
@@ -302,9 +309,23 @@ def real_self_signed_cert(private_key_pem: str, ip_addresses: list[str]) -> str:
         key.write_text(private_key_pem)
         alt_names = ",".join(f"IP:{ip}" for ip in ip_addresses)
         subprocess.run(
-            ["openssl", "req", "-x509", "-key", str(key), "-out", str(cert), "-days", "2",
-             "-subj", "/CN=vllm-cluster gateway", "-addext", f"subjectAltName={alt_names}"],
-            check=True, capture_output=True,
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-key",
+                str(key),
+                "-out",
+                str(cert),
+                "-days",
+                "2",
+                "-subj",
+                "/CN=vllm-cluster gateway",
+                "-addext",
+                f"subjectAltName={alt_names}",
+            ],
+            check=True,
+            capture_output=True,
         )
         return cert.read_text()
 
@@ -359,7 +380,10 @@ def run_program(
     Pulumi CLI does with Pulumi.yaml (required keys, types, defaults); turn it off
     to hand the program a config the CLI would have let through unchecked."""
     mocks = MockCloud(
-        instance_ips=instance_ips, public_ips=public_ips, real_crypto=real_crypto, key_store=key_store,
+        instance_ips=instance_ips,
+        public_ips=public_ips,
+        real_crypto=real_crypto,
+        key_store=key_store,
         existing_vpc=existing_vpc,
     )
     monitor = RecordingMonitor(mocks)
@@ -369,9 +393,7 @@ def run_program(
         mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor, logger=_CollectWarnings(run.warnings)
     )
     engine_config = as_engine_config(apply_project_config(stack, _namespaced(config)) if apply_project else config)
-    pulumi.runtime.set_all_config(
-        engine_config, [k if ":" in k else f"{PROJECT}:{k}" for k in (secret_keys or [])]
-    )
+    pulumi.runtime.set_all_config(engine_config, [k if ":" in k else f"{PROJECT}:{k}" for k in (secret_keys or [])])
     root = pulumi.runtime.settings.get_root_resource()
 
     async def resolve_outputs():

@@ -28,14 +28,21 @@ def _kv_cache_dtype(spec) -> str | None:
 
 
 def resources_by_component(run) -> dict[str, dict[str, int]]:
-    components = {r.urn: r.name + " (" + r.type.rsplit(":", 1)[1] + ")" for r in run.resources if r.type.startswith("vllm-cluster:index:")}
+    components = {
+        r.urn: r.name + " (" + r.type.rsplit(":", 1)[1] + ")"
+        for r in run.resources
+        if r.type.startswith("vllm-cluster:index:")
+    }
     grouped: dict[str, Counter] = defaultdict(Counter)
     for resource in run.resources:
         if resource.urn in components:
             continue
         owner = components.get(resource.parent, "(stack)")
         grouped[owner][resource.type] += 1
-    return {owner: dict(sorted(counts.items())) for owner, counts in sorted(grouped.items(), key=lambda kv: kv[0].split("(")[1])}
+    return {
+        owner: dict(sorted(counts.items()))
+        for owner, counts in sorted(grouped.items(), key=lambda kv: kv[0].split("(")[1])
+    }
 
 
 def _nodes(topology: dict[str, Any], layers: list[tuple[int, int]] | None) -> list[dict[str, Any]]:
@@ -70,13 +77,19 @@ def _fit(the_fit: sizing.Fit, gpu_memory_utilization: float | None) -> dict[str,
 
 
 def _cost(the_cost: sizing.Cost, instance: InstanceType) -> dict[str, Any]:
-    return {"gpuNodes": round(the_cost.gpu_nodes, 4), "gateway": the_cost.gateway,
-            "natGateway": the_cost.nat_gateway, "modelCache": round(the_cost.model_cache, 4),
-            "priceDate": instance.price_date, "priceSource": instance.price_source}
+    return {
+        "gpuNodes": round(the_cost.gpu_nodes, 4),
+        "gateway": the_cost.gateway,
+        "natGateway": the_cost.nat_gateway,
+        "modelCache": round(the_cost.model_cache, 4),
+        "priceDate": instance.price_date,
+        "priceSource": instance.price_source,
+    }
 
 
-def build_plan(stack: str, params_b: float | None = None, dtype: str | None = None,
-               stack_file: str | None = None) -> dict[str, Any]:
+def build_plan(
+    stack: str, params_b: float | None = None, dtype: str | None = None, stack_file: str | None = None
+) -> dict[str, Any]:
     """The plan of stacks/Pulumi.<stack>.yaml (or `stack_file`). Raises StackFileError
     when the stack file cannot be read or its config is refused."""
     the_stack = read_stack(stack, stack_file)  # first: a bad stack file is reported before the engine loads
@@ -104,15 +117,27 @@ def build_plan(stack: str, params_b: float | None = None, dtype: str | None = No
 
     return {
         "stack": stack,
-        "model": {"name": model.name, "paramsB": model.params_b, "dtype": model.dtype,
-                  "source": "model table" if info and params_b is None else "--params-b",
-                  "layers": model.layers},
-        "cluster": {"instanceType": instance.name, "nodes": spec.nodes, "gpusPerNode": instance.gpus,
-                    "gpuModel": instance.gpu_model, "gpuMemoryGiB": instance.gpu_memory_gib,
-                    "tensorParallelSize": tp, "pipelineParallelSize": pp, "efa": spec.efa},
+        "model": {
+            "name": model.name,
+            "paramsB": model.params_b,
+            "dtype": model.dtype,
+            "source": "model table" if info and params_b is None else "--params-b",
+            "layers": model.layers,
+        },
+        "cluster": {
+            "instanceType": instance.name,
+            "nodes": spec.nodes,
+            "gpusPerNode": instance.gpus,
+            "gpuModel": instance.gpu_model,
+            "gpuMemoryGiB": instance.gpu_memory_gib,
+            "tensorParallelSize": tp,
+            "pipelineParallelSize": pp,
+            "efa": spec.efa,
+        },
         # components/image.py: what the nodes boot, or the stack's own AMI.
-        "image": ({"amiId": spec.ami_id} if spec.ami_id else
-                  {"name": image.DLAMI_DESCRIPTION, "python": image.python_label()}),
+        "image": (
+            {"amiId": spec.ami_id} if spec.ami_id else {"name": image.DLAMI_DESCRIPTION, "python": image.python_label()}
+        ),
         "resources": resources_by_component(run),
         "resourceCount": len(run.resources),
         "nodes": _nodes(topology, layers),
@@ -143,10 +168,12 @@ def _summary_lines(plan: dict[str, Any]) -> list[str]:
         f"vllm-cluster plan: stack {plan['stack']} (offline: no AWS, no Pulumi CLI)",
         "",
         f"Model     {m['name']}, {m['paramsB']:g} B parameters, {m['dtype']} (size from the {m['source']})",
-        f"Cluster   {c['nodes']} x {c['instanceType']} ({c['gpusPerNode']} x {c['gpuModel']} {c['gpuMemoryGiB']:g} GiB), "
+        f"Cluster   {c['nodes']} x {c['instanceType']} "
+        f"({c['gpusPerNode']} x {c['gpuModel']} {c['gpuMemoryGiB']:g} GiB), "
         f"TP {c['tensorParallelSize']} x PP {c['pipelineParallelSize']} = "
         f"{c['tensorParallelSize'] * c['pipelineParallelSize']} ranks, EFA {'on' if c['efa'] else 'off'}",
-        f"Image     {i['amiId']} (your own: setup checks its Python)" if "amiId" in i
+        f"Image     {i['amiId']} (your own: setup checks its Python)"
+        if "amiId" in i
         else f"Image     {i['name']}, newest; Python {i['python']}",
     ]
 
@@ -160,8 +187,10 @@ def _resource_lines(plan: dict[str, Any]) -> list[str]:
 
 
 def _topology_lines(plan: dict[str, Any]) -> list[str]:
-    out = ["Topology (rank = pp_rank x TP + tp_rank)",
-           f"  {'node':5s}{'role':8s}{'ip':16s}{'GPUs':6s}{'ranks':8s}{'stage':7s}layers"]
+    out = [
+        "Topology (rank = pp_rank x TP + tp_rank)",
+        f"  {'node':5s}{'role':8s}{'ip':16s}{'GPUs':6s}{'ranks':8s}{'stage':7s}layers",
+    ]
     for node in plan["nodes"]:
         for i, stage in enumerate(node["stages"]):
             layers = f"{stage['layers'][0]}-{stage['layers'][1] - 1}" if stage["layers"] else "(unknown)"
@@ -176,15 +205,27 @@ def _topology_lines(plan: dict[str, Any]) -> list[str]:
 
 def _fit_lines(plan: dict[str, Any]) -> list[str]:
     m, f = plan["model"], plan["fit"]
-    tokens = f"about {f['contextTokens']:,} tokens of context" if f["contextTokens"] is not None else "context unknown (architecture not in the table)"
-    out = ["Fit",
-           f"  weights        {plan['weightsGB']:g} GB ({m['paramsB']:g} B x {m['dtype']})",
-           f"  per GPU        {f['weightsPerGpuGiB']:g} GiB of weights; {f['usablePerGpuGiB']:g} of {f['gpuMemoryGiB']:g} GiB usable at gpuMemoryUtilization {f['gpuMemoryUtilization']:g}, {f['runtimeOverheadGiB']:g} GiB runtime",
-           f"  KV cache       {f['kvCachePerGpuGiB']:g} GiB per GPU: {tokens} (max-model-len {f['maxModelLen'] or 'unknown'})",
-           f"  verdict        {'FITS' if plan['fits'] else 'DOES NOT FIT'}: {f['verdict']}"]
+    tokens = (
+        f"about {f['contextTokens']:,} tokens of context"
+        if f["contextTokens"] is not None
+        else "context unknown (architecture not in the table)"
+    )
+    out = [
+        "Fit",
+        f"  weights        {plan['weightsGB']:g} GB ({m['paramsB']:g} B x {m['dtype']})",
+        f"  per GPU        {f['weightsPerGpuGiB']:g} GiB of weights; {f['usablePerGpuGiB']:g} of "
+        f"{f['gpuMemoryGiB']:g} GiB usable at gpuMemoryUtilization {f['gpuMemoryUtilization']:g}, "
+        f"{f['runtimeOverheadGiB']:g} GiB runtime",
+        f"  KV cache       {f['kvCachePerGpuGiB']:g} GiB per GPU: {tokens} "
+        f"(max-model-len {f['maxModelLen'] or 'unknown'})",
+        f"  verdict        {'FITS' if plan['fits'] else 'DOES NOT FIT'}: {f['verdict']}",
+    ]
     if plan["smallestFit"]:
         s = plan["smallestFit"]
-        out.append(f"  smallest fit   {s['nodes']} x {s['instance_type']} (TP {s['tp']} x PP {s['pp']}), ${s['cost_per_hour']:.2f}/h for the GPUs")
+        out.append(
+            f"  smallest fit   {s['nodes']} x {s['instance_type']} (TP {s['tp']} x PP {s['pp']}), "
+            f"${s['cost_per_hour']:.2f}/h for the GPUs"
+        )
     elif not plan["fits"]:
         out.append("  smallest fit   none in the catalog up to 16 nodes")
     return out
@@ -192,12 +233,14 @@ def _fit_lines(plan: dict[str, Any]) -> list[str]:
 
 def _cost_lines(plan: dict[str, Any]) -> list[str]:
     c, k = plan["cluster"], plan["cost"]
-    return [f"Cost (us-east-1 on-demand, prices of {k['priceDate']})",
-            f"  GPU nodes      ${k['gpuNodes']:.4f}/h ({c['nodes']} x {c['instanceType']})",
-            f"  gateway        ${k['gateway']:.4f}/h",
-            f"  NAT gateway    ${k['natGateway']:.4f}/h (plus data processed)",
-            f"  model cache    ${k['modelCache']:.4f}/h (EFS storage for the weights)",
-            f"  total          ${plan['costPerHourUsd']:.2f}/h, ${plan['costPerDayUsd']:.2f}/day"]
+    return [
+        f"Cost (us-east-1 on-demand, prices of {k['priceDate']})",
+        f"  GPU nodes      ${k['gpuNodes']:.4f}/h ({c['nodes']} x {c['instanceType']})",
+        f"  gateway        ${k['gateway']:.4f}/h",
+        f"  NAT gateway    ${k['natGateway']:.4f}/h (plus data processed)",
+        f"  model cache    ${k['modelCache']:.4f}/h (EFS storage for the weights)",
+        f"  total          ${plan['costPerHourUsd']:.2f}/h, ${plan['costPerDayUsd']:.2f}/day",
+    ]
 
 
 def _time_to_first_token_lines(plan: dict[str, Any]) -> list[str]:
@@ -207,7 +250,8 @@ def _time_to_first_token_lines(plan: dict[str, Any]) -> list[str]:
     total = plan["timeToFirstTokenSeconds"]
     out.append(f"  {'total':16s}{total:6d} s   ({total / 60:.1f} min)")
     out.append(
-        f"  vLLM gives its engine {plan['engineReadyTimeoutSeconds']} s to start (VLLM_ENGINE_READY_TIMEOUT_S in vllm.env: "
+        f"  vLLM gives its engine {plan['engineReadyTimeoutSeconds']} s to start "
+        "(VLLM_ENGINE_READY_TIMEOUT_S in vllm.env: "
         f"{sizing.ENGINE_READY_TIMEOUT_FACTOR} x (model load + engine start), at least vLLM's default "
         f"{sizing.ENGINE_READY_TIMEOUT_FLOOR_SECONDS} s)"
     )
@@ -221,8 +265,7 @@ def _warning_lines(plan: dict[str, Any]) -> list[str]:
 def _serve_lines(plan: dict[str, Any]) -> list[str]:
     """`vllm serve` with a flag a line, each flag beside its value."""
     args = plan["vllmServeArgs"]
-    out = ["vllm serve on the head (API key from a root-only env file, never an argument)",
-           "  vllm serve " + args[0]]
+    out = ["vllm serve on the head (API key from a root-only env file, never an argument)", "  vllm serve " + args[0]]
     i = 1
     while i < len(args):
         if i + 1 < len(args) and not args[i + 1].startswith("--"):
@@ -236,8 +279,15 @@ def _serve_lines(plan: dict[str, Any]) -> list[str]:
 
 def render(plan: dict[str, Any]) -> str:
     out = _summary_lines(plan)
-    for section in (_resource_lines, _topology_lines, _fit_lines, _cost_lines, _time_to_first_token_lines,
-                    _warning_lines, _serve_lines):
+    for section in (
+        _resource_lines,
+        _topology_lines,
+        _fit_lines,
+        _cost_lines,
+        _time_to_first_token_lines,
+        _warning_lines,
+        _serve_lines,
+    ):
         out += ["", *section(plan)]
     if plan["secretsNotRead"]:
         out += ["", f"(secrets not read offline: {', '.join(plan['secretsNotRead'])})"]

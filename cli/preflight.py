@@ -50,8 +50,10 @@ def main(args) -> int:
     cluster = Cluster(stack_outputs(args.stack, args.outputs))
     try:
         model_dir = bootstrap.model_directory(spec.model, spec.model_revision)
-        command = (f"sudo {bootstrap.INSTALL_DIR}/venv/bin/python {bootstrap.BIN_DIR}/preflight-check "
-                   f"collect --model-dir {model_dir}")
+        command = (
+            f"sudo {bootstrap.INSTALL_DIR}/venv/bin/python {bootstrap.BIN_DIR}/preflight-check "
+            f"collect --model-dir {model_dir}"
+        )
         with ThreadPoolExecutor(len(cluster.nodes)) as pool:
             results = list(pool.map(lambda node: (node, cluster.ssh(node, command)), cluster.nodes))
     finally:
@@ -70,9 +72,20 @@ def main(args) -> int:
     problems = [f"{u}. Fix: check the node is running and reachable through the gateway" for u in unreachable]
     problems += checks.failures(rows)
     if args.json:
-        print(json.dumps({"ok": not problems, "problems": problems, "facts": facts,
-                          "checks": [{"check": r["check"], "nodes": {n: {"ok": ok, "value": v} for n, (ok, v) in r["cells"].items()}}
-                                     for r in rows]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "ok": not problems,
+                    "problems": problems,
+                    "facts": facts,
+                    "checks": [
+                        {"check": r["check"], "nodes": {n: {"ok": ok, "value": v} for n, (ok, v) in r["cells"].items()}}
+                        for r in rows
+                    ],
+                },
+                indent=2,
+            )
+        )
     else:
         if rows:
             print(checks.render(rows))

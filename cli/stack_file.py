@@ -99,8 +99,9 @@ def read_config(path: Path) -> dict[str, Any]:
         return {}  # an empty file: Pulumi.yaml's check then names the required keys
     config = document.get("config") if isinstance(document, dict) else None
     if not isinstance(document, dict) or not isinstance(config, (dict, type(None))):
-        raise StackFileError(f"{shown(path)}: not a stack file: expected a `config:` map of "
-                             f"{NAMESPACE}:<key>: <value> lines")
+        raise StackFileError(
+            f"{shown(path)}: not a stack file: expected a `config:` map of {NAMESPACE}:<key>: <value> lines"
+        )
     return dict(config or {})
 
 

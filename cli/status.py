@@ -27,8 +27,11 @@ def snapshot(cluster: Cluster, spec) -> dict:
     result = cluster.ssh(head, f"sudo {bootstrap.NODE_COMMAND} status-facts")
     facts = json.loads(result.stdout) if result.returncode == 0 and result.stdout.strip() else None
     status, seconds, error = cluster.completion(bootstrap.served_model_name(spec))
-    return {"facts": facts, "factsError": None if facts else (result.stderr.strip() or "no answer from the head"),
-            "completion": {"status": status, "seconds": round(seconds, 3), "error": error}}
+    return {
+        "facts": facts,
+        "factsError": None if facts else (result.stderr.strip() or "no answer from the head"),
+        "completion": {"status": status, "seconds": round(seconds, 3), "error": error},
+    }
 
 
 def assess(cluster: Cluster, spec, snap: dict) -> dict:
@@ -36,8 +39,10 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
     seen = facts is not None and "ray_error" not in facts  # did we see Ray's membership at all?
     alive = (facts or {}).get("alive", {})
     gpus_expected = spec.nodes * spec.gpus_per_node
-    nodes = [{"node": n.name, "ip": n.ip, "alive": (n.ip in alive) if seen else None, "gpus": alive.get(n.ip)}
-             for n in cluster.nodes]
+    nodes = [
+        {"node": n.name, "ip": n.ip, "alive": (n.ip in alive) if seen else None, "gpus": alive.get(n.ip)}
+        for n in cluster.nodes
+    ]
     gpus = sum(alive.get(n.ip, 0) for n in cluster.nodes)
     completion = snap["completion"]
     problems = []
@@ -50,14 +55,19 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         if gpus < gpus_expected:
             problems.append(f"Ray has {gpus:g} of {gpus_expected} GPUs")
     if completion["status"] != 200:
-        problems.append(f"a completion through the endpoint got HTTP {completion['status'] or 'nothing'}"
-                        + (f" ({completion['error']})" if completion["error"] else ""))
+        problems.append(
+            f"a completion through the endpoint got HTTP {completion['status'] or 'nothing'}"
+            + (f" ({completion['error']})" if completion["error"] else "")
+        )
     if facts is None and completion["status"] != 200:
         verdict = UNKNOWN  # nothing answered: we cannot tell down from unreachable
     elif facts is not None and facts.get("health") != 200 and completion["status"] != 200:
         verdict = DOWN
-        problems.insert(0, f"vLLM is not serving (unit {facts.get('vllm_unit', 'unknown')}, "
-                           f"/health {facts.get('health') or 'no answer'})")
+        problems.insert(
+            0,
+            f"vLLM is not serving (unit {facts.get('vllm_unit', 'unknown')}, "
+            f"/health {facts.get('health') or 'no answer'})",
+        )
     else:
         verdict = DEGRADED if problems else HEALTHY
     return {
@@ -65,8 +75,12 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         "exitCode": verdict,
         "problems": problems,
         "nodes": nodes,
-        "ray": {"nodes": sum(bool(n["alive"]) for n in nodes), "expectedNodes": spec.nodes,
-                "gpus": gpus, "expectedGpus": gpus_expected},
+        "ray": {
+            "nodes": sum(bool(n["alive"]) for n in nodes),
+            "expectedNodes": spec.nodes,
+            "gpus": gpus,
+            "expectedGpus": gpus_expected,
+        },
         "vllm": {"unit": (facts or {}).get("vllm_unit"), "health": (facts or {}).get("health")},
         "completion": completion,
         "metrics": (facts or {}).get("metrics"),
@@ -75,20 +89,23 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
 
 def render(stack: str, report: dict, endpoint: str) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    lines = [f"vllm-cluster status: stack {stack}   {stamp}", "",
-             f"  {'node':10s}{'ip':17s}{'ray':9s}GPUs"]
+    lines = [f"vllm-cluster status: stack {stack}   {stamp}", "", f"  {'node':10s}{'ip':17s}{'ray':9s}GPUs"]
     for node in report["nodes"]:
         gpus = f"{node['gpus']:g}" if node["gpus"] is not None else "-"
         state = {True: "alive", False: "MISSING", None: "unknown"}[node["alive"]]
         lines.append(f"  {node['node']:10s}{node['ip']:17s}{state:9s}{gpus}")
     ray, vllm, completion, metrics = report["ray"], report["vllm"], report["completion"], report["metrics"]
-    lines += ["",
-              f"  ray         {ray['nodes']}/{ray['expectedNodes']} nodes, {ray['gpus']:g}/{ray['expectedGpus']} GPUs",
-              f"  vllm        unit {vllm['unit'] or 'unknown'}, /health {vllm['health'] if vllm['health'] else 'no answer'}",
-              f"  completion  HTTP {completion['status'] or 'none'} in {completion['seconds']:.2f} s through {endpoint}"]
+    lines += [
+        "",
+        f"  ray         {ray['nodes']}/{ray['expectedNodes']} nodes, {ray['gpus']:g}/{ray['expectedGpus']} GPUs",
+        f"  vllm        unit {vllm['unit'] or 'unknown'}, /health {vllm['health'] if vllm['health'] else 'no answer'}",
+        f"  completion  HTTP {completion['status'] or 'none'} in {completion['seconds']:.2f} s through {endpoint}",
+    ]
     if metrics:
-        lines.append(f"  metrics     running {metrics['running']:g}, waiting {metrics['waiting']:g}, "
-                     f"KV cache {metrics['kv_cache_usage'] * 100:.1f}%, {metrics['tokens_per_second']:.1f} tokens/s")
+        lines.append(
+            f"  metrics     running {metrics['running']:g}, waiting {metrics['waiting']:g}, "
+            f"KV cache {metrics['kv_cache_usage'] * 100:.1f}%, {metrics['tokens_per_second']:.1f} tokens/s"
+        )
     lines += ["", f"  verdict     {report['verdict'].upper()}"]
     lines += [f"    - {problem}" for problem in report["problems"]]
     return "\n".join(lines)
@@ -110,7 +127,11 @@ def main(args) -> int:
                 sys.stdout.write("\x1b[H\x1b[2J" + render(args.stack, report, cluster.outputs["endpoint"]) + "\n")
                 sys.stdout.flush()
             else:
-                print(json.dumps(report, indent=2) if args.json else render(args.stack, report, cluster.outputs["endpoint"]))
+                print(
+                    json.dumps(report, indent=2)
+                    if args.json
+                    else render(args.stack, report, cluster.outputs["endpoint"])
+                )
                 return report["exitCode"]
             time.sleep(args.interval)
     except KeyboardInterrupt:

@@ -232,8 +232,16 @@ def node_setup_script(boot: NodeBoot) -> str:
     files = [
         _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
         _file(PYTHON_LIBRARY_PATH, _read(PYTHON_LIBRARY), "0644"),
-        *(_node_file(name) for name in ("vllm-cluster-first-boot", "vllm-cluster-node", "ray-cluster-check",
-                                         "preflight-check", "vllm-watchdog-check")),
+        *(
+            _node_file(name)
+            for name in (
+                "vllm-cluster-first-boot",
+                "vllm-cluster-node",
+                "ray-cluster-check",
+                "preflight-check",
+                "vllm-watchdog-check",
+            )
+        ),
         *(_file(f"/etc/systemd/system/{unit}", _read(NODE_SCRIPTS / "units" / unit), "0644") for unit in NODE_UNITS),
         _file(CLUSTER_ENV, cluster_env(boot), "0600"),
     ]
@@ -365,7 +373,8 @@ def nginx_site(
 {rate_zone}upstream vllm_api {{
     server {head_ip}:{ports.VLLM_API};
     keepalive 16;
-    # Idle connections close here before vLLM closes them (VLLM_HTTP_TIMEOUT_KEEP_ALIVE {VLLM_HTTP_KEEP_ALIVE_SECONDS} s).
+    # Idle connections close here before vLLM closes them
+    # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE {VLLM_HTTP_KEEP_ALIVE_SECONDS} s).
     keepalive_timeout {GATEWAY_UPSTREAM_KEEPALIVE_SECONDS}s;
 }}
 
@@ -422,5 +431,3 @@ def certificate_fingerprint(pem: str) -> str:
     der = base64.b64decode("".join(match.group(1).split()))
     digest = hashlib.sha256(der).hexdigest().upper()
     return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
-
-

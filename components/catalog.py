@@ -40,8 +40,9 @@ class InstanceType:
         return self.gpus * self.gpu_memory_gib
 
 
-def _row(name, gpus, gpu_model, gpu_memory_gib, vcpus, memory_gib, max_efa, cards, gbps, price, date,
-         source, unverified=""):
+def _row(
+    name, gpus, gpu_model, gpu_memory_gib, vcpus, memory_gib, max_efa, cards, gbps, price, date, source, unverified=""
+):
     return InstanceType(
         name=name,
         gpus=gpus,
@@ -68,7 +69,9 @@ BATCH_GPU_TABLE = "https://docs.aws.amazon.com/batch/latest/userguide/gpu-jobs.h
 # e3707c4): hardware and network tables (accelerated-computing-instances.md), EFA-capable
 # types and "one EFA per network card; other types one EFA" (efa.md), multi-card types
 # (using-eni.md). Live pages: efa.html#efa-instance-types, using-eni.html#network-cards.
-EC2_GUIDE_2023 = "https://github.com/awsdocs/amazon-ec2-user-guide/tree/e3707c431483ec0ffffcabebd36cf799ba682cd0/doc_source"
+EC2_GUIDE_2023 = (
+    "https://github.com/awsdocs/amazon-ec2-user-guide/tree/e3707c431483ec0ffffcabebd36cf799ba682cd0/doc_source"
+)
 # P5: the multi-card EFA layout, a request of 32 EFA devices, one per network card.
 EFA_MULTI_CARD = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html"
 # Secondary (not AWS): TorchX's AWS named resources (vCPU, memory, GPUs, EFA devices).
@@ -82,7 +85,8 @@ DSTACK_P5EN = "https://github.com/dstackai/dstack/pull/4110"
 # where the figures come from, and which of them no AWS page read here confirmed.
 _ROWS = (
     _row("g5.xlarge",      1, "NVIDIA A10G",  24,   4,   16,  0,  1,   10,  1.006,  "2025-06-01",
-         f"{BATCH_GPU_TABLE} (1 GPU, 24 GiB, 4 vCPU, 16 GiB, up to 10 Gbps); {EC2_GUIDE_2023} (no EFA, one card); {READ_ON}"),
+         f"{BATCH_GPU_TABLE} (1 GPU, 24 GiB, 4 vCPU, 16 GiB, up to 10 Gbps); {EC2_GUIDE_2023} (no EFA, one card); "
+         f"{READ_ON}"),
     _row("g6.xlarge",      1, "NVIDIA L4",    24,   4,   16,  0,  1,   10,  0.8048, "2025-06-01",
          f"{BATCH_GPU_TABLE} (1 GPU, 24 GiB, 4 vCPU, 16 GiB, up to 10 Gbps); {READ_ON}",
          "no EFA and one network card: G6 postdates the archived EFA and network-card lists, and no AWS page "
@@ -90,31 +94,41 @@ _ROWS = (
     # One GPU and EFA: the smallest type on which a pipeline spans EFA-connected nodes
     # (the local fleet's configuration, one pipeline stage per node).
     _row("g5.8xlarge",     1, "NVIDIA A10G",  24,  32,  128,  1,  1,   25,  2.448,  "2025-06-01",
-         f"{BATCH_GPU_TABLE} (1 GPU, 24 GiB, 32 vCPU, 128 GiB, 25 Gbps); {EC2_GUIDE_2023} (EFA; one card, so one EFA); {READ_ON}"),
+         f"{BATCH_GPU_TABLE} (1 GPU, 24 GiB, 32 vCPU, 128 GiB, 25 Gbps); {EC2_GUIDE_2023} (EFA; "
+         f"one card, so one EFA); {READ_ON}"),
     _row("g5.12xlarge",    4, "NVIDIA A10G",  24,  48,  192,  1,  1,   40,  5.672,  "2026-01-21",
-         f"{BATCH_GPU_TABLE} (4 GPUs, 96 GiB, 48 vCPU, 192 GiB, 40 Gbps); {EC2_GUIDE_2023} (EFA; one card, so one EFA); {READ_ON}"),
+         f"{BATCH_GPU_TABLE} (4 GPUs, 96 GiB, 48 vCPU, 192 GiB, 40 Gbps); {EC2_GUIDE_2023} (EFA; "
+         f"one card, so one EFA); {READ_ON}"),
     _row("g5.48xlarge",    8, "NVIDIA A10G",  24, 192,  768,  1,  1,  100, 16.288,  "2025-06-01",
-         f"{BATCH_GPU_TABLE} (8 GPUs, 192 GiB, 192 vCPU, 768 GiB, 100 Gbps); {EC2_GUIDE_2023} (EFA; one card, so one EFA); {READ_ON}"),
+         f"{BATCH_GPU_TABLE} (8 GPUs, 192 GiB, 192 vCPU, 768 GiB, 100 Gbps); {EC2_GUIDE_2023} (EFA; "
+         f"one card, so one EFA); {READ_ON}"),
     _row("g6e.12xlarge",   4, "NVIDIA L40S",  48,  48,  384,  1,  1,  100, 10.493,  "2026-01-21",
          f"{TORCHX_AWS} (4 GPUs, 48 vCPU, 384 GiB; secondary); {READ_ON}",
          "every figure: no AWS page read here lists G6e. The EFA maximum of 1 is the one to check "
          "(aws ec2 describe-instance-types --instance-types g6e.12xlarge): TorchX lists no EFA device for this size"),
     _row("g6e.48xlarge",   8, "NVIDIA L40S",  48, 192, 1536,  4,  4,  400, 30.131,  "2026-01-21",
-         f"{TORCHX_AWS} (8 GPUs, 192 vCPU, 1536 GiB, 4 EFA devices; secondary); {EC2_GUIDE_2023} (one EFA per network card); {READ_ON}",
+         f"{TORCHX_AWS} (8 GPUs, 192 vCPU, 1536 GiB, 4 EFA devices; secondary); "
+         f"{EC2_GUIDE_2023} (one EFA per network card); {READ_ON}",
          "every figure: no AWS page read here lists G6e. 4 EFA interfaces on 4 network cards (was 1 and 1 here) "
          "rests on TorchX and on 400 Gbps being 4 cards of 100; check with aws ec2 describe-instance-types "
          "--instance-types g6e.48xlarge before relying on it"),
     _row("p4d.24xlarge",   8, "NVIDIA A100",  40,  96, 1152,  4,  4,  400, 21.958,  "2026-01-21",
          f"{EC2_GUIDE_2023} (8 GPUs, 96 vCPU, 1152 GiB, 4 x 100 Gbps, EFA, 4 network cards, one EFA each); {READ_ON}",
-         "40 GiB per GPU: the guide says only that P4de has the 80 GB A100s (P4d's 40 GB part is on the P4 product page, not read here)"),
+         "40 GiB per GPU: the guide says only that P4de has the 80 GB A100s (P4d's 40 GB part is on the P4 product "
+         "page, not read here)"),
     _row("p4de.24xlarge",  8, "NVIDIA A100",  80,  96, 1152,  4,  4,  400, 27.447,  "2026-01-21",
-         f"{EC2_GUIDE_2023} (8 GPUs, 96 vCPU, 1152 GiB, 4 x 100 Gbps, EFA, 4 network cards, one EFA each; 80 GB A100s); {READ_ON}"),
+         f"{EC2_GUIDE_2023} (8 GPUs, 96 vCPU, 1152 GiB, 4 x 100 Gbps, EFA, 4 network cards, one EFA each; "
+         f"80 GB A100s); {READ_ON}"),
     _row("p5.48xlarge",    8, "NVIDIA H100",  80, 192, 2048, 32, 32, 3200, 55.04,   "2026-01-21",
-         f"{EFA_MULTI_CARD} (32 EFA devices, one per network card); {TORCHX_AWS} (8 GPUs, 192 vCPU, 2048 GiB; secondary); {READ_ON}",
-         "80 GiB per GPU, 192 vCPU, 2048 GiB and 3200 Gbps: no AWS page read here states them (TorchX agrees on vCPU and memory)"),
+         f"{EFA_MULTI_CARD} (32 EFA devices, one per network card); {TORCHX_AWS} (8 GPUs, 192 vCPU, 2048 GiB; "
+         f"secondary); {READ_ON}",
+         "80 GiB per GPU, 192 vCPU, 2048 GiB and 3200 Gbps: no AWS page read here states them (TorchX agrees on "
+         "vCPU and memory)"),
     _row("p5en.48xlarge",  8, "NVIDIA H200", 141, 192, 2048, 16, 16, 3200, 63.296,  "2026-01-21",
-         f"{TORCHX_AWS} (192 vCPU, 2048 GiB, 16 EFA devices; secondary); {DSTACK_P5EN} (8 x H200 141 GB, 192 vCPU, 2048 GB; secondary); {READ_ON}",
-         "every figure: no AWS page read here lists P5en; 16 EFA on 16 network cards and 3200 Gbps rest on the secondary sources"),
+         f"{TORCHX_AWS} (192 vCPU, 2048 GiB, 16 EFA devices; secondary); "
+         f"{DSTACK_P5EN} (8 x H200 141 GB, 192 vCPU, 2048 GB; secondary); {READ_ON}",
+         "every figure: no AWS page read here lists P5en; "
+         "16 EFA on 16 network cards and 3200 Gbps rest on the secondary sources"),
 )
 # fmt: on
 

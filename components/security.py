@@ -58,7 +58,9 @@ class SecurityGroups(pulumi.ComponentResource):
         self._child = pulumi.ResourceOptions(parent=self)
         self.rules = []
 
-        gateway = self._group("gateway", args.vpc_id, "vllm-cluster gateway: TLS API for clients, SSH and dashboard for admins")
+        gateway = self._group(
+            "gateway", args.vpc_id, "vllm-cluster gateway: TLS API for clients, SSH and dashboard for admins"
+        )
         nodes = self._group("nodes", args.vpc_id, "vllm-cluster GPU nodes: reachable from the gateway only")
         cluster = self._group("cluster", args.vpc_id, "vllm-cluster GPU nodes among themselves: EFA, Ray, NCCL")
         efs = self._group("efs", args.vpc_id, "vllm-cluster model cache (EFS mount target)")
@@ -83,52 +85,116 @@ class SecurityGroups(pulumi.ComponentResource):
     def _gateway_rules(self, gateway, nodes, args: SecurityArgs) -> None:
         """The only group with rules that name outside addresses."""
         for cidr in args.api_allowed_cidrs:
-            self._ingress(f"gateway-api-{_slug(cidr)}", gateway, ports.API_HTTPS, cidr=cidr,
-                          why=f"OpenAI-compatible API over TLS for allowed clients {cidr} (apiAllowedCidrs)")
+            self._ingress(
+                f"gateway-api-{_slug(cidr)}",
+                gateway,
+                ports.API_HTTPS,
+                cidr=cidr,
+                why=f"OpenAI-compatible API over TLS for allowed clients {cidr} (apiAllowedCidrs)",
+            )
         for cidr in args.admin_cidrs:
-            self._ingress(f"gateway-ssh-{_slug(cidr)}", gateway, ports.SSH, cidr=cidr,
-                          why=f"SSH for admins {cidr} (adminCidrs); the gateway is the jump host to the GPU nodes")
-            self._ingress(f"gateway-dashboard-{_slug(cidr)}", gateway, ports.DASHBOARD_HTTPS, cidr=cidr,
-                          why=f"Ray dashboard over TLS for admins {cidr} (adminCidrs) only: it can run any code")
-        self._ingress("gateway-api-from-nodes", gateway, ports.API_HTTPS, group=nodes,
-                      why="Readiness check: a real completion from the head through the gateway TLS and route allowlist")
-        self._egress("gateway-to-vllm", gateway, ports.VLLM_API, group=nodes,
-                     why="Proxy API requests to vLLM on the head node")
-        self._egress("gateway-to-dashboard", gateway, ports.RAY_DASHBOARD, group=nodes,
-                     why="Proxy the Ray dashboard on the head node for admins")
-        self._egress("gateway-to-ssh", gateway, ports.SSH, group=nodes,
-                     why="SSH jump from the gateway to the GPU nodes (remote commands, admins)")
-        self._egress("gateway-https-out", gateway, 443, cidr="0.0.0.0/0",
-                     why="Package installs over HTTPS (nginx) and AWS APIs")
-        self._egress("gateway-http-out", gateway, 80, cidr="0.0.0.0/0",
-                     why="Ubuntu package mirrors over HTTP (apt checks signatures)")
+            self._ingress(
+                f"gateway-ssh-{_slug(cidr)}",
+                gateway,
+                ports.SSH,
+                cidr=cidr,
+                why=f"SSH for admins {cidr} (adminCidrs); the gateway is the jump host to the GPU nodes",
+            )
+            self._ingress(
+                f"gateway-dashboard-{_slug(cidr)}",
+                gateway,
+                ports.DASHBOARD_HTTPS,
+                cidr=cidr,
+                why=f"Ray dashboard over TLS for admins {cidr} (adminCidrs) only: it can run any code",
+            )
+        self._ingress(
+            "gateway-api-from-nodes",
+            gateway,
+            ports.API_HTTPS,
+            group=nodes,
+            why="Readiness check: a real completion from the head through the gateway TLS and route allowlist",
+        )
+        self._egress(
+            "gateway-to-vllm", gateway, ports.VLLM_API, group=nodes, why="Proxy API requests to vLLM on the head node"
+        )
+        self._egress(
+            "gateway-to-dashboard",
+            gateway,
+            ports.RAY_DASHBOARD,
+            group=nodes,
+            why="Proxy the Ray dashboard on the head node for admins",
+        )
+        self._egress(
+            "gateway-to-ssh",
+            gateway,
+            ports.SSH,
+            group=nodes,
+            why="SSH jump from the gateway to the GPU nodes (remote commands, admins)",
+        )
+        self._egress(
+            "gateway-https-out", gateway, 443, cidr="0.0.0.0/0", why="Package installs over HTTPS (nginx) and AWS APIs"
+        )
+        self._egress(
+            "gateway-http-out",
+            gateway,
+            80,
+            cidr="0.0.0.0/0",
+            why="Ubuntu package mirrors over HTTP (apt checks signatures)",
+        )
 
     def _nodes_rules(self, nodes, gateway, efs) -> None:
         """The gateway in, the internet out through the NAT."""
-        self._ingress("nodes-vllm-from-gateway", nodes, ports.VLLM_API, group=gateway,
-                      why="vLLM API, proxied by the gateway only")
-        self._ingress("nodes-dashboard-from-gateway", nodes, ports.RAY_DASHBOARD, group=gateway,
-                      why="Ray dashboard, proxied by the gateway for admins only")
-        self._ingress("nodes-ssh-from-gateway", nodes, ports.SSH, group=gateway,
-                      why="SSH through the gateway as jump host")
-        self._egress("nodes-https-out", nodes, 443, cidr="0.0.0.0/0",
-                     why="Model downloads from Hugging Face and pip installs, through the NAT gateway")
-        self._egress("nodes-http-out", nodes, 80, cidr="0.0.0.0/0",
-                     why="Ubuntu package mirrors over HTTP (apt checks signatures), through the NAT gateway")
-        self._egress("nodes-nfs-out", nodes, ports.NFS, group=efs,
-                     why="Mount the EFS model cache (NFS over TLS)")
+        self._ingress(
+            "nodes-vllm-from-gateway", nodes, ports.VLLM_API, group=gateway, why="vLLM API, proxied by the gateway only"
+        )
+        self._ingress(
+            "nodes-dashboard-from-gateway",
+            nodes,
+            ports.RAY_DASHBOARD,
+            group=gateway,
+            why="Ray dashboard, proxied by the gateway for admins only",
+        )
+        self._ingress(
+            "nodes-ssh-from-gateway", nodes, ports.SSH, group=gateway, why="SSH through the gateway as jump host"
+        )
+        self._egress(
+            "nodes-https-out",
+            nodes,
+            443,
+            cidr="0.0.0.0/0",
+            why="Model downloads from Hugging Face and pip installs, through the NAT gateway",
+        )
+        self._egress(
+            "nodes-http-out",
+            nodes,
+            80,
+            cidr="0.0.0.0/0",
+            why="Ubuntu package mirrors over HTTP (apt checks signatures), through the NAT gateway",
+        )
+        self._egress("nodes-nfs-out", nodes, ports.NFS, group=efs, why="Mount the EFS model cache (NFS over TLS)")
 
     def _cluster_rules(self, cluster) -> None:
         """The EFA rule, both directions, to and from itself."""
-        self._ingress("cluster-self-in", cluster, ALL_PORTS, group=cluster,
-                      why="EFA requires all traffic from this group itself; Ray and NCCL use random ports between nodes")
-        self._egress("cluster-self-out", cluster, ALL_PORTS, group=cluster,
-                     why="EFA requires all traffic to this group itself; Ray and NCCL use random ports between nodes")
+        self._ingress(
+            "cluster-self-in",
+            cluster,
+            ALL_PORTS,
+            group=cluster,
+            why="EFA requires all traffic from this group itself; Ray and NCCL use random ports between nodes",
+        )
+        self._egress(
+            "cluster-self-out",
+            cluster,
+            ALL_PORTS,
+            group=cluster,
+            why="EFA requires all traffic to this group itself; Ray and NCCL use random ports between nodes",
+        )
 
     def _efs_rules(self, efs, cluster) -> None:
         """NFS from the cluster only."""
-        self._ingress("efs-nfs-from-cluster", efs, ports.NFS, group=cluster,
-                      why="NFS to the model cache, from the GPU nodes only")
+        self._ingress(
+            "efs-nfs-from-cluster", efs, ports.NFS, group=cluster, why="NFS to the model cache, from the GPU nodes only"
+        )
 
     def _group(self, role: str, vpc_id: pulumi.Input[str], description: str) -> aws.ec2.SecurityGroup:
         # No inline rules: the provider then also removes AWS's default allow-all egress.
@@ -152,12 +218,18 @@ class SecurityGroups(pulumi.ComponentResource):
         if (cidr is None) == (group is None):
             raise ValueError("a rule names exactly one peer: a CIDR or a security group")
         peer = _cidr_args(cidr) if cidr is not None else {"referenced_security_group_id": group.id}
-        ports_args = {"ip_protocol": ALL_TRAFFIC} if port is ALL_PORTS else {"ip_protocol": "tcp", "from_port": port, "to_port": port}
-        self.rules.append(resource_type(
-            f"{self._name}-{rule}",
-            security_group_id=target.id,
-            description=why,
-            **ports_args,
-            **peer,
-            opts=self._child,
-        ))
+        ports_args = (
+            {"ip_protocol": ALL_TRAFFIC}
+            if port is ALL_PORTS
+            else {"ip_protocol": "tcp", "from_port": port, "to_port": port}
+        )
+        self.rules.append(
+            resource_type(
+                f"{self._name}-{rule}",
+                security_group_id=target.id,
+                description=why,
+                **ports_args,
+                **peer,
+                opts=self._child,
+            )
+        )

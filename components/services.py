@@ -209,24 +209,38 @@ class ClusterServices(pulumi.ComponentResource):
 
     def _gateway_proxy(self, args: ServicesArgs) -> GatewayCommands:
         """The gateway: nginx with TLS in front of the head, and the login probe key."""
-        setup = self._run("gateway-setup", self._on_gateway(), "sudo bash -s", stdin=args.gateway_user_data, after=args.gateway)
+        setup = self._run(
+            "gateway-setup", self._on_gateway(), "sudo bash -s", stdin=args.gateway_user_data, after=args.gateway
+        )
         tls = self._run(
-            "gateway-tls", self._on_gateway(), f"sudo {GATEWAY_COMMAND} install-tls",
-            stdin=tls_bundle(args.tls_private_key_pem, args.tls_certificate_pem), after=[setup], secret=True,
+            "gateway-tls",
+            self._on_gateway(),
+            f"sudo {GATEWAY_COMMAND} install-tls",
+            stdin=tls_bundle(args.tls_private_key_pem, args.tls_certificate_pem),
+            after=[setup],
+            secret=True,
         )
         site = pulumi.Output.from_input(args.node_ips[0]).apply(
             lambda head_ip: bootstrap.nginx_site(
-                head_ip, args.admin_cidrs, read_timeout_seconds=args.api_read_timeout_seconds,
+                head_ip,
+                args.admin_cidrs,
+                read_timeout_seconds=args.api_read_timeout_seconds,
                 rate_limit_per_second=args.api_rate_limit_per_second,
             )
         )
-        proxy = self._run("gateway-proxy", self._on_gateway(), f"sudo {GATEWAY_COMMAND} configure", stdin=site, after=[tls])
+        proxy = self._run(
+            "gateway-proxy", self._on_gateway(), f"sudo {GATEWAY_COMMAND} configure", stdin=site, after=[tls]
+        )
         # The gateway's login probe: pulumi-command retries a refused login on the same
         # tunnelled connection, so a node still booting (/run/nologin) would fail its
         # first command at once. The gateway waits for each node with this key first.
         login_probe = self._run(
-            "gateway-login-probe", self._on_gateway(), f"sudo {GATEWAY_COMMAND} install-login-probe",
-            stdin=args.login_probe_private_key, after=[setup], secret=True,
+            "gateway-login-probe",
+            self._on_gateway(),
+            f"sudo {GATEWAY_COMMAND} install-login-probe",
+            stdin=args.login_probe_private_key,
+            after=[setup],
+            secret=True,
         )
         return GatewayCommands(proxy=proxy, login_probe=login_probe)
 
@@ -236,12 +250,14 @@ class ClusterServices(pulumi.ComponentResource):
         hf_token = args.hf_token.reveal() if args.hf_token is not None else None
         head_ip = args.node_ips[0]
         bootstrapped = []
-        for index, (host, instance) in enumerate(zip(args.node_ips, args.nodes)):
+        for index, (host, instance) in enumerate(zip(args.node_ips, args.nodes, strict=True)):
             node = node_name(index)
             accepts_logins = self._run(
-                f"login-{node}", self._on_gateway(),
+                f"login-{node}",
+                self._on_gateway(),
                 pulumi.Output.concat(
-                    f"sudo {GATEWAY_COMMAND} wait-login --host ", host,
+                    f"sudo {GATEWAY_COMMAND} wait-login --host ",
+                    host,
                     f" --user {SSH_USER} --expect {LOGIN_READY_WORD} --timeout {LOGIN_TIMEOUT_SECONDS}",
                 ),
                 after=[login_probe, instance],
@@ -250,7 +266,11 @@ class ClusterServices(pulumi.ComponentResource):
                 bootstrap.node_setup_script
             )
             setup = self._run(
-                f"setup-{node}", self._on_node(host), "sudo bash -s", stdin=setup_script, after=[instance, accepts_logins]
+                f"setup-{node}",
+                self._on_node(host),
+                "sudo bash -s",
+                stdin=setup_script,
+                after=[instance, accepts_logins],
             )
             lines = pulumi.Output.secret(
                 pulumi.Output.all(args.ray_token, args.api_key).apply(
@@ -258,8 +278,12 @@ class ClusterServices(pulumi.ComponentResource):
                 )
             )
             secrets = self._run(
-                f"secrets-{node}", self._on_node(host), f"sudo {NODE_COMMAND} install-secrets",
-                stdin=lines, after=[setup], secret=True,
+                f"secrets-{node}",
+                self._on_node(host),
+                f"sudo {NODE_COMMAND} install-secrets",
+                stdin=lines,
+                after=[setup],
+                secret=True,
             )
             bootstrapped.append(NodeCommands(setup=setup, secrets=secrets))
         return bootstrapped
@@ -269,13 +293,19 @@ class ClusterServices(pulumi.ComponentResource):
         every GPU has joined."""
         ray_version = args.node_boot.ray_version
         head = self._run(
-            "ray-head", self._on_node(args.node_ips[0]), f"sudo {NODE_COMMAND} start-ray",
-            after=[nodes[0].setup, nodes[0].secrets], triggers=[ray_version],
+            "ray-head",
+            self._on_node(args.node_ips[0]),
+            f"sudo {NODE_COMMAND} start-ray",
+            after=[nodes[0].setup, nodes[0].secrets],
+            triggers=[ray_version],
         )
         workers = [
             self._run(
-                f"ray-{node_name(index)}", self._on_node(args.node_ips[index]), f"sudo {NODE_COMMAND} start-ray",
-                after=[head, nodes[index].setup, nodes[index].secrets], triggers=[ray_version],
+                f"ray-{node_name(index)}",
+                self._on_node(args.node_ips[index]),
+                f"sudo {NODE_COMMAND} start-ray",
+                after=[head, nodes[index].setup, nodes[index].secrets],
+                triggers=[ray_version],
             )
             for index in range(1, len(args.node_ips))
         ]
@@ -284,9 +314,11 @@ class ClusterServices(pulumi.ComponentResource):
             lambda ips: ",".join(f"{node_name(i)}={ip}" for i, ip in enumerate(ips))
         )
         cluster_ready = self._run(
-            "cluster-ready", self._on_node(args.node_ips[0]),
+            "cluster-ready",
+            self._on_node(args.node_ips[0]),
             pulumi.Output.concat(
-                f"sudo {NODE_COMMAND} wait-cluster --expect ", expected,
+                f"sudo {NODE_COMMAND} wait-cluster --expect ",
+                expected,
                 f" --gpus {len(args.node_ips) * args.node_boot.gpus} --timeout {CLUSTER_READY_TIMEOUT_SECONDS}",
             ),
             after=ray_nodes,
@@ -302,7 +334,8 @@ class ClusterServices(pulumi.ComponentResource):
         gateway: returns that last command, the readiness check."""
         on_head = self._on_node(args.node_ips[0])
         model = self._run(
-            "model", on_head,
+            "model",
+            on_head,
             f"sudo {NODE_COMMAND} stage-model --model {args.model} --revision {args.model_revision}"
             + (f" --hub {args.hf_endpoint}" if args.hf_endpoint else ""),
             after=[ray.cluster_ready, head.secrets],
@@ -312,14 +345,22 @@ class ClusterServices(pulumi.ComponentResource):
         vllm_restarts = [args.node_boot.vllm_version, *[node.id for node in ray.nodes]]
         preflight = self._preflight(args, model, ray, vllm_restarts)
         serve = self._run(
-            "vllm", on_head, f"sudo {NODE_COMMAND} start-vllm", stdin=args.vllm_settings,
-            after=[model, ray.cluster_ready, preflight], triggers=vllm_restarts,
+            "vllm",
+            on_head,
+            f"sudo {NODE_COMMAND} start-vllm",
+            stdin=args.vllm_settings,
+            after=[model, ray.cluster_ready, preflight],
+            triggers=vllm_restarts,
         )
         return self._run(
-            "readiness", on_head,
+            "readiness",
+            on_head,
             pulumi.Output.concat(
-                f"sudo {NODE_COMMAND} readiness --gateway ", args.gateway_private_ip,
-                " --host ", args.endpoint_host, f" --timeout {READINESS_TIMEOUT_SECONDS}",
+                f"sudo {NODE_COMMAND} readiness --gateway ",
+                args.gateway_private_ip,
+                " --host ",
+                args.endpoint_host,
+                f" --timeout {READINESS_TIMEOUT_SECONDS}",
             ),
             # A self-signed certificate is the trust anchor; a public one is checked by the system store.
             stdin=args.tls_certificate_pem if args.tls_self_signed else "",
@@ -337,19 +378,23 @@ class ClusterServices(pulumi.ComponentResource):
         model_dir = bootstrap.model_directory(args.model, args.model_revision)
         facts = [
             self._run(
-                f"preflight-{node_name(index)}", self._on_node(args.node_ips[index]),
+                f"preflight-{node_name(index)}",
+                self._on_node(args.node_ips[index]),
                 f"sudo {NODE_COMMAND} preflight-facts --model-dir {model_dir}",
-                after=[model, ray.nodes[index]], triggers=vllm_restarts,
+                after=[model, ray.nodes[index]],
+                triggers=vllm_restarts,
             )
             for index in range(node_count)
         ]
         boot = args.node_boot
         efa_flag = f" --efa {args.efa_interfaces}" if boot.efa else ""
         return self._run(
-            "preflight", self._on_node(args.node_ips[0]),
+            "preflight",
+            self._on_node(args.node_ips[0]),
             f"sudo {NODE_COMMAND} preflight --nodes {','.join(node_name(i) for i in range(node_count))}"
             f" --gpus {boot.gpus} --gpu-memory-gib {args.gpu_memory_gib:g}{efa_flag}"
             f" --ray {boot.ray_version} --vllm {boot.vllm_version}",
             # Compare again whenever the facts were gathered again.
-            after=facts, triggers=[*vllm_restarts, model_dir],
+            after=facts,
+            triggers=[*vllm_restarts, model_dir],
         )

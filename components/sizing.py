@@ -51,10 +51,17 @@ ENGINE_READY_TIMEOUT_FACTOR = 3
 # own type). vLLM's spellings are those of its --dtype; the short ones are the planner's.
 DTYPE_SPELLINGS = {
     "auto": "auto",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
-    "fp8": "fp8", "int8": "int8", "int4": "int4",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "fp8": "fp8",
+    "int8": "int8",
+    "int4": "int4",
 }
 # What `vllm serve --dtype` accepts (vllm.config.model.ModelDType, checked against vLLM's
 # API reference for vllm.config.model, 2026-12).
@@ -101,8 +108,9 @@ class ModelSize:
         return self.dtype if self.dtype in ("bf16", "fp16", "fp32") else "bf16"
 
     @classmethod
-    def of(cls, info: ModelInfo | None, name: str, params_b: float | None = None,
-           dtype: str | None = None) -> "ModelSize":
+    def of(
+        cls, info: ModelInfo | None, name: str, params_b: float | None = None, dtype: str | None = None
+    ) -> "ModelSize":
         """`dtype` as --dtype gave it, in any accepted spelling; unset or auto: the table's
         type for the model, else bf16."""
         if info is None and params_b is None:
@@ -113,8 +121,15 @@ class ModelSize:
         if info is None or params_b is not None:
             # A size given by hand is another model than the table's: no architecture.
             return cls(name, float(params_b), chosen_dtype)
-        return cls(name, float(params_b if params_b is not None else info.params_b), chosen_dtype,
-                   info.layers, info.kv_heads, info.head_dim, info.max_context)
+        return cls(
+            name,
+            float(params_b if params_b is not None else info.params_b),
+            chosen_dtype,
+            info.layers,
+            info.kv_heads,
+            info.head_dim,
+            info.max_context,
+        )
 
     @property
     def weight_bytes(self) -> float:
@@ -150,8 +165,9 @@ class Fit:
     reason: str
 
 
-def fit(model: ModelSize, instance: InstanceType, tp: int, pp: int, utilization: float | None,
-        max_model_len: int | None) -> Fit:
+def fit(
+    model: ModelSize, instance: InstanceType, tp: int, pp: int, utilization: float | None, max_model_len: int | None
+) -> Fit:
     weights_per_rank = model.weight_bytes_per_rank(tp, pp)
     gpu_bytes = instance.gpu_memory_gib * GIB
     usable = (utilization or DEFAULT_GPU_MEMORY_UTILIZATION) * gpu_bytes
@@ -160,14 +176,20 @@ def fit(model: ModelSize, instance: InstanceType, tp: int, pp: int, utilization:
     tokens = int(room // per_token) if per_token and room > 0 else (0 if per_token else None)
     context = max_model_len or model.max_context
     if room <= 0:
-        fits, reason = False, (
-            f"weights need {weights_per_rank / GIB:.1f} GiB per GPU, {usable / GIB:.1f} GiB usable "
-            f"less {RUNTIME_OVERHEAD_GIB:g} GiB runtime leaves no room"
+        fits, reason = (
+            False,
+            (
+                f"weights need {weights_per_rank / GIB:.1f} GiB per GPU, {usable / GIB:.1f} GiB usable "
+                f"less {RUNTIME_OVERHEAD_GIB:g} GiB runtime leaves no room"
+            ),
         )
     elif tokens is not None and context is not None and tokens < context:
-        fits, reason = False, (
-            f"the KV cache holds {tokens} tokens, fewer than one sequence of max-model-len {context}; "
-            "vLLM refuses to start (lower maxModelLen or add GPUs)"
+        fits, reason = (
+            False,
+            (
+                f"the KV cache holds {tokens} tokens, fewer than one sequence of max-model-len {context}; "
+                "vLLM refuses to start (lower maxModelLen or add GPUs)"
+            ),
         )
     else:
         fits, reason = True, f"{room / GIB:.1f} GiB per GPU left for the KV cache"
@@ -193,8 +215,9 @@ class Option:
     cost_per_hour: float
 
 
-def smallest_fit(model: ModelSize, utilization: float | None, max_model_len: int | None,
-                 max_nodes: int = 16) -> Option | None:
+def smallest_fit(
+    model: ModelSize, utilization: float | None, max_model_len: int | None, max_nodes: int = 16
+) -> Option | None:
     """The cheapest catalog configuration (TP = a node's GPUs, PP = nodes) that fits."""
     best = None
     for name in catalog.known_instance_types():
@@ -278,13 +301,20 @@ def time_to_first_token(model: ModelSize, nodes: int, params_b: float) -> list[T
     engine = engine_start_seconds(params_b)
     return [
         Term("instance boot", INSTANCE_BOOT_SECONDS, "launch to SSH on the Deep Learning AMI"),
-        Term("software install", SOFTWARE_INSTALL_SECONDS,
-             "efs-utils and pip install of vLLM + Ray, nodes in parallel"),
-        Term("model download", download,
-             f"{model.weight_bytes / GB:.1f} GB at EFS Elastic's {EFS_ELASTIC_CLIENT_MIB_S} MiB/s per client"),
+        Term(
+            "software install", SOFTWARE_INSTALL_SECONDS, "efs-utils and pip install of vLLM + Ray, nodes in parallel"
+        ),
+        Term(
+            "model download",
+            download,
+            f"{model.weight_bytes / GB:.1f} GB at EFS Elastic's {EFS_ELASTIC_CLIENT_MIB_S} MiB/s per client",
+        ),
         Term("model load", load, f"each node reads its 1/{nodes} at {EFS_ELASTIC_CLIENT_MIB_S} MiB/s"),
-        Term("engine start", engine,
-             f"{ENGINE_START_BASE_SECONDS} s + {ENGINE_START_SECONDS_PER_B} s per billion parameters"),
+        Term(
+            "engine start",
+            engine,
+            f"{ENGINE_START_BASE_SECONDS} s + {ENGINE_START_SECONDS_PER_B} s per billion parameters",
+        ),
     ]
 
 

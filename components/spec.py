@@ -515,7 +515,7 @@ class _Reader:
             except (ValueError, RecursionError):  # not JSON, or nested deeper than Python recurses
                 value = None
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            self.wrong_type(key, f"a list of strings, e.g. [\"{example}\"]", example)
+            self.wrong_type(key, f'a list of strings, e.g. ["{example}"]', example)
             return None
         return value
 
@@ -580,7 +580,7 @@ def _check_extra_args(reader: _Reader) -> tuple[str, ...]:
                 "vllmExtraArgs",
                 f"item {json.dumps(arg)} may only hold letters, digits and . _ : / = , @ + % -"
                 + _injection_note(arg)
-                + ". Put each word in its own item, e.g. [\"--max-num-seqs\", \"64\"]",
+                + '. Put each word in its own item, e.g. ["--max-num-seqs", "64"]',
             )
             continue
         flag = arg.split("=", 1)[0]
@@ -612,7 +612,7 @@ def _vllm_dtype_spelling(reader: _Reader, value: str) -> str:
             f"--dtype {value} is a quantized weight type; vLLM's --dtype takes only "
             f"{', '.join(sizing.VLLM_DTYPE_CHOICES)}. Quantized weights come from a quantized checkpoint "
             "(a model id that names its quantization) or --quantization. "
-            "Fix: [\"--quantization\", \"fp8\"] in place of the --dtype, or drop it",
+            'Fix: ["--quantization", "fp8"] in place of the --dtype, or drop it',
         )
         return value
     return spelling
@@ -624,7 +624,7 @@ def _with_vllm_dtype(reader: _Reader, args: list[str]) -> tuple[str, ...]:
     for i, arg in enumerate(args):
         if arg == "--dtype":
             if i + 1 == len(args):
-                reader.fail("vllmExtraArgs", "ends with --dtype and no value. Fix: [\"--dtype\", \"bfloat16\"]")
+                reader.fail("vllmExtraArgs", 'ends with --dtype and no value. Fix: ["--dtype", "bfloat16"]')
             else:
                 out[i + 1] = _vllm_dtype_spelling(reader, args[i + 1])
         elif arg.startswith("--dtype="):
@@ -677,8 +677,9 @@ def _check_parallel_sizes(reader: _Reader) -> tuple[int | None, int | None]:
     return sizes[0], sizes[1]
 
 
-def _check_rank_layout(reader: _Reader, instance: InstanceType, nodes: int, tp: int | None,
-                       pp: int | None) -> tuple[int, int]:
+def _check_rank_layout(
+    reader: _Reader, instance: InstanceType, nodes: int, tp: int | None, pp: int | None
+) -> tuple[int, int]:
     """Every GPU holds one rank, and no tensor-parallel group straddles two nodes.
     Unset sizes are derived: TP the GPUs of one node, PP the number of nodes."""
     gpus = instance.gpus
@@ -794,7 +795,7 @@ def _check_exposure(reader: _Reader) -> Exposure:
         "adminCidrs",
         world_allowed=False,
         world_fix="SSH and the Ray dashboard run arbitrary code (ShadowRay, CVE-2023-48022); "
-        "list only your own network, e.g. \"$(curl -s https://checkip.amazonaws.com)/32\"",
+        'list only your own network, e.g. "$(curl -s https://checkip.amazonaws.com)/32"',
     )
     return Exposure(api_allowed_cidrs, admin_cidrs, allow_public_api)
 
@@ -807,7 +808,7 @@ def _check_secret_token(reader: _Reader, key: str, min_length: int = 1) -> Secre
         reader.fail(
             key,
             f"is shorter than {min_length} characters. Fix: leave it unset to have one generated, "
-            f"or pulumi config set --secret {NAMESPACE}:{key} \"$(openssl rand -hex 24)\"",
+            f'or pulumi config set --secret {NAMESPACE}:{key} "$(openssl rand -hex 24)"',
         )
         return None
     if not _TOKEN_CHARS.match(value):
@@ -929,8 +930,9 @@ def _check_network(reader: _Reader, region: str | None) -> NetworkPlacement:
     return NetworkPlacement(zone, vpc_cidr, _check_existing_network(reader, vpc_cidr))
 
 
-def _check_reservation_zone(reader: _Reader, reservation_id: str | None, capacity_block: bool,
-                            network: NetworkPlacement) -> None:
+def _check_reservation_zone(
+    reader: _Reader, reservation_id: str | None, capacity_block: bool, network: NetworkPlacement
+) -> None:
     """A reservation serves one zone. Without availabilityZone the program picks the
     first zone (alphabetically) that offers the type, which is the reservation's zone
     only by luck. With an existing network the private subnet decides the zone."""
@@ -972,7 +974,8 @@ def _check_placement_group_name(reader: _Reader) -> str | None:
     elif _shell_meta_in(name):
         reader.fail(
             "placementGroupName",
-            "may not hold whitespace or shell characters here" + _injection_note(name)
+            "may not hold whitespace or shell characters here"
+            + _injection_note(name)
             + ". Fix: rename the group or pick another",
         )
     else:
@@ -1020,7 +1023,7 @@ def _check_api_read_timeout(reader: _Reader) -> int:
         reader.fail(
             "apiReadTimeoutSeconds",
             f"must be from 1 to {MAX_API_READ_TIMEOUT_SECONDS} seconds. A generation that runs longer should "
-            f"stream (\"stream\": true: each chunk resets the gateway's timer). "
+            f'stream ("stream": true: each chunk resets the gateway\'s timer). '
             f"Fix: pulumi config set {NAMESPACE}:apiReadTimeoutSeconds {DEFAULT_API_READ_TIMEOUT_SECONDS}",
         )
     return seconds if seconds is not None else DEFAULT_API_READ_TIMEOUT_SECONDS
@@ -1056,16 +1059,28 @@ def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> Us
     if certificate is None and private_key is None and hostname is None:
         return None
     checks = (
-        ("tlsCertificate", certificate, _PEM_CERTIFICATE.search,
-         "must be a PEM certificate (-----BEGIN CERTIFICATE-----) when tlsPrivateKey or endpointHostname is set. "
-         f"Fix: pulumi config set {NAMESPACE}:tlsCertificate < cert.pem, or unset all three for a generated "
-         "certificate"),
-        ("tlsPrivateKey", private_key, _PEM_PRIVATE_KEY.search,
-         "must be the PEM private key of tlsCertificate. "
-         f"Fix: pulumi config set --secret {NAMESPACE}:tlsPrivateKey < key.pem"),
-        ("endpointHostname", hostname, _HOSTNAME.match,
-         "must be the DNS name in tlsCertificate that clients use (point it at the gatewayPublicIp output), "
-         f"e.g. llm.example.com. Fix: pulumi config set {NAMESPACE}:endpointHostname NAME"),
+        (
+            "tlsCertificate",
+            certificate,
+            _PEM_CERTIFICATE.search,
+            "must be a PEM certificate (-----BEGIN CERTIFICATE-----) when tlsPrivateKey or endpointHostname is set. "
+            f"Fix: pulumi config set {NAMESPACE}:tlsCertificate < cert.pem, or unset all three for a generated "
+            "certificate",
+        ),
+        (
+            "tlsPrivateKey",
+            private_key,
+            _PEM_PRIVATE_KEY.search,
+            "must be the PEM private key of tlsCertificate. "
+            f"Fix: pulumi config set --secret {NAMESPACE}:tlsPrivateKey < key.pem",
+        ),
+        (
+            "endpointHostname",
+            hostname,
+            _HOSTNAME.match,
+            "must be the DNS name in tlsCertificate that clients use (point it at the gatewayPublicIp output), "
+            f"e.g. llm.example.com. Fix: pulumi config set {NAMESPACE}:endpointHostname NAME",
+        ),
     )
     ok = True
     for key, value, accepts, message in checks:

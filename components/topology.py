@@ -82,8 +82,7 @@ def topology_summary(nodes: int, gpus_per_node: int, tp: int, pp: int) -> dict:
         "worldSize": tp * pp,
         "nodes": per_node,
         "ranks": [
-            {"rank": p.rank, "node": p.node, "gpu": p.gpu, "tpRank": p.tp_rank, "ppRank": p.pp_rank}
-            for p in layout
+            {"rank": p.rank, "node": p.node, "gpu": p.gpu, "tpRank": p.tp_rank, "ppRank": p.pp_rank} for p in layout
         ],
     }
 

@@ -60,7 +60,9 @@ def python_bounds(*releases: tuple[str, str]) -> tuple[tuple[int, ...], tuple[in
                 bound = _version_tuple(clause[1:])
                 below = bound if below is None else min(below, bound)
             else:
-                raise ValueError(f"{release[0]} {release[1]} declares Requires-Python clause {clause!r}: only >= and < are read")
+                raise ValueError(
+                    f"{release[0]} {release[1]} declares Requires-Python clause {clause!r}: only >= and < are read"
+                )
     return lowest, below
 
 

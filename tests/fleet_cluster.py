@@ -20,11 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from components.catalog import CATALOG
-from components.topology import efa_interface_count
-from fleet import BRIDGE_IP, CACHE_DIR, GATEWAY_IP, VPC_CIDR, Fleet, Host, _digest, fleet_venv, node_ip, vllm_cpu_version
+from fleet import (
+    BRIDGE_IP,
+    CACHE_DIR,
+    GATEWAY_IP,
+    VPC_CIDR,
+    Fleet,
+    Host,
+    _digest,
+    fleet_venv,
+    node_ip,
+    vllm_cpu_version,
+)
 from pulumi_mocks import ProgramRun, run_program
 from replay import Outcome, replay, user_data_of
+
+from components.catalog import CATALOG
+from components.topology import efa_interface_count
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
@@ -94,8 +106,12 @@ def tiny_model() -> Path:
     if not (target / "config.json").exists():
         building = target.with_name(target.name + ".building")
         shutil.rmtree(building, ignore_errors=True)
-        subprocess.run([str(venv / "bin" / "python"), str(ROOT / "tests" / "tiny_model.py"), str(building)],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            [str(venv / "bin" / "python"), str(ROOT / "tests" / "tiny_model.py"), str(building)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         building.rename(target)
     return target
 
@@ -116,9 +132,21 @@ class FakeHub:
         (repo / "original").mkdir(exist_ok=True)
         (repo / "original" / "consolidated.00.pth").write_bytes(b"\0" * 65536)
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "doubles" / "fake_hf_hub.py"), "--root", str(self.root),
-             "--host", BRIDGE_IP, "--port", str(HUB_PORT), "--log", str(self.log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                sys.executable,
+                str(ROOT / "tests" / "doubles" / "fake_hf_hub.py"),
+                "--root",
+                str(self.root),
+                "--host",
+                BRIDGE_IP,
+                "--port",
+                str(HUB_PORT),
+                "--log",
+                str(self.log),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         return self
 
@@ -186,8 +214,9 @@ class ClusterUnderTest:
 
     def completion(self, timeout: float = 60) -> int:
         try:
-            status, _ = self.request("/v1/completions", {"model": self.served_model, "prompt": "Hi", "max_tokens": 2},
-                                     timeout=timeout)
+            status, _ = self.request(
+                "/v1/completions", {"model": self.served_model, "prompt": "Hi", "max_tokens": 2}, timeout=timeout
+            )
         except OSError:
             return 0
         return status
@@ -212,16 +241,23 @@ class ClusterUnderTest:
 
         stack_file, outputs = workdir / "Pulumi.fleet.yaml", workdir / "outputs.json"
         # Secrets as a stack file holds them: encrypted (the tools never need their values).
-        config = {f"vllm-cluster:{k}": ({"secure": "v1:ciphertext"} if k in SECRET_KEYS else v)
-                  for k, v in self.config.items()}
+        config = {
+            f"vllm-cluster:{k}": ({"secure": "v1:ciphertext"} if k in SECRET_KEYS else v)
+            for k, v in self.config.items()
+        }
         stack_file.write_text(yaml.safe_dump({"config": config}))
         outputs.write_text(json.dumps(self.run.outputs))
         return ["--stack", "fleet", "--stack-file", str(stack_file), "--outputs", str(outputs)]
 
     def operator(self, *args: str) -> subprocess.CompletedProcess:
         """scripts/vllm-cluster SUBCOMMAND against the fleet."""
-        return subprocess.run([str(ROOT / "scripts" / "vllm-cluster"), *args, *self.operator_files(self.fleet.workdir)],
-                              capture_output=True, text=True, cwd=ROOT, timeout=300)
+        return subprocess.run(
+            [str(ROOT / "scripts" / "vllm-cluster"), *args, *self.operator_files(self.fleet.workdir)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
 
     def node_shell(self, index: int, command: str, check: bool = True) -> subprocess.CompletedProcess:
         return self.fleet.ssh(self.fleet.nodes[index], command, check=check)
@@ -231,8 +267,10 @@ class ClusterUnderTest:
         started (after its wait for the Ray cluster) to vLLM's "Application startup
         complete." (its API server ready, the model loaded and compiled on every stage)."""
         started = self.node_shell(0, "systemctl show -p ExecMainStartTimestamp --timestamp=unix --value vllm.service")
-        ready = self.node_shell(0, "sudo journalctl -u vllm.service -o short-unix --no-pager "
-                                   "--grep 'Application startup complete' | tail -1")
+        ready = self.node_shell(
+            0,
+            "sudo journalctl -u vllm.service -o short-unix --no-pager --grep 'Application startup complete' | tail -1",
+        )
         began = float(started.stdout.strip().lstrip("@"))
         lines = [line for line in ready.stdout.splitlines() if "Application startup complete" in line]
         if not lines:
@@ -272,14 +310,24 @@ def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnd
     user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
     instance = CATALOG[config["instanceType"]]
     tiny_model()  # built before the hosts start: a cold build is not boot time
-    fleet = Fleet(workdir, nodes, public_key, run.outputs["sshPrivateKey"], efa_devices=efa_devices(config),
-                  gpus_per_node=instance.gpus, gpu_name=instance.gpu_model, user_data=user_data, wait_for_ssh=False)
+    fleet = Fleet(
+        workdir,
+        nodes,
+        public_key,
+        run.outputs["sshPrivateKey"],
+        efa_devices=efa_devices(config),
+        gpus_per_node=instance.gpus,
+        gpu_name=instance.gpu_model,
+        user_data=user_data,
+        wait_for_ssh=False,
+    )
     hub = FakeHub(workdir)
     try:
         fleet.__enter__()
         hub.__enter__()
-        cluster = ClusterUnderTest(run, fleet, hub, key_store, config=config, booted_at=time.monotonic(),
-                                   started_wall=time.time())
+        cluster = ClusterUnderTest(
+            run, fleet, hub, key_store, config=config, booted_at=time.monotonic(), started_wall=time.time()
+        )
         cluster.outcomes = replay(run)
         cluster.ready_at = time.monotonic()
         return cluster

@@ -106,7 +106,9 @@ def recording_registrations() -> Iterator[Registrations]:
         pulumi.ComponentResource.register_outputs = register_outputs
 
 
-def run_stack_recorded(stack: str, overrides: Mapping[str, Any] | None = None, **kwargs) -> tuple[ProgramRun, Registrations]:
+def run_stack_recorded(
+    stack: str, overrides: Mapping[str, Any] | None = None, **kwargs
+) -> tuple[ProgramRun, Registrations]:
     with recording_registrations() as recorded:
         run = run_stack(stack, overrides, **kwargs)
     return run, recorded

@@ -109,8 +109,9 @@ def run_step(step: Step, timeout: float, running: set | None = None) -> Outcome:
     return Outcome(step, result.returncode, result.stdout, result.stderr, started, time.monotonic(), result.dial_log)
 
 
-def replay(run: ProgramRun, *, only: set[str] | None = None, timeout: float = 1800,
-           check: bool = True) -> dict[str, Outcome]:
+def replay(
+    run: ProgramRun, *, only: set[str] | None = None, timeout: float = 1800, check: bool = True
+) -> dict[str, Outcome]:
     """Run the declared commands (or `only` these) in dependency order, in parallel
     where the graph allows. Stops at the first failure (raising ReplayError when
     `check`), as `pulumi up` does, and ends the SSH sessions still running."""
@@ -153,5 +154,3 @@ def user_data_of(run: ProgramRun) -> dict[str, str]:
         elif instance.inputs.get("userData"):
             scripts[instance.name] = unsecret(instance.inputs["userData"])
     return scripts
-
-

@@ -83,9 +83,17 @@ def _client(endpoint: Endpoint) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     try:
-        client.connect(endpoint.host, SSH_PORT, username=endpoint.user, pkey=_key(endpoint.private_key),
-                       timeout=endpoint.per_dial_timeout, banner_timeout=endpoint.per_dial_timeout,
-                       auth_timeout=endpoint.per_dial_timeout, allow_agent=False, look_for_keys=False)
+        client.connect(
+            endpoint.host,
+            SSH_PORT,
+            username=endpoint.user,
+            pkey=_key(endpoint.private_key),
+            timeout=endpoint.per_dial_timeout,
+            banner_timeout=endpoint.per_dial_timeout,
+            auth_timeout=endpoint.per_dial_timeout,
+            allow_agent=False,
+            look_for_keys=False,
+        )
     except BaseException:
         client.close()
         raise
@@ -101,9 +109,12 @@ def dial(target: Endpoint, proxy: Endpoint | None, log: DialLog) -> tuple[parami
     opened = [proxy_client]
     try:
         channel = _retry(
-            "Dial from proxy", target.dial_error_limit, log,
+            "Dial from proxy",
+            target.dial_error_limit,
+            log,
             lambda: proxy_client.get_transport().open_channel(
-                "direct-tcpip", (target.host, SSH_PORT), ("127.0.0.1", 0), timeout=target.per_dial_timeout),
+                "direct-tcpip", (target.host, SSH_PORT), ("127.0.0.1", 0), timeout=target.per_dial_timeout
+            ),
         )
         opened.append(channel)
 
@@ -200,8 +211,12 @@ class Session:
                 break
             if time.monotonic() > deadline:
                 channel.close()
-                return Result(124, out.decode(errors="replace"),
-                              err.decode(errors="replace") + f"\ntimed out after {timeout:g} s", log)
+                return Result(
+                    124,
+                    out.decode(errors="replace"),
+                    err.decode(errors="replace") + f"\ntimed out after {timeout:g} s",
+                    log,
+                )
             time.sleep(0.05)
         # What arrived between the last read and the exit status.
         while channel.recv_ready():

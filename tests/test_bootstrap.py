@@ -70,7 +70,9 @@ def parse_env(text: str) -> dict[str, str]:
 
 
 def test_serve_args_carry_tp_pp_and_the_ray_backend():
-    config = {key.split(":", 1)[1]: value for key, value in stack_config("prod").items() if key.startswith("vllm-cluster:")}
+    config = {
+        key.split(":", 1)[1]: value for key, value in stack_config("prod").items() if key.startswith("vllm-cluster:")
+    }
     spec = load_spec(config, stack="prod")
     args = bootstrap.vllm_serve_args(spec, "10.42.128.10")
     flag = {args[i]: args[i + 1] for i in range(1, len(args) - 1) if args[i].startswith("--")}
@@ -109,7 +111,9 @@ def test_vllm_env_names_every_node_and_gpu_it_must_wait_for():
 
 
 def stack_spec(stack: str):
-    config = {key.split(":", 1)[1]: value for key, value in stack_config(stack).items() if key.startswith("vllm-cluster:")}
+    config = {
+        key.split(":", 1)[1]: value for key, value in stack_config(stack).items() if key.startswith("vllm-cluster:")
+    }
     return load_spec(config, stack=stack)
 
 
@@ -165,25 +169,36 @@ def write_files_of(script: str, root: Path, last_line: str) -> None:
         # Only the script's own commands move to the scratch root, not the files' contents.
         if line.startswith("install "):
             for path in ("/opt/vllm-cluster", "/etc/vllm-cluster", "/etc/systemd/system"):
-                line = line.replace(f" {path}", f" {root}{path}").replace(f"\"{path}", f"\"{root}{path}")
+                line = line.replace(f" {path}", f" {root}{path}").replace(f'"{path}', f'"{root}{path}')
         lines.append(line)
     subprocess.run(["bash", "-c", "\n".join(lines)], check=True)
 
 
 def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
     """Every file the stack's setup command writes is the repository's file, unchanged."""
-    write_files_of(bootstrap.node_setup_script(boot(1)), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-node setup\n")
+    write_files_of(
+        bootstrap.node_setup_script(boot(1)), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-node setup\n"
+    )
     installed = tmp_path / "opt/vllm-cluster"
-    for name in ("vllm-cluster-node", "vllm-cluster-first-boot", "ray-cluster-check", "preflight-check",
-                 "vllm-watchdog-check"):
+    for name in (
+        "vllm-cluster-node",
+        "vllm-cluster-first-boot",
+        "ray-cluster-check",
+        "preflight-check",
+        "vllm-watchdog-check",
+    ):
         assert (installed / "bin" / name).read_text() == (ROOT / "scripts/node" / name).read_text(), name
         assert (installed / "bin" / name).stat().st_mode & 0o777 == 0o755
     assert (installed / "lib/vllm-cluster-lib.sh").read_text() == LIBRARY
     assert (installed / "lib/vllm_cluster_lib.py").read_text() == (ROOT / "scripts/lib/vllm_cluster_lib.py").read_text()
     # The Python checks import their shared helpers from ../lib, where the script put them.
     for check in ("ray-cluster-check", "vllm-watchdog-check", "preflight-check"):
-        loaded = subprocess.run([sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv[1])",
-                                 str(installed / "bin" / check)], capture_output=True, text=True, cwd=tmp_path)
+        loaded = subprocess.run(
+            [sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv[1])", str(installed / "bin" / check)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
         assert loaded.returncode == 0, (check, loaded.stderr)
     assert sorted(bootstrap.NODE_UNITS) == sorted(p.name for p in UNITS.iterdir())
     for unit in bootstrap.NODE_UNITS:
@@ -195,8 +210,11 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
 def test_user_data_writes_cluster_env_the_first_boot_script_and_its_library_only(tmp_path):
     write_files_of(bootstrap.node_user_data(boot(1)), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-first-boot\n")
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    assert written == ["etc/vllm-cluster/cluster.env", "opt/vllm-cluster/bin/vllm-cluster-first-boot",
-                       "opt/vllm-cluster/lib/vllm-cluster-lib.sh"]
+    assert written == [
+        "etc/vllm-cluster/cluster.env",
+        "opt/vllm-cluster/bin/vllm-cluster-first-boot",
+        "opt/vllm-cluster/lib/vllm-cluster-lib.sh",
+    ]
     assert (tmp_path / "etc/vllm-cluster/cluster.env").read_text() == bootstrap.cluster_env(boot(1))
     assert (tmp_path / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").read_text() == LIBRARY
 
@@ -205,7 +223,8 @@ def test_gateway_user_data_writes_the_library_and_the_gateway_command(tmp_path):
     write_files_of(bootstrap.gateway_user_data(), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-gateway setup\n")
     assert (tmp_path / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").read_text() == LIBRARY
     assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-gateway").read_text() == (
-        ROOT / "scripts/gateway/vllm-cluster-gateway").read_text()
+        ROOT / "scripts/gateway/vllm-cluster-gateway"
+    ).read_text()
 
 
 def test_user_data_fits_ec2s_limit_once_gzipped_and_unpacks_to_the_script():
@@ -310,13 +329,37 @@ def test_primary_interface_is_found_by_its_address_in_the_node_subnet(tmp_path):
 def test_certificate_fingerprint_matches_openssl(tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
-         "-subj", "/CN=test", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=test",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
-    expected = subprocess.run(
-        ["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"], capture_output=True, text=True, check=True
-    ).stdout.strip().split("=", 1)[1]
+    expected = (
+        subprocess.run(
+            ["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .split("=", 1)[1]
+    )
     assert bootstrap.certificate_fingerprint(cert.read_text()) == expected
 
 
@@ -330,7 +373,9 @@ def test_nginx_site_forwards_only_the_allowlisted_routes():
 
 
 def test_the_read_timeout_and_the_rate_limit_follow_their_settings():
-    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), read_timeout_seconds=1800, rate_limit_per_second=50)
+    site = bootstrap.nginx_site(
+        "10.42.128.10", ("198.51.100.7/32",), read_timeout_seconds=1800, rate_limit_per_second=50
+    )
     api = site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
     assert "proxy_read_timeout 1800s;" in api
     assert "zone=vllm_api:10m rate=50r/s;" in site
@@ -387,9 +432,26 @@ def test_nginx_accepts_the_site(tmp_path):
         pytest.skip("Debian's nginx is not installed (apt-get install nginx; .ci/run installs it)")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
-         "-subj", "/CN=test", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=test",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     site = tmp_path / "vllm-cluster.conf"
     site.write_text(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key)))
@@ -399,16 +461,25 @@ def test_nginx_accepts_the_site(tmp_path):
 
     def check(site_file: Path) -> subprocess.CompletedProcess:
         main.write_text(
-            distribution.replace("include /etc/nginx/conf.d/*.conf;", f"include {site_file};")
-            .replace("include /etc/nginx/sites-enabled/*;", "")
+            distribution.replace("include /etc/nginx/conf.d/*.conf;", f"include {site_file};").replace(
+                "include /etc/nginx/sites-enabled/*;", ""
+            )
         )
         return subprocess.run([NGINX, "-t", "-c", str(main)], capture_output=True, text=True)
 
     result = check(site)
     assert result.returncode == 0, result.stderr
     unlimited = tmp_path / "unlimited.conf"
-    unlimited.write_text(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key),
-                                              read_timeout_seconds=1800, rate_limit_per_second=0))
+    unlimited.write_text(
+        bootstrap.nginx_site(
+            "10.42.128.10",
+            ("198.51.100.7/32",),
+            str(cert),
+            str(key),
+            read_timeout_seconds=1800,
+            rate_limit_per_second=0,
+        )
+    )
     result = check(unlimited)
     assert result.returncode == 0, result.stderr
     broken = tmp_path / "broken.conf"

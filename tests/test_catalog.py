@@ -8,8 +8,16 @@ import pytest
 from components.catalog import CATALOG, known_instance_types, lookup
 
 REQUIRED_TYPES = [
-    "g5.xlarge", "g6.xlarge", "g5.12xlarge", "g5.48xlarge", "g6e.12xlarge",
-    "g6e.48xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5en.48xlarge",
+    "g5.xlarge",
+    "g6.xlarge",
+    "g5.12xlarge",
+    "g5.48xlarge",
+    "g6e.12xlarge",
+    "g6e.48xlarge",
+    "p4d.24xlarge",
+    "p4de.24xlarge",
+    "p5.48xlarge",
+    "p5en.48xlarge",
 ]
 
 

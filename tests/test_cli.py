@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from pulumi_mocks import stack_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,8 +41,13 @@ def test_only_the_mock_runtime_imports_the_pulumi_sdk():
     importers = []
     for path in sorted((ROOT / "cli").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(name.split(".")[0].startswith("pulumi") for name in names):
                 importers.append(path.name)
     assert sorted(set(importers)) == ["mock_runtime.py"]

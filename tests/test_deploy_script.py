@@ -88,7 +88,8 @@ def test_scripts_are_shellcheck_clean():
     assert shellcheck, "shellcheck is missing: make test installs it from requirements-dev.txt"
     # Every shell script under scripts/, by its shebang, whatever its name.
     shell_scripts = sorted(
-        p for p in (ROOT / "scripts").rglob("*")
+        p
+        for p in (ROOT / "scripts").rglob("*")
         if p.is_file()
         and (p.suffix == ".sh" or p.read_text(errors="replace").startswith(("#!/usr/bin/env bash", "#!/bin/bash")))
     )

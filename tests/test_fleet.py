@@ -21,13 +21,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 from fleet import in_ci, node_ip, why_no_fleet
-from components.catalog import CATALOG
 from fleet_cluster import MODEL, fleet_config, fleet_program, start_cluster, stop_cluster, tiny_model
-from tools import local_target
 from pulumi_mocks import run_program
 from replay import COMMAND, replay
+
+from components.catalog import CATALOG
+from tools import local_target
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = int(os.environ.get("VLLM_CLUSTER_FLEET_NODES", "2"))
@@ -86,8 +86,13 @@ def openai_client(cluster, api_key: str | None = None):
     """The official OpenAI client pointed at the exported endpoint, trusting the stack's certificate."""
     import openai
 
-    return openai.OpenAI(base_url=cluster.endpoint, api_key=api_key or cluster.api_key, max_retries=0, timeout=120,
-                         http_client=openai.DefaultHttpx2Client(verify=cluster.tls()))
+    return openai.OpenAI(
+        base_url=cluster.endpoint,
+        api_key=api_key or cluster.api_key,
+        max_retries=0,
+        timeout=120,
+        http_client=openai.DefaultHttpx2Client(verify=cluster.tls()),
+    )
 
 
 def test_a_completion_through_the_gateway_succeeds(cluster):
@@ -105,8 +110,11 @@ def test_streaming_through_the_gateway_arrives_token_by_token(cluster):
     texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
     assert len(texts) >= 6 and "".join(texts)
     assert chunks[-1].choices[0].finish_reason == "length"
-    chat = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                               max_tokens=8, stream=True))
+    chat = list(
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, stream=True
+        )
+    )
     assert sum(bool(chunk.choices and chunk.choices[0].delta.content) for chunk in chat) >= 4
 
 
@@ -164,8 +172,11 @@ def test_ray_refuses_a_client_without_the_token(cluster):
     with_token = head_shell(cluster, "/opt/vllm-cluster/venv/bin/ray job list --address http://$NODE_IP:8265")
     assert with_token.returncode == 0
     without = cluster.node_shell(
-        0, "sudo env -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN_PATH /opt/vllm-cluster/venv/bin/ray job submit "
-           f"--address http://{node_ip(0)}:8265 -- echo pwned", check=False)
+        0,
+        "sudo env -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN_PATH /opt/vllm-cluster/venv/bin/ray job submit "
+        f"--address http://{node_ip(0)}:8265 -- echo pwned",
+        check=False,
+    )
     assert without.returncode != 0
     assert re.search(r"401|[Uu]nauthori[sz]ed|authentication", without.stdout + without.stderr)
 
@@ -183,8 +194,13 @@ def test_every_node_is_pinned_to_its_interface_and_ip(cluster):
 
 
 def test_secrets_on_the_nodes_are_root_only(cluster):
-    listing = [line for line in cluster.node_shell(
-        0, "sudo sh -c \"stat -c '%a %U %n' /etc/vllm-cluster/secrets /etc/vllm-cluster/secrets/*\"").stdout.split("\n") if line]
+    listing = [
+        line
+        for line in cluster.node_shell(
+            0, "sudo sh -c \"stat -c '%a %U %n' /etc/vllm-cluster/secrets /etc/vllm-cluster/secrets/*\""
+        ).stdout.split("\n")
+        if line
+    ]
     assert listing[0] == "700 root /etc/vllm-cluster/secrets"
     assert {line.rsplit("/", 1)[1] for line in listing[1:]} == {"ray-token", "vllm-api.env"}
     assert all(line.startswith("600 root ") for line in listing[1:]), listing
@@ -250,7 +266,9 @@ def test_setup_refuses_a_python_the_pinned_releases_do_not_accept(cluster):
     whose wheels dropped 3.11 would, and setup stops first, saying what to do."""
     worker = NODES - 1
     env = "/etc/vllm-cluster/cluster.env"
-    cluster.node_shell(worker, f"sudo cp {env} /tmp/cluster.env.kept && sudo sed -i 's/^PYTHON_MIN=.*/PYTHON_MIN=3.13/' {env}")
+    cluster.node_shell(
+        worker, f"sudo cp {env} /tmp/cluster.env.kept && sudo sed -i 's/^PYTHON_MIN=.*/PYTHON_MIN=3.13/' {env}"
+    )
     try:
         refused = cluster.node_shell(worker, "sudo /opt/vllm-cluster/bin/vllm-cluster-node setup", check=False)
     finally:
@@ -340,8 +358,11 @@ def test_preflight_passes_on_a_healthy_cluster(cluster):
 def test_preflight_names_the_node_with_another_ray_version(cluster):
     metadata = "/opt/vllm-cluster/venv/lib/python3.11/site-packages/ray-*.dist-info/METADATA"
     worker = 1
-    cluster.node_shell(worker, f"sed 's/^Version: .*/Version: 2.59.0/' {metadata} > /tmp/METADATA && "
-                               f"sudo mount --bind /tmp/METADATA {metadata}")
+    cluster.node_shell(
+        worker,
+        f"sed 's/^Version: .*/Version: 2.59.0/' {metadata} > /tmp/METADATA && "
+        f"sudo mount --bind /tmp/METADATA {metadata}",
+    )
     try:
         result = cluster.operator("preflight")
     finally:
@@ -355,8 +376,12 @@ def test_status_is_healthy_with_metrics(cluster):
     result = cluster.operator("status", "--json")
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["verdict"] == "healthy", report["problems"]
-    assert report["ray"] == {"nodes": NODES, "expectedNodes": NODES, "gpus": NODES * GPUS_PER_NODE,
-                             "expectedGpus": NODES * GPUS_PER_NODE}
+    assert report["ray"] == {
+        "nodes": NODES,
+        "expectedNodes": NODES,
+        "gpus": NODES * GPUS_PER_NODE,
+        "expectedGpus": NODES * GPUS_PER_NODE,
+    }
     assert report["completion"]["status"] == 200 and report["completion"]["seconds"] > 0
     assert set(report["metrics"]) == {"running", "waiting", "kv_cache_usage", "tokens_per_second"}
     printed = cluster.operator("status")
@@ -364,8 +389,14 @@ def test_status_is_healthy_with_metrics(cluster):
 
 
 def test_status_watch_redraws_in_place(cluster):
-    args = [str(ROOT / "scripts" / "vllm-cluster"), "status", "--watch", "--interval", "1",
-            *cluster.operator_files(cluster.fleet.workdir)]
+    args = [
+        str(ROOT / "scripts" / "vllm-cluster"),
+        "status",
+        "--watch",
+        "--interval",
+        "1",
+        *cluster.operator_files(cluster.fleet.workdir),
+    ]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     time.sleep(15)
     process.send_signal(signal.SIGINT)
@@ -459,8 +490,13 @@ def engine_saturated(cluster):
         client = openai_client(cluster)
         while not stop.is_set():
             try:
-                with client.completions.create(model=MODEL, prompt="Hello", max_tokens=LONG_COMPLETION_TOKENS,
-                                               stream=True, extra_body={"ignore_eos": True}) as stream:
+                with client.completions.create(
+                    model=MODEL,
+                    prompt="Hello",
+                    max_tokens=LONG_COMPLETION_TOKENS,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                ) as stream:
                     for _ in stream:
                         if stop.is_set():
                             break
@@ -480,7 +516,9 @@ def engine_saturated(cluster):
 
 
 def journal(cluster, unit: str, since: float) -> list[str]:
-    return cluster.node_shell(0, f"sudo journalctl -u {unit} --since @{int(since)} -o cat --no-pager").stdout.splitlines()
+    return cluster.node_shell(
+        0, f"sudo journalctl -u {unit} --since @{int(since)} -o cat --no-pager"
+    ).stdout.splitlines()
 
 
 def watchdog_lines(cluster, since: float) -> list[str]:
@@ -499,7 +537,8 @@ def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
         while True:
             lines = watchdog_lines(cluster, since)
             assert cluster.unit_property(0, "vllm.service", "MainPID") == pid, (
-                "the watchdog restarted a saturated server:\n" + "\n".join(lines))
+                "the watchdog restarted a saturated server:\n" + "\n".join(lines)
+            )
             busy = [line for line in lines if "watchdog: busy" in line]
             if len(busy) >= 3:
                 break
@@ -531,7 +570,8 @@ def test_a_hung_engine_is_stopped_in_bounded_time_and_restarted_by_the_watchdog(
             deadline = time.monotonic() + 480
             while cluster.unit_property(0, "vllm.service", "MainPID") in (pid, "0"):
                 assert time.monotonic() < deadline, "the watchdog left a hung engine:\n" + "\n".join(
-                    watchdog_lines(cluster, since))
+                    watchdog_lines(cluster, since)
+                )
                 time.sleep(3)
         finally:
             # Killed with the old engine's job as a rule; if one is left, it must not stay frozen.
@@ -553,10 +593,11 @@ def unit_seconds(value: str) -> float:
 def stop_seconds(cluster, since: float) -> float:
     """How long the first stop of vllm.service since `since` took: systemd's "Stopping"
     to its "Stopped" (journal lines of the unit, with their times)."""
-    log = cluster.node_shell(0, f"sudo journalctl -u vllm.service --since @{int(since)} -o short-unix "
-                                "--no-pager").stdout.splitlines()
+    log = cluster.node_shell(
+        0, f"sudo journalctl -u vllm.service --since @{int(since)} -o short-unix --no-pager"
+    ).stdout.splitlines()
     stopping = next((line for line in log if " Stopping " in line), None)
-    stopped = next((line for line in log[log.index(stopping):] if " Stopped " in line), None) if stopping else None
+    stopped = next((line for line in log[log.index(stopping) :] if " Stopped " in line), None) if stopping else None
     assert stopping and stopped, "vllm.service's log since the hang shows no stop:\n" + "\n".join(log[-40:])
     return float(stopped.split()[0]) - float(stopping.split()[0])
 
@@ -602,12 +643,22 @@ def test_requests_spaced_around_the_servers_keep_alive_get_no_502(cluster):
     assert not failed and not closed, (
         f"{len(failed)} of {len(results)} requests failed (gap s, status): {failed}; the server closed "
         f"{len(closed)} idle connections the gateway still held. The gateway must drop idle upstream "
-        "connections before the server's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (nginx keepalive_timeout in the upstream)")
+        "connections before the server's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (nginx keepalive_timeout in the upstream)"
+    )
 
 
 def test_a_bad_config_never_reaches_the_hosts():
-    run = run_program({"model": MODEL, "instanceType": "g5.12xlarge", "nodes": 2, "tensorParallelSize": 8,
-                       "apiAllowedCidrs": ["10.99.0.0/16"], "adminCidrs": ["0.0.0.0/0"]}, stack="fleet")
+    run = run_program(
+        {
+            "model": MODEL,
+            "instanceType": "g5.12xlarge",
+            "nodes": 2,
+            "tensorParallelSize": 8,
+            "apiAllowedCidrs": ["10.99.0.0/16"],
+            "adminCidrs": ["0.0.0.0/0"],
+        },
+        stack="fleet",
+    )
     assert run.error is not None and "adminCidrs" in str(run.error)
     assert run.of_type(COMMAND) == [] and run.resources == []
 
@@ -619,9 +670,13 @@ def test_make_local_down_removes_everything_it_made(cluster):
     workdir = cluster.fleet.workdir
     assert local_target.down(cluster.state_dir) == 0
     assert not cluster.state_dir.exists()
-    assert all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-               for pid in pids)
+    assert all(
+        not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower() for pid in pids
+    )
     assert subprocess.run(["ip", "link", "show", "vcbr0"], capture_output=True).returncode != 0
-    assert not [name for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-                if name.startswith("vc-")]
+    assert not [
+        name
+        for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if name.startswith("vc-")
+    ]
     assert str(workdir) not in Path("/proc/self/mounts").read_text()

@@ -46,13 +46,19 @@ echo unreachable
 
 def test_temporary_paths_are_removed_when_systemd_stops_the_script(tmp_path):
     started = tmp_path / "started"
-    process = subprocess.Popen(["bash", "-c", f"""set -euo pipefail
+    process = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            f"""set -euo pipefail
 . {LIBRARY}
 file=$(mktemp -p {tmp_path} temp.XXXXXX)
 remove_on_exit "$file"
 touch {started}
 sleep 30 & wait
-"""])
+""",
+        ]
+    )
     deadline = time.monotonic() + 10
     while not started.exists():
         assert time.monotonic() < deadline, "the script did not start"
@@ -104,8 +110,9 @@ GATEWAY_SCRIPT = ROOT / "scripts" / "gateway" / "vllm-cluster-gateway"
 FIRST_BOOT_SCRIPT = ROOT / "scripts" / "node" / "vllm-cluster-first-boot"
 SHELL_SCRIPTS = [NODE_SCRIPT, GATEWAY_SCRIPT, FIRST_BOOT_SCRIPT, LIBRARY]
 PYTHON_LIBRARY = ROOT / "scripts" / "lib" / "vllm_cluster_lib.py"
-PYTHON_SCRIPTS = [ROOT / "scripts" / "node" / name for name in ("preflight-check", "ray-cluster-check",
-                                                                "vllm-watchdog-check")] + [PYTHON_LIBRARY]
+PYTHON_SCRIPTS = [
+    ROOT / "scripts" / "node" / name for name in ("preflight-check", "ray-cluster-check", "vllm-watchdog-check")
+] + [PYTHON_LIBRARY]
 
 
 def shell_functions(path: Path) -> dict[str, str]:
@@ -172,8 +179,11 @@ def test_first_boot_authorizes_the_login_probe_once_using_the_library(tmp_path):
     (root / "etc/vllm-cluster/cluster.env").write_text(bootstrap.cluster_env(boot(1)))
     (root / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").write_text(LIBRARY.read_text())
     script = tmp_path / "first-boot"
-    script.write_text(FIRST_BOOT_SCRIPT.read_text().replace("/opt/vllm-cluster", f"{root}/opt/vllm-cluster")
-                      .replace("/etc/vllm-cluster", f"{root}/etc/vllm-cluster"))
+    script.write_text(
+        FIRST_BOOT_SCRIPT.read_text()
+        .replace("/opt/vllm-cluster", f"{root}/opt/vllm-cluster")
+        .replace("/etc/vllm-cluster", f"{root}/etc/vllm-cluster")
+    )
     home, stand_ins = tmp_path / "home", tmp_path / "bin"
     stand_ins.mkdir()
     (stand_ins / "getent").write_text(f'#!/bin/sh\n[ "$2" = ubuntu ] && echo "ubuntu:x:1000:1000::{home}:/bin/bash"\n')
@@ -186,8 +196,9 @@ def test_first_boot_authorizes_the_login_probe_once_using_the_library(tmp_path):
         assert result.returncode == 0, result.stderr
         assert "[worker-1] vllm-cluster-first-boot: login probe authorized for ubuntu" in result.stderr
     keys = (home / ".ssh" / "authorized_keys").read_text().splitlines()
-    assert keys == [f'restrict,command="echo {bootstrap.LOGIN_READY_WORD}" {boot(1).login_probe_key} '
-                    "vllm-cluster-login-probe"]
+    assert keys == [
+        f'restrict,command="echo {bootstrap.LOGIN_READY_WORD}" {boot(1).login_probe_key} vllm-cluster-login-probe'
+    ]
     (stand_ins / "getent").write_text("#!/bin/sh\nexit 2\n")
     refused = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     assert refused.returncode == 1 and "no user ubuntu on this node" in refused.stderr

@@ -21,7 +21,9 @@ from tests.test_bootstrap import boot, parse_env, spec_of
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 HOST_FILES = sorted(
-    path for folder in ("node", "gateway", "lib") for path in (SCRIPTS / folder).rglob("*")
+    path
+    for folder in ("node", "gateway", "lib")
+    for path in (SCRIPTS / folder).rglob("*")
     if path.is_file() and "__pycache__" not in path.parts
 )
 NODE_SCRIPT = SCRIPTS / "node" / "vllm-cluster-node"
@@ -29,8 +31,14 @@ LIBRARY = SCRIPTS / "lib" / "vllm-cluster-lib.sh"
 UNITS = SCRIPTS / "node" / "units"
 
 # Every port the hosts or the renderer use, moved to a number nothing else holds.
-MOVED = {"VLLM_API": 18000, "RAY_GCS": 16379, "RAY_DASHBOARD": 18265, "RAY_CLIENT": 11001,
-         "API_HTTPS": 10443, "DASHBOARD_HTTPS": 18443}
+MOVED = {
+    "VLLM_API": 18000,
+    "RAY_GCS": 16379,
+    "RAY_DASHBOARD": 18265,
+    "RAY_CLIENT": 11001,
+    "API_HTTPS": 10443,
+    "DASHBOARD_HTTPS": 18443,
+}
 ORIGINAL = {name: getattr(ports, name) for name in MOVED}
 
 HEAD_IP, WORKER_IP = "10.42.128.10", "10.42.128.11"
@@ -80,7 +88,7 @@ def test_every_port_a_host_file_reads_is_one_cluster_env_carries_and_each_is_rea
 
 def node_env_block() -> str:
     text = NODE_SCRIPT.read_text()
-    block = text[text.index("write_node_env() {"):]
+    block = text[text.index("write_node_env() {") :]
     return block[: block.index("\n}\n") + 3]
 
 
@@ -188,7 +196,7 @@ def node_host(tmp_path: Path, index: int) -> tuple[Path, dict[str, str]]:
         # A completion with the key (a header file, -H @...) answers 200, one without 401, a
         # route off the allowlist 404.
         root / "bin/curl": f'echo "curl $*" >>{calls}\ncase "$*" in\n  *"/metrics"*) echo 404 ;;\n'
-                           '  *"-H @"*) echo 200 ;;\n  *) echo 401 ;;\nesac\n',
+        '  *"-H @"*) echo 200 ;;\n  *) echo 401 ;;\nesac\n',
         root / "bin/systemctl": 'case "$*" in *MainPID*) echo 4242 ;; esac\n',
         root / "bin/id": "echo 0\n",
     }
@@ -206,8 +214,12 @@ def run_node(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Comp
 
 def test_the_node_script_reaches_ray_and_vllm_on_the_moved_ports(tmp_path, moved):
     calls, env = node_host(tmp_path, 0)
-    for command in (["status-facts"], ["wait-cluster", "--timeout", "1"], ["watchdog"],
-                    ["readiness", "--gateway", "203.0.113.5", "--host", "api.example.com", "--timeout", "5"]):
+    for command in (
+        ["status-facts"],
+        ["wait-cluster", "--timeout", "1"],
+        ["watchdog"],
+        ["readiness", "--gateway", "203.0.113.5", "--host", "api.example.com", "--timeout", "5"],
+    ):
         result = run_node(tmp_path, env, *command)
         assert result.returncode == 0, (command, result.stderr)
     log = calls.read_text()

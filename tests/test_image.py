@@ -21,7 +21,9 @@ PINS = (("vllm", versions.VLLM_VERSION), ("ray", versions.RAY_VERSION))
 
 def test_every_pinned_release_records_the_python_it_requires():
     for release in PINS:
-        assert release in versions.REQUIRES_PYTHON, f"add {release} to versions.REQUIRES_PYTHON (tools/requires_python.py)"
+        assert release in versions.REQUIRES_PYTHON, (
+            f"add {release} to versions.REQUIRES_PYTHON (tools/requires_python.py)"
+        )
 
 
 def test_the_pinned_vllm_and_ray_run_on_the_images_python():
@@ -51,7 +53,11 @@ def test_requirements_are_read_strictly():
 def test_the_program_looks_up_the_ubuntu_24_04_deep_learning_base_ami():
     run = run_stack("dev")
     # The GPU nodes' lookup (the gateway looks up Canonical's own Ubuntu image).
-    amis = [args for token, args in run.invokes if token == "aws:ec2/getAmi:getAmi" and args.get("owners") != ["099720109477"]]
+    amis = [
+        args
+        for token, args in run.invokes
+        if token == "aws:ec2/getAmi:getAmi" and args.get("owners") != ["099720109477"]
+    ]
     assert amis, "no AMI lookup for the GPU nodes"
     for args in amis:
         names = [f["values"] for f in args["filters"] if f["name"] == "name"]

@@ -16,7 +16,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "install-test-deps"
 # Every package the script looks for by a command on the PATH (nginx it finds by its path).
-BY_COMMAND = ["make", "python3-venv", "systemd-container", "debootstrap", "openssh-client", "iproute2", "openssl", "curl"]
+BY_COMMAND = [
+    "make",
+    "python3-venv",
+    "systemd-container",
+    "debootstrap",
+    "openssh-client",
+    "iproute2",
+    "openssl",
+    "curl",
+]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the root branch of tools/install-test-deps needs root")
 
 
@@ -34,7 +43,11 @@ def run_script(tmp_path: Path, apt_exit: int = 0, ci: bool = False, as_nobody: b
     (bin_dir / "apt-get").chmod(0o755)
     env = {"PATH": str(bin_dir), **({"VLLM_CLUSTER_CI": "1"} if ci else {})}
     # As root, drop to nobody to see what a user without root gets.
-    prefix = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups"] if as_nobody and os.geteuid() == 0 else []
+    prefix = (
+        [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups"]
+        if as_nobody and os.geteuid() == 0
+        else []
+    )
     result = subprocess.run([*prefix, "/bin/bash", str(SCRIPT)], capture_output=True, text=True, env=env)
     calls = log.read_text().splitlines() if log.exists() else []
     return result.returncode, result.stderr, calls
@@ -43,8 +56,9 @@ def run_script(tmp_path: Path, apt_exit: int = 0, ci: bool = False, as_nobody: b
 def test_the_scripts_are_shellcheck_clean():
     shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
     assert shellcheck, "shellcheck is missing: make test installs it from requirements-dev.txt"
-    result = subprocess.run([shellcheck, "--severity=style", str(SCRIPT), str(ROOT / ".ci" / "run")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [shellcheck, "--severity=style", str(SCRIPT), str(ROOT / ".ci" / "run")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout
 
 

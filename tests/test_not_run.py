@@ -13,7 +13,7 @@ from not_run import not_run_lines
 ROOT = Path(__file__).resolve().parent.parent
 THEN = "fix that, then run: make test" if os.geteuid() == 0 else "run: sudo make test"
 
-SKIPPED_SUITE = '''
+SKIPPED_SUITE = """
 import pytest
 
 pytestmark = pytest.mark.skipif(True, reason="no local fleet here: the fleet needs root")
@@ -25,8 +25,8 @@ def test_one():
 
 def test_two():
     pass
-'''
-PLAIN_SUITE = '''
+"""
+PLAIN_SUITE = """
 import pytest
 
 
@@ -36,12 +36,12 @@ def test_runs():
 
 def test_skips_inside():
     pytest.skip("Debian's nginx is not installed")
-'''
-WHOLE_FILE_SKIPPED = '''
+"""
+WHOLE_FILE_SKIPPED = """
 import pytest
 
 pytest.skip("not on this machine", allow_module_level=True)
-'''
+"""
 
 
 def run_suite(tmp_path: Path, files: dict[str, str]) -> list[str]:
@@ -54,8 +54,12 @@ def run_suite(tmp_path: Path, files: dict[str, str]) -> list[str]:
         shutil.copy(ROOT / "tests" / name, tests / name)
     for name, text in files.items():
         (tests / name).write_text(text)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no"],
-                            capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()
 
@@ -63,16 +67,18 @@ def run_suite(tmp_path: Path, files: dict[str, str]) -> list[str]:
 def test_a_skipped_suite_is_named_at_the_end_with_the_command_that_runs_it(tmp_path):
     lines = run_suite(tmp_path, {"test_fleetlike.py": SKIPPED_SUITE, "test_plain.py": PLAIN_SUITE})
     header = next(i for i, line in enumerate(lines) if "tests that did not run" in line)
-    assert lines[header + 1:header + 3] == [
+    assert lines[header + 1 : header + 3] == [
         f"NOT RUN: tests/test_fleetlike.py (2 tests): no local fleet here: the fleet needs root; {THEN}",
         f"NOT RUN: tests/test_plain.py (1 test): Debian's nginx is not installed; {THEN}",
     ]
     # Only pytest's own closing line comes after it.
-    assert lines[header + 3:] == lines[-1:] and "1 passed, 3 skipped" in lines[-1]
+    assert lines[header + 3 :] == lines[-1:] and "1 passed, 3 skipped" in lines[-1]
 
 
 def test_a_file_skipped_as_it_is_collected_is_named_whole(tmp_path):
-    lines = run_suite(tmp_path, {"test_elsewhere.py": WHOLE_FILE_SKIPPED, "test_plain.py": "def test_runs():\n    pass\n"})
+    lines = run_suite(
+        tmp_path, {"test_elsewhere.py": WHOLE_FILE_SKIPPED, "test_plain.py": "def test_runs():\n    pass\n"}
+    )
     assert f"NOT RUN: tests/test_elsewhere.py (the whole file): not on this machine; {THEN}" in lines
 
 
@@ -82,9 +88,12 @@ def test_a_run_that_skips_nothing_says_nothing_more(tmp_path):
 
 
 def test_without_root_the_command_is_sudo_make_test():
-    skipped = [("tests/test_fleet.py::test_a", "no local fleet here: the fleet needs root"),
-               ("tests/test_fleet.py::test_b", "no local fleet here: the fleet needs root")]
+    skipped = [
+        ("tests/test_fleet.py::test_a", "no local fleet here: the fleet needs root"),
+        ("tests/test_fleet.py::test_b", "no local fleet here: the fleet needs root"),
+    ]
     assert not_run_lines(skipped, as_root=False) == [
-        "NOT RUN: tests/test_fleet.py (2 tests): no local fleet here: the fleet needs root; run: sudo make test"]
+        "NOT RUN: tests/test_fleet.py (2 tests): no local fleet here: the fleet needs root; run: sudo make test"
+    ]
     # As root, sudo changes nothing: the reason is what to fix.
     assert not_run_lines(skipped, as_root=True)[0].endswith("; fix that, then run: make test")

@@ -8,11 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pulumi_mocks import stack_config, stack_names
 
 from cli import plan
 from components import bootstrap, image
 from components.spec import load_spec
-from pulumi_mocks import stack_config, stack_names
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"

@@ -9,10 +9,24 @@ from cli.preflight import node_checks
 CHECKS = node_checks()
 
 GOOD = {
-    "node": "head", "ip": "10.0.0.1", "python": "3.10.12", "ray": "2.60.0", "vllm": "0.33.0", "torch": "2.9.0",
-    "nccl": "2.27.3", "cuda_driver": "570.133.20", "gpus": 8, "gpu_memory_mib": [40960] * 8, "efa_devices": 4,
-    "interface": "ens5", "interface_ok": True, "model_complete": True, "free_disk_gb": 120.0,
-    "clock_synchronised": "yes", "clock_skew_s": 0.0, "gcs_reachable": True,
+    "node": "head",
+    "ip": "10.0.0.1",
+    "python": "3.10.12",
+    "ray": "2.60.0",
+    "vllm": "0.33.0",
+    "torch": "2.9.0",
+    "nccl": "2.27.3",
+    "cuda_driver": "570.133.20",
+    "gpus": 8,
+    "gpu_memory_mib": [40960] * 8,
+    "efa_devices": 4,
+    "interface": "ens5",
+    "interface_ok": True,
+    "model_complete": True,
+    "free_disk_gb": 120.0,
+    "clock_synchronised": "yes",
+    "clock_skew_s": 0.0,
+    "gcs_reachable": True,
 }
 
 
@@ -86,7 +100,9 @@ def test_a_model_is_complete_only_when_staged_to_the_end_with_every_shard(tmp_pa
     model = tmp_path / "models" / "org" / "m" / "main"
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
-    (model / "model.safetensors.index.json").write_text('{"weight_map": {"a": "part-1.safetensors", "b": "part-2.safetensors"}}')
+    (model / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"a": "part-1.safetensors", "b": "part-2.safetensors"}}'
+    )
     (model / "part-1.safetensors").write_bytes(b"x")
     assert not CHECKS.model_complete(str(model))  # no marker yet
     marker = tmp_path / "complete" / "org" / "m" / "main"
@@ -104,8 +120,9 @@ def test_efa_is_not_checked_when_it_is_off():
 
 
 def test_the_table_has_a_row_per_check_and_a_column_per_node():
-    rows = CHECKS.compare([node("head"), node("worker-1", ray="2.59.0")], gpus=8, gpu_memory_gib=40, efa=4,
-                          pinned=PINNED)
+    rows = CHECKS.compare(
+        [node("head"), node("worker-1", ray="2.59.0")], gpus=8, gpu_memory_gib=40, efa=4, pinned=PINNED
+    )
     table = CHECKS.render(rows).splitlines()
     assert table[0].split() == ["check", "head", "worker-1"]
     ray = next(line for line in table if line.startswith("ray "))

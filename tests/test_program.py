@@ -8,9 +8,6 @@ import json
 import re
 
 import pytest
-
-from components import ports
-from components.catalog import CATALOG
 from pulumi_mocks import (
     PROJECT,
     ROOT,
@@ -24,6 +21,9 @@ from pulumi_mocks import (
     stack_config,
     stack_names,
 )
+
+from components import ports
+from components.catalog import CATALOG
 
 STACKS = stack_names()
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
@@ -66,7 +66,10 @@ def test_prod_is_two_p4d_with_tp8_pp2_and_efa():
     config = stack_config("prod")
     assert config["vllm-cluster:instanceType"] == "p4d.24xlarge" and config["vllm-cluster:nodes"] == 2
     assert (config["vllm-cluster:tensorParallelSize"], config["vllm-cluster:pipelineParallelSize"]) == (8, 2)
-    assert any(stack_config(s)["vllm-cluster:instanceType"] == "p5.48xlarge" and stack_config(s)["vllm-cluster:nodes"] == 2 for s in STACKS)
+    assert any(
+        stack_config(s)["vllm-cluster:instanceType"] == "p5.48xlarge" and stack_config(s)["vllm-cluster:nodes"] == 2
+        for s in STACKS
+    )
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -124,7 +127,9 @@ def test_gateway_admits_api_from_api_cidrs_and_admin_ports_from_admin_cidrs_only
         if "referencedSecurityGroupId" in rule.inputs:
             from_groups.append((rule.inputs["fromPort"], rule.inputs["referencedSecurityGroupId"]))
             continue
-        by_port.setdefault(rule.inputs["fromPort"], set()).add(rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6"))
+        by_port.setdefault(rule.inputs["fromPort"], set()).add(
+            rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6")
+        )
     # Inside the VPC, only the head's readiness check calls the API through the gateway.
     assert from_groups == [(ports.API_HTTPS, group_id(run, "nodes"))]
     assert set(by_port) == {ports.API_HTTPS, ports.SSH, ports.DASHBOARD_HTTPS}
@@ -216,7 +221,9 @@ def test_gpu_nodes_share_one_subnet_one_template_and_no_public_ip(run):
 def test_efa_interfaces_match_the_type_and_carry_the_cluster_group(run):
     instance = CATALOG[cfg(run, "instanceType")]
     interfaces = run.of_type(TEMPLATE)[0].inputs["networkInterfaces"]
-    efa_on = str(cfg(run, "efa", "auto")) == "true" or (str(cfg(run, "efa", "auto")) == "auto" and instance.efa_supported and cfg(run, "nodes", 1) > 1)
+    efa_on = str(cfg(run, "efa", "auto")) == "true" or (
+        str(cfg(run, "efa", "auto")) == "auto" and instance.efa_supported and cfg(run, "nodes", 1) > 1
+    )
     efa = [i for i in interfaces if i["interfaceType"] in ("efa", "efa-only")]
     assert len(efa) == (min(instance.max_efa_interfaces, instance.network_cards) if efa_on else 0)
     cluster, nodes = group_id(run, "cluster"), group_id(run, "nodes")
@@ -287,7 +294,10 @@ def test_instances_boot_only_after_routes_rules_and_the_mount_target(run):
     """cloud-init downloads and mounts at first boot: a node started before its NAT
     route, its security group rules or the EFS mount target fails its bootstrap."""
     rules = {r.urn for r in run.of_type(INGRESS) + run.of_type(EGRESS)}
-    routes = {r.urn for r in run.of_type("aws:ec2/route:Route") + run.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")}
+    routes = {
+        r.urn
+        for r in run.of_type("aws:ec2/route:Route") + run.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+    }
     mount = {r.urn for r in run.of_type("aws:efs/mountTarget:MountTarget")}
     for node in gpu_nodes(run):
         assert rules | routes | mount <= set(node.dependencies), node.name
@@ -315,7 +325,9 @@ def test_reserved_gpu_nodes_are_replaced_delete_first_and_the_preview_says_so(ru
     assert reserved.error is None
     assert gpu_nodes(reserved) and all(node.delete_before_replace for node in gpu_nodes(reserved))
     assert not reserved.named(GATEWAY_HOST).delete_before_replace
-    assert any("cr-0123456789abcdef0" in w and "stops" in w and "before its replacement" in w for w in reserved.warnings)
+    assert any(
+        "cr-0123456789abcdef0" in w and "stops" in w and "before its replacement" in w for w in reserved.warnings
+    )
 
 
 def test_unreserved_gpu_nodes_keep_the_default_create_first_replacement(run):
@@ -340,15 +352,20 @@ def test_network_is_one_zone_with_public_and_private_subnets_and_a_nat(run):
     assert len(run.of_type("aws:ec2/natGateway:NatGateway")) == 1
 
 
-EXISTING = {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "subnet-0aaaaaaaaaaaaaaaa",
-            "privateSubnetId": "subnet-0bbbbbbbbbbbbbbbb"}
+EXISTING = {
+    "vpcId": "vpc-0123456789abcdef0",
+    "publicSubnetId": "subnet-0aaaaaaaaaaaaaaaa",
+    "privateSubnetId": "subnet-0bbbbbbbbbbbbbbbb",
+}
 
 
 def test_existing_network_is_used_instead_of_a_new_one():
     result = run_stack("prod", EXISTING)
     assert result.error is None
     assert result.of_type("aws:ec2/vpc:Vpc") == [] and result.of_type("aws:ec2/subnet:Subnet") == []
-    assert {i["subnetId"] for i in result.of_type(TEMPLATE)[0].inputs["networkInterfaces"]} == {"subnet-0bbbbbbbbbbbbbbbb"}
+    assert {i["subnetId"] for i in result.of_type(TEMPLATE)[0].inputs["networkInterfaces"]} == {
+        "subnet-0bbbbbbbbbbbbbbbb"
+    }
     assert result.named(GATEWAY_HOST).inputs["subnetId"] == "subnet-0aaaaaaaaaaaaaaaa"
 
 
@@ -404,8 +421,10 @@ def component_classes():
             assigned = {
                 item.attr
                 for item in ast.walk(node)
-                if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store)
-                and ast.unparse(item.value) == "self" and not item.attr.startswith("_")
+                if isinstance(item, ast.Attribute)
+                and isinstance(item.ctx, ast.Store)
+                and ast.unparse(item.value) == "self"
+                and not item.attr.startswith("_")
             }
             token = next(
                 call.args[0].value
@@ -431,20 +450,34 @@ def test_components_register_every_value_they_expose(recorded_runs):
     """What another component or the stack reads from a component is in its registered
     outputs, so `pulumi stack` shows it; resource handles (instances, rules) kept only
     to wait for are not values."""
-    for stack, (run, recorded) in recorded_runs.items():
+    for stack, (_run, recorded) in recorded_runs.items():
         registered = {component_type: keys for (component_type, _), keys in recorded.outputs.items()}
         for token, name, annotations, _ in component_classes():
-            values = {camel(a) for a, annotation in annotations.items()
-                      if re.search(r"\b(Output|Input)\[", annotation) or annotation in ("bool", "int", "str")}
+            values = {
+                camel(a)
+                for a, annotation in annotations.items()
+                if re.search(r"\b(Output|Input)\[", annotation) or annotation in ("bool", "int", "str")
+            }
             assert values, name
-            assert values <= registered.get(token, set()), f"{stack}: {name} does not register {sorted(values - registered.get(token, set()))}"
+            assert values <= registered.get(token, set()), (
+                f"{stack}: {name} does not register {sorted(values - registered.get(token, set()))}"
+            )
 
 
 # --- exports --------------------------------------------------------------------------
 
 
-EXPORTS = {"endpoint", "dashboardUrl", "gatewayPublicIp", "headPrivateIp", "workerPrivateIps", "sshCommand",
-           "apiKey", "modelCacheFileSystemId", "topology"}
+EXPORTS = {
+    "endpoint",
+    "dashboardUrl",
+    "gatewayPublicIp",
+    "headPrivateIp",
+    "workerPrivateIps",
+    "sshCommand",
+    "apiKey",
+    "modelCacheFileSystemId",
+    "topology",
+}
 
 
 def test_exports_are_present_and_secrets_are_secret(run):
@@ -503,8 +536,13 @@ def test_a_bad_config_declares_no_resource(changes, key):
 
 def test_the_cli_refuses_a_stack_without_the_required_keys():
     with pytest.raises(ProjectConfigError, match="model"):
-        run_program({"vllm-cluster:instanceType": "g6.xlarge", "vllm-cluster:apiAllowedCidrs": ["203.0.113.0/24"],
-                     "vllm-cluster:adminCidrs": ["198.51.100.7/32"]})
+        run_program(
+            {
+                "vllm-cluster:instanceType": "g6.xlarge",
+                "vllm-cluster:apiAllowedCidrs": ["203.0.113.0/24"],
+                "vllm-cluster:adminCidrs": ["198.51.100.7/32"],
+            }
+        )
 
 
 def test_a_misspelt_key_is_reported_not_ignored():
@@ -588,7 +626,7 @@ RENAMED = {
 
 def test_each_renamed_resource_is_aliased_to_its_old_urn_and_nothing_else_is_aliased(recorded_runs):
     seen = set()
-    for stack, (run, recorded) in recorded_runs.items():
+    for stack, (_run, recorded) in recorded_runs.items():
         engine, aliases = engine_urns(run, stack), alias_urns(run, recorded, stack)
         for resource in run.resources:
             urn = engine[resource.urn]
@@ -601,4 +639,3 @@ def test_each_renamed_resource_is_aliased_to_its_old_urn_and_nothing_else_is_ali
             assert old_urn in deployed_urns(stack), f"{old_urn} was never deployed: RENAMED is wrong"
             seen.add((resource.type, resource.name))
     assert seen == set(RENAMED), f"RENAMED names resources no stack declares: {set(RENAMED) - seen}"
-

@@ -86,6 +86,11 @@ def test_dependencies_are_pinned_exactly():
 def test_node_software_versions_are_pinned_in_one_place():
     assert (versions.RAY_VERSION, versions.VLLM_VERSION) == ("2.60.0", "0.33.0")
     pattern = re.compile(re.escape(versions.RAY_VERSION) + "|" + re.escape(versions.VLLM_VERSION))
-    for path in list(ROOT.glob("components/*.py")) + [ROOT / "__main__.py", ROOT / "Pulumi.yaml"] + list(ROOT.glob("stacks/*")) + list(ROOT.glob("scripts/**/*")):
+    for path in (
+        list(ROOT.glob("components/*.py"))
+        + [ROOT / "__main__.py", ROOT / "Pulumi.yaml"]
+        + list(ROOT.glob("stacks/*"))
+        + list(ROOT.glob("scripts/**/*"))
+    ):
         if path.is_file() and path.name != "versions.py":
             assert not pattern.search(path.read_text()), f"{path} repeats a pinned version"

@@ -5,8 +5,9 @@ import json
 import re
 from pathlib import Path
 
-from components.config_keys import CONFIG_KEYS
 from pulumi_mocks import stack_names
+
+from components.config_keys import CONFIG_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

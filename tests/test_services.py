@@ -8,10 +8,10 @@ import base64
 import gzip
 
 import pytest
+from pulumi_mocks import run_stack, stack_config, stack_names
 
 from components import bootstrap
 from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS, SSH_USER
-from pulumi_mocks import run_stack, stack_config, stack_names
 
 COMMAND = "command:remote:Command"
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
@@ -57,7 +57,9 @@ def depends_on(run, name: str) -> set[str]:
 
 
 def node_names(run) -> list[str]:
-    return [r.name.removeprefix("vllm-") for r in run.of_type("aws:ec2/instance:Instance") if r.name != "vllm-gateway-host"]
+    return [
+        r.name.removeprefix("vllm-") for r in run.of_type("aws:ec2/instance:Instance") if r.name != "vllm-gateway-host"
+    ]
 
 
 # --- order and parallelism -------------------------------------------------------------
@@ -97,7 +99,9 @@ def test_every_command_waits_for_its_host(run):
     for name, command in commands(run).items():
         waits_for = {run.by_urn(urn).name for urn in command.dependencies}
         if name.startswith("vllm-gateway-"):
-            assert {"vllm-gateway-host", "vllm-gateway-ip"} & waits_for or "vllm-gateway-setup" in depends_on(run, name), name
+            assert {"vllm-gateway-host", "vllm-gateway-ip"} & waits_for or "vllm-gateway-setup" in depends_on(
+                run, name
+            ), name
         elif name.startswith("vllm-setup-"):
             assert name.replace("vllm-setup-", "vllm-") in waits_for, name
 
@@ -142,7 +146,9 @@ def test_each_node_command_runs_on_its_own_node(run):
 
 
 def cluster_env_in(script: str) -> str:
-    return script.split("/etc/vllm-cluster/cluster.env <<'VLLM_CLUSTER_FILE_END'\n", 1)[1].split("VLLM_CLUSTER_FILE_END", 1)[0]
+    return script.split("/etc/vllm-cluster/cluster.env <<'VLLM_CLUSTER_FILE_END'\n", 1)[1].split(
+        "VLLM_CLUSTER_FILE_END", 1
+    )[0]
 
 
 def test_setup_tells_the_node_what_the_instance_booted_with(run):
@@ -167,9 +173,7 @@ def test_each_node_is_dialled_only_once_the_gateway_saw_it_accept_a_login(run):
 
 def test_vllm_runs_with_the_configured_parallelism_on_the_head_ip(run):
     settings = plain(commands(run)["vllm-vllm"].inputs["stdin"])
-    env = dict(
-        line.split("=", 1) for line in settings.splitlines() if line and not line.startswith("#")
-    )
+    env = dict(line.split("=", 1) for line in settings.splitlines() if line and not line.startswith("#"))
     args = env["VLLM_SERVE_ARGS"].strip('"').split()
     topology = run.outputs["topology"]
     assert args[args.index("--tensor-parallel-size") + 1] == str(topology["tensorParallelSize"])
@@ -181,7 +185,9 @@ def test_vllm_runs_with_the_configured_parallelism_on_the_head_ip(run):
 def test_cluster_ready_expects_every_node_by_ip_and_every_gpu(run):
     create = commands(run)["vllm-cluster-ready"].inputs["create"]
     ips = [run.outputs["headPrivateIp"], *run.outputs["workerPrivateIps"]]
-    expected = ",".join(f"{n}={ip}" for n, ip in zip(["head"] + [f"worker-{i}" for i in range(1, len(ips))], ips))
+    expected = ",".join(
+        f"{n}={ip}" for n, ip in zip(["head"] + [f"worker-{i}" for i in range(1, len(ips))], ips, strict=True)
+    )
     gpus = sum(node["gpus"] for node in run.outputs["topology"]["nodes"])
     assert f"--expect {expected} --gpus {gpus} " in create
 
@@ -320,9 +326,11 @@ def test_no_secret_in_a_command_line_user_data_plain_stdin_or_plain_output():
         stdin, secret = unwrap(command.inputs.get("stdin", ""))
         if not secret:
             places[f"{command.name} stdin"] = stdin
-        places[f"{command.name} triggers"] = "\n".join(
-            t for t in _texts(command.inputs.get("triggers") or []) if not isinstance(t, dict)
-        ) if not unwrap(command.inputs.get("triggers"))[1] else ""
+        places[f"{command.name} triggers"] = (
+            "\n".join(t for t in _texts(command.inputs.get("triggers") or []) if not isinstance(t, dict))
+            if not unwrap(command.inputs.get("triggers"))[1]
+            else ""
+        )
     for instance in result.of_type("aws:ec2/instance:Instance"):
         data = instance.inputs.get("userDataBase64")
         places[f"{instance.name} user data"] = (

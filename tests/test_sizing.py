@@ -38,6 +38,7 @@ def test_quantized_weights_keep_a_16_bit_kv_cache_unless_fp8_is_asked_for():
     int4 = sizing.ModelSize.of(models.lookup("meta-llama/Llama-3.1-70B-Instruct"), "m", dtype="int4")
     assert int4.kv_bytes_per_token_per_rank(8, 2) == LLAMA_70B.kv_bytes_per_token_per_rank(8, 2)
     import dataclasses
+
     assert dataclasses.replace(int4, kv_cache_dtype="fp8").kv_bytes_per_token_per_rank(8, 2) == 2 * 40 * 128
 
 
@@ -138,11 +139,19 @@ VLLM_DTYPE_CHOICES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 SPELLINGS = [
     # (as a user writes it, the canonical name)
     ("auto", "auto"),
-    ("half", "fp16"), ("float16", "fp16"), ("fp16", "fp16"),
-    ("bfloat16", "bf16"), ("bf16", "bf16"),
-    ("float", "fp32"), ("float32", "fp32"), ("fp32", "fp32"),
-    ("fp8", "fp8"), ("int8", "int8"), ("int4", "int4"),
-    ("BF16", "bf16"), (" bfloat16 ", "bf16"),
+    ("half", "fp16"),
+    ("float16", "fp16"),
+    ("fp16", "fp16"),
+    ("bfloat16", "bf16"),
+    ("bf16", "bf16"),
+    ("float", "fp32"),
+    ("float32", "fp32"),
+    ("fp32", "fp32"),
+    ("fp8", "fp8"),
+    ("int8", "int8"),
+    ("int4", "int4"),
+    ("BF16", "bf16"),
+    (" bfloat16 ", "bf16"),
 ]
 
 
@@ -161,8 +170,20 @@ def test_an_unknown_dtype_names_where_it_came_from_the_value_and_every_accepted_
         sizing.canonical_dtype("fp12", "--dtype")
     text = str(caught.value)
     assert "--dtype" in text and "fp12" in text
-    for spelling in ("auto", "half", "float16", "bfloat16", "float", "float32", "bf16", "fp16", "fp32", "fp8", "int8",
-                     "int4"):
+    for spelling in (
+        "auto",
+        "half",
+        "float16",
+        "bfloat16",
+        "float",
+        "float32",
+        "bf16",
+        "fp16",
+        "fp32",
+        "fp8",
+        "int8",
+        "int4",
+    ):
         assert spelling in text.split("accepted:", 1)[1], spelling
 
 

@@ -43,8 +43,20 @@ def test_good_config_derives_parallelism_efa_and_versions():
 
 def test_pulumi_yaml_not_set_defaults_mean_derive():
     """Pulumi fills declared defaults in; "", 0 and auto must behave as unset."""
-    spec = spec_of(tensorParallelSize="0", pipelineParallelSize=0, efa="auto", vllmVersion="", hfToken="", apiKey="",
-                   maxModelLen="0", gpuMemoryUtilization="", amiId="", vpcId="", publicSubnetId="", privateSubnetId="")
+    spec = spec_of(
+        tensorParallelSize="0",
+        pipelineParallelSize=0,
+        efa="auto",
+        vllmVersion="",
+        hfToken="",
+        apiKey="",
+        maxModelLen="0",
+        gpuMemoryUtilization="",
+        amiId="",
+        vpcId="",
+        publicSubnetId="",
+        privateSubnetId="",
+    )
     assert (spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.efa) == (8, 2, True)
     assert spec.hf_token is None and spec.api_key is None and spec.max_model_len is None
     assert spec.existing_network is None and spec.ami_id is None
@@ -63,8 +75,12 @@ def test_several_nodes_without_efa_is_a_warning_not_an_error():
 
 
 def test_strings_as_pulumi_passes_them_are_parsed():
-    spec = spec_of(nodes="2", apiAllowedCidrs='["203.0.113.0/24", "2001:db8::/48"]', retainModelCache="true",
-                   gpuMemoryUtilization="0.9")
+    spec = spec_of(
+        nodes="2",
+        apiAllowedCidrs='["203.0.113.0/24", "2001:db8::/48"]',
+        retainModelCache="true",
+        gpuMemoryUtilization="0.9",
+    )
     assert spec.nodes == 2 and spec.retain_model_cache is True
     assert spec.api_allowed_cidrs == ("203.0.113.0/24", "2001:db8::/48")
     assert spec.gpu_memory_utilization == pytest.approx(0.9)
@@ -80,11 +96,19 @@ BAD_CONFIGS = [
     ("unknown instance type", {"instanceType": "p9.huge"}, "instanceType", "p5.48xlarge"),
     ("zero nodes", {"nodes": 0}, "nodes", "at least 1"),
     ("nodes not a number", {"nodes": "two"}, "nodes", "whole number"),
-    ("TP x PP short of the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 1},
-     "pipelineParallelSize", "pipelineParallelSize 2"),
+    (
+        "TP x PP short of the GPUs",
+        {"tensorParallelSize": 8, "pipelineParallelSize": 1},
+        "pipelineParallelSize",
+        "pipelineParallelSize 2",
+    ),
     ("TP x PP beyond the GPUs", {"tensorParallelSize": 8, "pipelineParallelSize": 4}, "pipelineParallelSize", "= 16"),
-    ("TP across nodes", {"tensorParallelSize": 16, "pipelineParallelSize": 1},
-     "tensorParallelSize", "stays inside a node"),
+    (
+        "TP across nodes",
+        {"tensorParallelSize": 16, "pipelineParallelSize": 1},
+        "tensorParallelSize",
+        "stays inside a node",
+    ),
     ("TP that splits a node unevenly", {"tensorParallelSize": 3}, "tensorParallelSize", "divide"),
     ("negative TP", {"tensorParallelSize": -1}, "tensorParallelSize", "at least 1"),
     ("negative PP", {"pipelineParallelSize": -2}, "pipelineParallelSize", "at least 1"),
@@ -95,19 +119,31 @@ BAD_CONFIGS = [
     ("API open to the world", {"apiAllowedCidrs": ["0.0.0.0/0"]}, "apiAllowedCidrs", "allowPublicApi"),
     ("API open to the IPv6 world", {"apiAllowedCidrs": ["::/0"]}, "apiAllowedCidrs", "allowPublicApi"),
     ("admin open to the world", {"adminCidrs": ["0.0.0.0/0"]}, "adminCidrs", "whole internet"),
-    ("admin open to the world even when the API may be", {"adminCidrs": ["::/0"], "allowPublicApi": True},
-     "adminCidrs", "whole internet"),
-    ("admin open to the world in two halves", {"adminCidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
-     "adminCidrs", "whole internet"),
-    ("API open to the IPv6 world in pieces", {"apiAllowedCidrs": ["::/1", "8000::/2", "c000::/2"]},
-     "apiAllowedCidrs", "whole internet"),
+    (
+        "admin open to the world even when the API may be",
+        {"adminCidrs": ["::/0"], "allowPublicApi": True},
+        "adminCidrs",
+        "whole internet",
+    ),
+    (
+        "admin open to the world in two halves",
+        {"adminCidrs": ["0.0.0.0/1", "128.0.0.0/1"]},
+        "adminCidrs",
+        "whole internet",
+    ),
+    (
+        "API open to the IPv6 world in pieces",
+        {"apiAllowedCidrs": ["::/1", "8000::/2", "c000::/2"]},
+        "apiAllowedCidrs",
+        "whole internet",
+    ),
     ("no admin CIDR", {"adminCidrs": []}, "adminCidrs", "at least one"),
     ("API CIDRs missing", {"apiAllowedCidrs": None}, "apiAllowedCidrs", "required"),
     ("CIDRs not a list", {"adminCidrs": "198.51.100.7/32"}, "adminCidrs", "list"),
     ("model with a semicolon", {"model": "org/model;reboot"}, "model", "';'"),
     ("model with a dollar", {"model": "org/$(id)"}, "model", "'$'"),
     ("model with backticks", {"model": "org/`id`"}, "model", "'`'"),
-    ("model with a quote", {"model": "org/it's"}, "model", "\"'\""),
+    ("model with a quote", {"model": "org/it's"}, "model", '"\'"'),
     ("model with a pipe", {"model": "org/a|b"}, "model", "'|'"),
     ("model with an ampersand", {"model": "org/a&b"}, "model", "'&'"),
     ("model with a newline", {"model": "org/a\nb"}, "model", "'\\n'"),
@@ -115,10 +151,18 @@ BAD_CONFIGS = [
     ("served name with a semicolon", {"servedModelName": "llama;id"}, "servedModelName", "';'"),
     ("extra argument with a dollar", {"vllmExtraArgs": ["--max-num-seqs", "$(id)"]}, "vllmExtraArgs", "'$'"),
     ("extra argument with a space", {"vllmExtraArgs": ["--max-num-seqs 64"]}, "vllmExtraArgs", "own item"),
-    ("extra argument that sets TP", {"vllmExtraArgs": ["--tensor-parallel-size=4"]},
-     "vllmExtraArgs", "tensorParallelSize"),
-    ("extra argument that puts the key on a command line", {"vllmExtraArgs": ["--api-key", "x"]},
-     "vllmExtraArgs", "never a command line"),
+    (
+        "extra argument that sets TP",
+        {"vllmExtraArgs": ["--tensor-parallel-size=4"]},
+        "vllmExtraArgs",
+        "tensorParallelSize",
+    ),
+    (
+        "extra argument that puts the key on a command line",
+        {"vllmExtraArgs": ["--api-key", "x"]},
+        "vllmExtraArgs",
+        "never a command line",
+    ),
     ("short API key", {"apiKey": "too-short"}, "apiKey", "32 characters"),
     ("API key with a quote", {"apiKey": "a" * 40 + "'"}, "apiKey", "letters, digits"),
     ("vLLM below its security floor", {"vllmVersion": "0.21.3"}, "vllmVersion", "security floor 0.22.0"),
@@ -132,14 +176,21 @@ BAD_CONFIGS = [
     ("public VPC range", {"vpcCidr": "8.8.0.0/16"}, "vpcCidr", "private"),
     ("VPC too large", {"vpcCidr": "10.0.0.0/8"}, "vpcCidr", "/16 to /24"),
     ("half an existing network", {"vpcId": "vpc-0123456789abcdef0"}, "privateSubnetId", "all or none"),
-    ("malformed subnet id",
-     {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "public", "privateSubnetId": "subnet-0123456789abcdef0"},
-     "publicSubnetId", "subnet-"),
+    (
+        "malformed subnet id",
+        {"vpcId": "vpc-0123456789abcdef0", "publicSubnetId": "public", "privateSubnetId": "subnet-0123456789abcdef0"},
+        "publicSubnetId",
+        "subnet-",
+    ),
     ("malformed AMI id", {"amiId": "ubuntu"}, "amiId", "ami-"),
     ("malformed capacity reservation", {"capacityReservationId": "reservation-1"}, "capacityReservationId", "cr-"),
     ("capacity block without a reservation", {"capacityBlock": True}, "capacityBlock", "capacityReservationId"),
-    ("reservation without its zone", {"capacityReservationId": "cr-0123456789abcdef0"},
-     "capacityReservationId", "availabilityZone"),
+    (
+        "reservation without its zone",
+        {"capacityReservationId": "cr-0123456789abcdef0"},
+        "capacityReservationId",
+        "availabilityZone",
+    ),
     ("no read timeout", {"apiReadTimeoutSeconds": 0}, "apiReadTimeoutSeconds", "from 1 to 3600"),
     ("read timeout over an hour", {"apiReadTimeoutSeconds": 7200}, "apiReadTimeoutSeconds", "stream"),
     ("read timeout in words", {"apiReadTimeoutSeconds": "ten minutes"}, "apiReadTimeoutSeconds", "whole number"),
@@ -155,11 +206,19 @@ BAD_CONFIGS = [
     ("hub that is not a URL", {"hfEndpoint": "hf-mirror;curl evil"}, "hfEndpoint", "http(s) URL"),
     ("revision with shell characters", {"modelRevision": "main;reboot"}, "modelRevision", "inject"),
     ("revision climbing out of the cache", {"modelRevision": "a/../../etc"}, "modelRevision", "branch, tag or commit"),
-    ("certificate without its key", {"tlsCertificate": CERT, "endpointHostname": "llm.example.com"},
-     "tlsPrivateKey", "--secret"),
+    (
+        "certificate without its key",
+        {"tlsCertificate": CERT, "endpointHostname": "llm.example.com"},
+        "tlsPrivateKey",
+        "--secret",
+    ),
     ("certificate without a hostname", {"tlsCertificate": CERT, "tlsPrivateKey": KEY}, "endpointHostname", "DNS name"),
-    ("key that is not PEM", {"tlsCertificate": CERT, "tlsPrivateKey": "secret", "endpointHostname": "llm.example.com"},
-     "tlsPrivateKey", "PEM"),
+    (
+        "key that is not PEM",
+        {"tlsCertificate": CERT, "tlsPrivateKey": "secret", "endpointHostname": "llm.example.com"},
+        "tlsPrivateKey",
+        "PEM",
+    ),
     ("hostname without a certificate", {"endpointHostname": "llm.example.com"}, "tlsCertificate", "PEM certificate"),
 ]
 
@@ -228,8 +287,11 @@ def test_public_api_is_allowed_only_when_asked_for():
 
 
 def test_existing_network_is_taken_whole():
-    spec = spec_of(vpcId="vpc-0123456789abcdef0", publicSubnetId="subnet-0123456789abcdef0",
-                   privateSubnetId="subnet-0fedcba9876543210")
+    spec = spec_of(
+        vpcId="vpc-0123456789abcdef0",
+        publicSubnetId="subnet-0123456789abcdef0",
+        privateSubnetId="subnet-0fedcba9876543210",
+    )
     assert spec.existing_network.private_subnet_id == "subnet-0fedcba9876543210"
 
 
@@ -248,8 +310,9 @@ def test_every_key_is_understood_by_the_loader():
 RESERVATION = "cr-0123456789abcdef0"
 
 
-@pytest.mark.parametrize("block, page", [(False, "capacity-reservations-launch.html"),
-                                         (True, "capacity-blocks-launch.html")])
+@pytest.mark.parametrize(
+    "block, page", [(False, "capacity-reservations-launch.html"), (True, "capacity-blocks-launch.html")]
+)
 def test_a_reservation_without_its_zone_names_both_keys_the_value_the_fix_and_the_rule(block, page):
     """Without availabilityZone the nodes go to the first zone that offers the type; a
     Capacity Reservation or Capacity Block serves only its own zone."""
@@ -265,8 +328,12 @@ def test_a_reservation_in_its_zone_or_in_an_existing_subnet_is_accepted():
     reserved = spec_of(capacityReservationId=RESERVATION, availabilityZone="us-east-1b")
     assert reserved.capacity_reservation_id == RESERVATION
     # With an existing network the nodes go where privateSubnetId is; availabilityZone does not apply.
-    existing = spec_of(capacityReservationId=RESERVATION, vpcId="vpc-0123456789abcdef0",
-                       publicSubnetId="subnet-0123456789abcdef0", privateSubnetId="subnet-0fedcba9876543210")
+    existing = spec_of(
+        capacityReservationId=RESERVATION,
+        vpcId="vpc-0123456789abcdef0",
+        publicSubnetId="subnet-0123456789abcdef0",
+        privateSubnetId="subnet-0fedcba9876543210",
+    )
     assert existing.capacity_reservation_id == RESERVATION
 
 
@@ -308,19 +375,23 @@ def test_an_existing_vpc_without_dns_support_names_both_fixes_support_first():
 
 # --- dtype in vllmExtraArgs ------------------------------------------------------------
 
-@pytest.mark.parametrize("args, passed", [
-    (["--dtype", "bf16"], ("--dtype", "bfloat16")),
-    (["--dtype=fp16"], ("--dtype=float16",)),
-    (["--dtype", "FP32", "--enforce-eager"], ("--dtype", "float32", "--enforce-eager")),
-    (["--dtype", "half"], ("--dtype", "half")),  # vLLM's own spelling is passed as written
-    (["--dtype=auto"], ("--dtype=auto",)),
-])
+
+@pytest.mark.parametrize(
+    "args, passed",
+    [
+        (["--dtype", "bf16"], ("--dtype", "bfloat16")),
+        (["--dtype=fp16"], ("--dtype=float16",)),
+        (["--dtype", "FP32", "--enforce-eager"], ("--dtype", "float32", "--enforce-eager")),
+        (["--dtype", "half"], ("--dtype", "half")),  # vLLM's own spelling is passed as written
+        (["--dtype=auto"], ("--dtype=auto",)),
+    ],
+)
 def test_a_dtype_in_any_spelling_reaches_vllm_in_one_it_accepts(args, passed):
     from components import bootstrap
 
     spec = spec_of(vllmExtraArgs=args)
     assert spec.vllm_extra_args == passed
-    assert bootstrap.vllm_serve_args(spec, "10.0.0.1")[-len(passed):] == list(passed)
+    assert bootstrap.vllm_serve_args(spec, "10.0.0.1")[-len(passed) :] == list(passed)
 
 
 def test_an_unknown_dtype_names_the_key_the_flag_the_value_and_every_spelling():
@@ -379,13 +450,16 @@ def test_a_value_of_the_wrong_type_is_one_problem_naming_the_key_the_type_and_th
     assert any(kind in text for kind in ("text", "whole number", "true or false", "list", "number")), text
 
 
-@pytest.mark.parametrize("key, value, kind", [
-    ("nodes", "two", "whole number"),
-    ("tensorParallelSize", [1], "whole number"),
-    ("allowPublicApi", "maybe", "true or false"),
-    ("model", ["org/model"], "text"),
-    ("adminCidrs", 5, "list"),
-])
+@pytest.mark.parametrize(
+    "key, value, kind",
+    [
+        ("nodes", "two", "whole number"),
+        ("tensorParallelSize", [1], "whole number"),
+        ("allowPublicApi", "maybe", "true or false"),
+        ("model", ["org/model"], "text"),
+        ("adminCidrs", 5, "list"),
+    ],
+)
 def test_the_wrong_type_message_shows_the_value(key, value, kind):
     [problem] = problems_of(**{key: value}).problems
     assert problem.value == json.dumps(value) if not isinstance(value, str) else problem.value == f'"{value}"'
@@ -394,15 +468,23 @@ def test_the_wrong_type_message_shows_the_value(key, value, kind):
 
 # --- the zone and the region ----------------------------------------------------------
 
+
 def test_the_planner_refuses_a_zone_outside_the_stacks_region(tmp_path):
     """The planner reads the stack file, aws:region included, and refuses what `pulumi up` would."""
     from cli.plan import read_stack
 
     stack_file = tmp_path / "Pulumi.zones.yaml"
-    stack_file.write_text(yaml.safe_dump({"config": {
-        "aws:region": "us-east-1", **{f"vllm-cluster:{k}": v for k, v in GOOD.items()},
-        "vllm-cluster:availabilityZone": "eu-west-1a",
-    }}))
+    stack_file.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "aws:region": "us-east-1",
+                    **{f"vllm-cluster:{k}": v for k, v in GOOD.items()},
+                    "vllm-cluster:availabilityZone": "eu-west-1a",
+                }
+            }
+        )
+    )
     with pytest.raises(SpecError) as caught:
         read_stack("zones", str(stack_file))
     [problem] = caught.value.problems

@@ -7,9 +7,18 @@ from cli import status
 from cli.cluster import Node
 from components.spec import load_spec
 
-SPEC = load_spec({"model": "Qwen/Qwen2.5-0.5B-Instruct", "instanceType": "g5.12xlarge", "nodes": 3,
-                  "tensorParallelSize": 4, "efa": "false", "apiAllowedCidrs": ["10.0.0.0/8"],
-                  "adminCidrs": ["10.1.0.0/16"]}, stack="t")
+SPEC = load_spec(
+    {
+        "model": "Qwen/Qwen2.5-0.5B-Instruct",
+        "instanceType": "g5.12xlarge",
+        "nodes": 3,
+        "tensorParallelSize": 4,
+        "efa": "false",
+        "apiAllowedCidrs": ["10.0.0.0/8"],
+        "adminCidrs": ["10.1.0.0/16"],
+    },
+    stack="t",
+)
 IPS = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
 
 
@@ -18,12 +27,19 @@ class FakeCluster:
 
 
 def snap(alive=None, health=200, completion=200, facts=True, ray_error=None):
-    facts_doc = {"alive": {ip: 4.0 for ip in (IPS if alive is None else alive)}, "vllm_unit": "active",
-                 "health": health, "metrics": {"running": 0, "waiting": 0, "kv_cache_usage": 0.1, "tokens_per_second": 5}}
+    facts_doc = {
+        "alive": {ip: 4.0 for ip in (IPS if alive is None else alive)},
+        "vllm_unit": "active",
+        "health": health,
+        "metrics": {"running": 0, "waiting": 0, "kv_cache_usage": 0.1, "tokens_per_second": 5},
+    }
     if ray_error:
         facts_doc = {**facts_doc, "alive": {}, "ray_error": ray_error}
-    return {"facts": facts_doc if facts else None, "factsError": None if facts else "ssh: connect timed out",
-            "completion": {"status": completion, "seconds": 0.1, "error": "" if completion == 200 else "boom"}}
+    return {
+        "facts": facts_doc if facts else None,
+        "factsError": None if facts else "ssh: connect timed out",
+        "completion": {"status": completion, "seconds": 0.1, "error": "" if completion == 200 else "boom"},
+    }
 
 
 def verdict(**kwargs):

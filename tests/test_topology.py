@@ -43,7 +43,15 @@ def test_topology_summary_names_head_and_workers():
 
 @pytest.mark.parametrize(
     "instance, efa_interfaces",
-    [("g5.12xlarge", 1), ("g6e.12xlarge", 1), ("g6e.48xlarge", 4), ("p4d.24xlarge", 4), ("p4de.24xlarge", 4), ("p5.48xlarge", 32), ("p5en.48xlarge", 16)],
+    [
+        ("g5.12xlarge", 1),
+        ("g6e.12xlarge", 1),
+        ("g6e.48xlarge", 4),
+        ("p4d.24xlarge", 4),
+        ("p4de.24xlarge", 4),
+        ("p5.48xlarge", 32),
+        ("p5en.48xlarge", 16),
+    ],
 )
 def test_efa_layout_follows_aws_rules(instance, efa_interfaces):
     row = CATALOG[instance]

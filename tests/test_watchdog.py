@@ -56,8 +56,13 @@ def test_a_completion_that_answers_is_healthy():
 
 def test_a_saturated_server_is_busy_not_dead():
     # The probe waited 60 s behind a full batch, but the batch keeps producing tokens.
-    verdict = judge("200", "timeout", at(100, running=256, waiting=40, tokens=91_000),
-                    at(80, running=256, waiting=35, tokens=60_000), served=True)
+    verdict = judge(
+        "200",
+        "timeout",
+        at(100, running=256, waiting=40, tokens=91_000),
+        at(80, running=256, waiting=35, tokens=60_000),
+        served=True,
+    )
     assert kind(verdict) == "busy", verdict
     assert "+31000 tokens in 20 s" in verdict
 
@@ -105,9 +110,15 @@ def test_a_slow_answer_alone_is_never_dead():
         assert kind(judge(health, completion, None, None, served=True)) == "busy"
         assert kind(judge(health, completion, at(100, running=4), None, served=True)) == "busy"
         # Samples too close to say anything, or a counter that went back (a new process).
-        assert kind(judge(health, completion, at(100, running=4, tokens=7), at(95, running=4, tokens=7), True)) == "busy"
-        assert kind(judge(health, completion, at(100, running=4, tokens=7), at(70, running=4, tokens=9), True)) == "busy"
-        assert kind(judge(health, completion, at(100, running=4, tokens=8), at(80, running=4, tokens=7), True)) == "busy"
+        assert (
+            kind(judge(health, completion, at(100, running=4, tokens=7), at(95, running=4, tokens=7), True)) == "busy"
+        )
+        assert (
+            kind(judge(health, completion, at(100, running=4, tokens=7), at(70, running=4, tokens=9), True)) == "busy"
+        )
+        assert (
+            kind(judge(health, completion, at(100, running=4, tokens=8), at(80, running=4, tokens=7), True)) == "busy"
+        )
 
 
 def test_a_4xx_answer_is_a_configuration_problem_not_a_dead_engine():
@@ -168,12 +179,30 @@ class Double:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "double.log"
-        env = {**os.environ, "PYTHONPATH": str(DOUBLE), "VLLM_API_KEY": "test-key",
-               "VLLM_DOUBLE_CONTROL": str(self.control), "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(keep_alive)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(DOUBLE),
+            "VLLM_API_KEY": "test-key",
+            "VLLM_DOUBLE_CONTROL": str(self.control),
+            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(keep_alive),
+        }
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "vllm_double.cli", "serve", self.model, "--host", "127.0.0.1",
-                 "--port", str(self.port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "vllm_double.cli",
+                    "serve",
+                    self.model,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 20
         while self.get("/health")[0] != 200:
             if time.monotonic() > deadline:
@@ -205,8 +234,9 @@ class Double:
             time.sleep(0.1)
 
     def completion(self, timeout: float) -> str:
-        return CHECK.fetch(f"{self.url}/v1/completions", timeout,
-                           {"model": self.model, "prompt": "Hi", "max_tokens": 2})[0]
+        return CHECK.fetch(
+            f"{self.url}/v1/completions", timeout, {"model": self.model, "prompt": "Hi", "max_tokens": 2}
+        )[0]
 
 
 @pytest.fixture
@@ -240,8 +270,12 @@ def age_sample(state: Path, seconds: float) -> None:
 
 def test_the_double_exposes_vllms_metric_names(double):
     text = double.get("/metrics")[1]
-    for line in ("# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_waiting gauge",
-                 "# TYPE vllm:generation_tokens_total counter", "# TYPE vllm:prompt_tokens_total counter"):
+    for line in (
+        "# TYPE vllm:num_requests_running gauge",
+        "# TYPE vllm:num_requests_waiting gauge",
+        "# TYPE vllm:generation_tokens_total counter",
+        "# TYPE vllm:prompt_tokens_total counter",
+    ):
         assert line in text
     assert f'vllm:generation_tokens_total{{engine="0",model_name="{double.model}"}} 0.0' in text
     assert double.completion(5) == "200"

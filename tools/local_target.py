@@ -35,8 +35,10 @@ from fleet import Fleet, adopt, process_state, why_no_fleet  # noqa: E402
 from fleet_cluster import FakeHub, start_cluster, stop_cluster  # noqa: E402
 
 STATE_DIR = Path(os.environ.get("VLLM_CLUSTER_LOCAL_DIR", "/var/lib/vllm-cluster-local"))
-NEEDS = ("Needs root, systemd-nspawn (apt-get install systemd-container), debootstrap and iproute2; "
-         "`sudo make local` on Debian or Ubuntu after `apt-get install systemd-container debootstrap`.")
+NEEDS = (
+    "Needs root, systemd-nspawn (apt-get install systemd-container), debootstrap and iproute2; "
+    "`sudo make local` on Debian or Ubuntu after `apt-get install systemd-container debootstrap`."
+)
 
 
 def state_file(state_dir: Path) -> Path:
@@ -57,12 +59,18 @@ def up(nodes: int, state_dir: Path = STATE_DIR) -> int:
         print(f"make local: this machine cannot host the local target: {reason}.\n{NEEDS}", file=sys.stderr)
         return 1
     if state_file(state_dir).exists():
-        print(f"make local: a local target is already running ({state_file(state_dir)}). "
-              "Remove it first: make local-down", file=sys.stderr)
+        print(
+            f"make local: a local target is already running ({state_file(state_dir)}). "
+            "Remove it first: make local-down",
+            file=sys.stderr,
+        )
         return 1
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    print(f"make local: booting a gateway and {nodes} GPU-node hosts and running the stack's bootstrap "
-          "(a few minutes; the first run also builds the hosts' image and the engine's virtualenv) ...", flush=True)
+    print(
+        f"make local: booting a gateway and {nodes} GPU-node hosts and running the stack's bootstrap "
+        "(a few minutes; the first run also builds the hosts' image and the engine's virtualenv) ...",
+        flush=True,
+    )
     started = time.monotonic()
     cluster = start_cluster(state_dir / "fleet", nodes)
     try:
@@ -78,8 +86,9 @@ def up(nodes: int, state_dir: Path = STATE_DIR) -> int:
 def detach(cluster, state_dir: Path, seconds: float) -> str:
     """Leave `cluster` running: record what `down` needs, write the outputs and the
     certificate, and return how to reach it, ending with the outputs file's path."""
-    state_file(state_dir).write_text(json.dumps({"fleet": cluster.fleet.state(),
-                                                 "hub": process_state(cluster.hub.process)}))
+    state_file(state_dir).write_text(
+        json.dumps({"fleet": cluster.fleet.state(), "hub": process_state(cluster.hub.process)})
+    )
     outputs = cluster.run.outputs
     # The stack file and the outputs the operator tools read. The outputs hold the API
     # key and the SSH key: root-only, in a root-only folder, like a stack's secrets.
@@ -88,34 +97,40 @@ def detach(cluster, state_dir: Path, seconds: float) -> str:
     certificate_file(state_dir).write_text(outputs["tlsCertificate"])
     endpoint, key, certificate = outputs["endpoint"], outputs["apiKey"], certificate_file(state_dir)
     body = json.dumps({"model": cluster.served_model, "prompt": "Hello", "max_tokens": 16})
-    curl = (f"curl --cacert {certificate} -H 'Authorization: Bearer {key}' "
-            f"-H 'Content-Type: application/json' -d {shlex.quote(body)} {endpoint}/completions")
-    return "\n".join([
-        f"The local target serves (up in {seconds:.0f} s).",
-        f"  endpoint       {endpoint}   (OpenAI-compatible; TLS with the stack's certificate)",
-        f"  API key        {key}",
-        f"  model          {cluster.served_model}",
-        f"  Ray dashboard  {outputs['dashboardUrl']}   (admin only: from this machine's bridge address)",
-        f"  certificate    {certificate}",
-        "From this machine:",
-        f"  {curl}",
-        f"  OPENAI_BASE_URL={endpoint} OPENAI_API_KEY={key} SSL_CERT_FILE={certificate} <your OpenAI client>",
-        "Health of the gang (Ray, vLLM, a real completion, metrics):",
-        f"  scripts/vllm-cluster status {' '.join(operator_args)}",
-        "Remove everything: make local-down",
-        "The stack's outputs, as `pulumi stack output --json --show-secrets` prints them:",
-        str(outputs_file(state_dir)),
-    ])
+    curl = (
+        f"curl --cacert {certificate} -H 'Authorization: Bearer {key}' "
+        f"-H 'Content-Type: application/json' -d {shlex.quote(body)} {endpoint}/completions"
+    )
+    return "\n".join(
+        [
+            f"The local target serves (up in {seconds:.0f} s).",
+            f"  endpoint       {endpoint}   (OpenAI-compatible; TLS with the stack's certificate)",
+            f"  API key        {key}",
+            f"  model          {cluster.served_model}",
+            f"  Ray dashboard  {outputs['dashboardUrl']}   (admin only: from this machine's bridge address)",
+            f"  certificate    {certificate}",
+            "From this machine:",
+            f"  {curl}",
+            f"  OPENAI_BASE_URL={endpoint} OPENAI_API_KEY={key} SSL_CERT_FILE={certificate} <your OpenAI client>",
+            "Health of the gang (Ray, vLLM, a real completion, metrics):",
+            f"  scripts/vllm-cluster status {' '.join(operator_args)}",
+            "Remove everything: make local-down",
+            "The stack's outputs, as `pulumi stack output --json --show-secrets` prints them:",
+            str(outputs_file(state_dir)),
+        ]
+    )
 
 
 def down(state_dir: Path = STATE_DIR) -> int:
     if os.geteuid() != 0:
-        print(f"make local-down: needs root (it removes hosts, namespaces, a bridge and mounts). {NEEDS}",
-              file=sys.stderr)
+        print(
+            f"make local-down: needs root (it removes hosts, namespaces, a bridge and mounts). {NEEDS}", file=sys.stderr
+        )
         return 1
     if not state_file(state_dir).exists():
-        print(f"make local-down: no local target is running ({state_file(state_dir)} does not exist); "
-              "nothing to remove.")
+        print(
+            f"make local-down: no local target is running ({state_file(state_dir)} does not exist); nothing to remove."
+        )
         return 0
     state = json.loads(state_file(state_dir).read_text())
     hub = FakeHub(Path(state["fleet"]["workdir"]))

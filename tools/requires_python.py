@@ -20,7 +20,11 @@ def requires_python(package: str, version: str) -> set[str]:
     with urllib.request.urlopen(request, timeout=60) as response:
         files = json.load(response)["files"]
     prefix = f"{package.replace('-', '_')}-{version}-"
-    return {f.get("requires-python") or "" for f in files if f["filename"].startswith(prefix) and f["filename"].endswith(".whl")}
+    return {
+        f.get("requires-python") or ""
+        for f in files
+        if f["filename"].startswith(prefix) and f["filename"].endswith(".whl")
+    }
 
 
 def main(argv: list[str]) -> int:

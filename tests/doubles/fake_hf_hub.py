@@ -66,8 +66,11 @@ def make_handler(root: Path, log_path: Path | None):
             self.send(status, json.dumps(payload).encode(), {"Content-Type": "application/json"})
 
         def not_found(self, what: str) -> None:
-            self.send(404, json.dumps({"error": f"{what} not found"}).encode(),
-                      {"Content-Type": "application/json", "X-Error-Code": "RepoNotFound"})
+            self.send(
+                404,
+                json.dumps({"error": f"{what} not found"}).encode(),
+                {"Content-Type": "application/json", "X-Error-Code": "RepoNotFound"},
+            )
 
         def handle_request(self, head: bool) -> None:
             path = unquote(urlparse(self.path).path)
@@ -80,15 +83,29 @@ def make_handler(root: Path, log_path: Path | None):
                     return self.not_found(repo)
                 sha = repo_sha(root, repo)
                 if parts[4] == "revision":
-                    return self.json(200, {
-                        "id": repo, "modelId": repo, "sha": sha, "private": False, "gated": False,
-                        "siblings": [{"rfilename": str(p.relative_to(root / repo))} for p in files],
-                    })
-                return self.json(200, [
-                    {"type": "file", "path": str(p.relative_to(root / repo)), "size": p.stat().st_size,
-                     "oid": file_etag(p)}
-                    for p in files
-                ])
+                    return self.json(
+                        200,
+                        {
+                            "id": repo,
+                            "modelId": repo,
+                            "sha": sha,
+                            "private": False,
+                            "gated": False,
+                            "siblings": [{"rfilename": str(p.relative_to(root / repo))} for p in files],
+                        },
+                    )
+                return self.json(
+                    200,
+                    [
+                        {
+                            "type": "file",
+                            "path": str(p.relative_to(root / repo)),
+                            "size": p.stat().st_size,
+                            "oid": file_etag(p),
+                        }
+                        for p in files
+                    ],
+                )
             # /{org}/{name}/resolve/{rev}/{file...}
             if len(parts) >= 5 and parts[2] == "resolve":
                 repo = "/".join(parts[:2])

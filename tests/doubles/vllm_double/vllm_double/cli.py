@@ -119,7 +119,7 @@ class Engine:
                 f"ValueError: Cannot provide a placement group of placement_group_specs={bundles} within "
                 f"{PLACEMENT_TIMEOUT_SECONDS:g} seconds. See `ray status` to make sure the cluster has enough "
                 f"resources. (cluster has {resources.get('GPU', 0):g} GPUs)"
-            )
+            ) from None
         table = placement_group_table(group)
         bundle_nodes = [table["bundles_to_node_id"][i] for i in range(world)]
         for stage in range(pp):
@@ -146,7 +146,9 @@ class Engine:
 
         self.workers = [
             Worker.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i)
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=i
+                )
             ).remote(i)
             for i in range(world)
         ]
@@ -170,7 +172,7 @@ def go_float(value: float) -> str:
     text = repr(float(value))
     dot = text.find(".")
     if value > 0 and dot > 6:  # Go switches to exponents sooner than Python
-        return f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.") + f"e+0{dot - 1}"
+        return f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.") + f"e+0{dot - 1}"
     return text
 
 
@@ -249,31 +251,48 @@ class Server:
         labels = f'{{engine="0",model_name="{self.model_names[0]}"}}'
         with self.changed:
             gauges = self.gauges()
-            counters = {"prompt_tokens": self.prompt_tokens, "generation_tokens": self.generation_tokens,
-                        "request_success": self.requests_total}
+            counters = {
+                "prompt_tokens": self.prompt_tokens,
+                "generation_tokens": self.generation_tokens,
+                "request_success": self.requests_total,
+            }
         lines = []
         for name, help_text, value in (
             ("num_requests_running", "Number of requests in model execution batches.", gauges["running"]),
             ("num_requests_waiting", "Number of requests waiting to be processed.", gauges["waiting"]),
             ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", gauges["kv_cache"]),
         ):
-            lines += [f"# HELP vllm:{name} {help_text}", f"# TYPE vllm:{name} gauge", f"vllm:{name}{labels} {go_float(value)}"]
+            lines += [
+                f"# HELP vllm:{name} {help_text}",
+                f"# TYPE vllm:{name} gauge",
+                f"vllm:{name}{labels} {go_float(value)}",
+            ]
         for name, help_text in (
             ("prompt_tokens", "Number of prefill tokens processed."),
             ("generation_tokens", "Number of generation tokens processed."),
             ("request_success", "Count of successfully processed requests."),
         ):
             # prometheus_client: a counter is written NAME_total, its creation time NAME_created.
-            lines += [f"# HELP vllm:{name}_total {help_text}", f"# TYPE vllm:{name}_total counter",
-                      f"vllm:{name}_total{labels} {go_float(counters[name])}",
-                      f"# HELP vllm:{name}_created {help_text}", f"# TYPE vllm:{name}_created gauge",
-                      f"vllm:{name}_created{labels} {go_float(self.created)}"]
+            lines += [
+                f"# HELP vllm:{name}_total {help_text}",
+                f"# TYPE vllm:{name}_total counter",
+                f"vllm:{name}_total{labels} {go_float(counters[name])}",
+                f"# HELP vllm:{name}_created {help_text}",
+                f"# TYPE vllm:{name}_created gauge",
+                f"vllm:{name}_created{labels} {go_float(self.created)}",
+            ]
         return "\n".join(lines) + "\n"
 
     def complete(self, body: dict, chat: bool, gone) -> tuple[int, dict] | None:
         """(status, answer) of a completion; None when its client went away first."""
         if body.get("model") not in self.model_names:
-            return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist.", "type": "NotFoundError", "code": 404}}
+            return 404, {
+                "error": {
+                    "message": f"The model `{body.get('model')}` does not exist.",
+                    "type": "NotFoundError",
+                    "code": 404,
+                }
+            }
         tokens = max(1, int(body.get("max_tokens") or 16))
         with self.changed:
             self.waiting += 1
@@ -291,7 +310,13 @@ class Server:
             if self.engine is not None:
                 self.engine.step(tokens)
         except Exception as error:  # a lost worker: the engine cannot answer
-            return 500, {"error": {"message": f"EngineCore encountered an issue: {type(error).__name__}", "type": "InternalServerError", "code": 500}}
+            return 500, {
+                "error": {
+                    "message": f"EngineCore encountered an issue: {type(error).__name__}",
+                    "type": "InternalServerError",
+                    "code": 500,
+                }
+            }
         finally:
             with self.changed:
                 self.running -= 1
@@ -303,11 +328,22 @@ class Server:
         created = int(time.time())
         usage = {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
         if chat:
-            return 200, {"id": f"chatcmpl-{created}", "object": "chat.completion", "created": created, "model": body["model"],
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
-                         "usage": usage}
-        return 200, {"id": f"cmpl-{created}", "object": "text_completion", "created": created, "model": body["model"],
-                     "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage}
+            return 200, {
+                "id": f"chatcmpl-{created}",
+                "object": "chat.completion",
+                "created": created,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                "usage": usage,
+            }
+        return 200, {
+            "id": f"cmpl-{created}",
+            "object": "text_completion",
+            "created": created,
+            "model": body["model"],
+            "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+            "usage": usage,
+        }
 
 
 def handler_for(server: Server):
@@ -358,8 +394,13 @@ def handler_for(server: Server):
             if self.path == "/health":
                 return self.reply(200, "", "text/plain")
             if self.path == "/v1/models":
-                return self.reply(200, {"object": "list", "data": [
-                    {"id": name, "object": "model", "owned_by": "vllm"} for name in server.model_names]})
+                return self.reply(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [{"id": name, "object": "model", "owned_by": "vllm"} for name in server.model_names],
+                    },
+                )
             if self.path == "/metrics":
                 return self.reply(200, server.metrics(), "text/plain; version=0.0.4; charset=utf-8")
             if self.path == "/version":
@@ -377,8 +418,9 @@ def handler_for(server: Server):
                 body = json.loads(raw or b"{}")
             except json.JSONDecodeError:
                 return self.reply(400, {"error": {"message": "invalid JSON", "code": 400}})
-            answer = server.complete(body, chat=self.path.endswith("chat/completions"),
-                                     gone=lambda: client_gone(self.connection))
+            answer = server.complete(
+                body, chat=self.path.endswith("chat/completions"), gone=lambda: client_gone(self.connection)
+            )
             if answer is None:  # nobody to answer
                 self.close_connection = True
                 return None
