@@ -471,7 +471,7 @@ def test_the_wrong_type_message_shows_the_value(key, value, kind):
 
 def test_the_planner_refuses_a_zone_outside_the_stacks_region(tmp_path):
     """The planner reads the stack file, aws:region included, and refuses what `pulumi up` would."""
-    from cli.plan import read_stack
+    from cli.stack_file import StackFileError, read_stack
 
     stack_file = tmp_path / "Pulumi.zones.yaml"
     stack_file.write_text(
@@ -485,9 +485,9 @@ def test_the_planner_refuses_a_zone_outside_the_stacks_region(tmp_path):
             }
         )
     )
-    with pytest.raises(SpecError) as caught:
+    with pytest.raises(StackFileError) as caught:
         read_stack("zones", str(stack_file))
-    [problem] = caught.value.problems
+    [problem] = caught.value.__cause__.problems  # the spec's error, which the CLI prints on one line
     assert problem.key == "availabilityZone" and "eu-west-1a" in str(problem) and "aws:region" in str(problem)
 
 
