@@ -626,7 +626,7 @@ RENAMED = {
 
 def test_each_renamed_resource_is_aliased_to_its_old_urn_and_nothing_else_is_aliased(recorded_runs):
     seen = set()
-    for stack, (_run, recorded) in recorded_runs.items():
+    for stack, (run, recorded) in recorded_runs.items():
         engine, aliases = engine_urns(run, stack), alias_urns(run, recorded, stack)
         for resource in run.resources:
             urn = engine[resource.urn]
