@@ -407,22 +407,27 @@ def test_status_watch_redraws_in_place(cluster):
     assert process.returncode == 0
 
 
-def test_status_is_degraded_naming_a_stopped_worker(cluster):
+def test_status_names_a_stopped_worker(cluster):
+    """A worker's Ray stopped: status names it. The real engine does not keep serving
+    without a pipeline stage (its Ray worker dies with the raylet and the engine exits),
+    so the verdict is degraded while vLLM still answers and down once it has stopped;
+    either way the missing worker is named and the exit code is not 0."""
     worker = NODES - 1
+    named = f"worker-{worker} ({node_ip(worker)}) is not in the Ray cluster"
     cluster.node_shell(worker, "sudo systemctl stop ray-worker")
     try:
         deadline = time.monotonic() + 90
         while True:
             result = cluster.operator("status")
-            if result.returncode == 1 or time.monotonic() > deadline:
+            if (result.returncode in (1, 2) and named in result.stdout) or time.monotonic() > deadline:
                 break
             time.sleep(3)
-        assert result.returncode == 1, result.stdout
-        assert "DEGRADED" in result.stdout
-        assert f"worker-{worker} ({node_ip(worker)}) is not in the Ray cluster" in result.stdout
+        assert result.returncode in (1, 2), result.stdout
+        assert ("DEGRADED" if result.returncode == 1 else "DOWN") in result.stdout
+        assert named in result.stdout, result.stdout
     finally:
         cluster.node_shell(worker, "sudo systemctl start ray-worker")
-    cluster.wait_for_completion(timeout=300)
+    cluster.wait_for_completion(timeout=600)
 
 
 def test_status_is_down_when_vllm_is_stopped(cluster):
