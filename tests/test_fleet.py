@@ -51,6 +51,9 @@ def cluster(tmp_path_factory):
         stop_cluster(running.fleet, running.hub)
         raise
     running.state_dir = state_dir
+    # The engine's shared-memory segments and sockets live inside the hosts (their own
+    # /dev/shm and /tmp): none may be left on this machine when the target is removed.
+    running.shm_before = set(os.listdir("/dev/shm"))
     yield running
     if local_target.state_file(state_dir).exists():  # the last test did not get to remove it
         local_target.down(state_dir)
@@ -685,3 +688,6 @@ def test_make_local_down_removes_everything_it_made(cluster):
         if name.startswith("vc-")
     ]
     assert str(workdir) not in Path("/proc/self/mounts").read_text()
+    assert not workdir.exists()
+    left = set(os.listdir("/dev/shm")) - cluster.shm_before
+    assert not left, f"shared-memory segments left on this machine: {sorted(left)}"
