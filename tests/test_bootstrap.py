@@ -291,7 +291,16 @@ def test_vllm_unit_reads_the_key_from_a_file_and_waits_for_the_whole_cluster():
     assert "EnvironmentFile=/etc/vllm-cluster/secrets/vllm-api.env" in text
     assert "--api-key" not in text
     assert "ExecStartPre=/opt/vllm-cluster/bin/vllm-cluster-node wait-cluster" in text
-    assert "PartOf=ray-head.service" in text and "Restart=on-failure" in text
+    assert "PartOf=ray-head.service" in text
+
+
+def test_vllm_is_restarted_after_any_exit_it_did_not_ask_for():
+    """vLLM's server exits with status 0 when its engine dies (seen on the local hosts
+    with the real engine: a pipeline stage's Ray worker lost with its raylet, the API
+    server shut down cleanly). `Restart=on-failure` left it down for good, and the
+    watchdog leaves a stopped unit to systemd; only an explicit stop keeps it stopped."""
+    service = unit("vllm.service").split("[Service]", 1)[1].split("[Install]", 1)[0]
+    assert re.search(r"^Restart=always$", service, re.M), service
 
 
 def test_node_env_pins_nccl_gloo_vllm_and_ray_to_the_primary_interface():
