@@ -401,7 +401,7 @@ def test_status_watch_redraws_in_place(cluster):
         *cluster.operator_files(cluster.fleet.workdir),
     ]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    time.sleep(15)
+    time.sleep(30)  # a refresh takes a few seconds (SSH to the head, two metric samples, a completion)
     process.send_signal(signal.SIGINT)
     out, _ = process.communicate(timeout=60)
     frames = out.split("\x1b[H\x1b[2J")
