@@ -335,30 +335,20 @@ def test_primary_interface_is_found_by_its_address_in_the_node_subnet(tmp_path):
 # --- gateway --------------------------------------------------------------------------
 
 
-def test_certificate_fingerprint_matches_openssl(tmp_path):
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+def self_signed_pair(folder):
+    """(key, certificate) files of a fresh self-signed ECDSA P-256 certificate, made by openssl."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
     subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=test",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1"]
+        + ["-subj", "/CN=test", "-keyout", str(key), "-out", str(cert)],
         check=True,
         capture_output=True,
     )
+    return key, cert
+
+
+def test_certificate_fingerprint_matches_openssl(tmp_path):
+    key, cert = self_signed_pair(tmp_path)
     expected = (
         subprocess.run(
             ["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"],
@@ -439,29 +429,7 @@ def test_nginx_accepts_the_site(tmp_path):
         if os.environ.get("VLLM_CLUSTER_CI"):
             pytest.fail("nginx is missing: .ci/run should have installed Debian's nginx")
         pytest.skip("Debian's nginx is not installed (apt-get install nginx; .ci/run installs it)")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=test",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    key, cert = self_signed_pair(tmp_path)
     site = tmp_path / "vllm-cluster.conf"
     site.write_text(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key)))
     distribution = Path("/etc/nginx/nginx.conf").read_text()
