@@ -611,6 +611,23 @@ class Fleet:
             os.killpg(host.process.pid, signal.SIGKILL)
             host.process.wait(timeout=10)
 
+    def _kill_what_is_left(self, timeout: float = 20) -> None:
+        """Whatever still runs in a host's namespace after the power-off: a host booted
+        again after `make local` recorded its PID (a reboot starts a new nspawn), or one
+        that did not halt. Its init killed, its nspawn exits."""
+        deadline = time.monotonic() + timeout
+        for host in self.hosts:
+            while host.netns in self._netns and (left := self.processes_of(host)):
+                for pid in left:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        continue  # it exited between the listing and the kill
+                if time.monotonic() > deadline:
+                    print(f"fleet: {host.name}: processes {left} outlived SIGKILL", file=sys.stderr)
+                    break
+                time.sleep(0.2)
+
     @staticmethod
     def processes_of(host: Host) -> list[int]:
         """Every process inside the host's network namespace (all of them ours)."""
@@ -660,6 +677,7 @@ class Fleet:
 
         with ThreadPoolExecutor(len(self.hosts)) as pool:
             list(pool.map(power_off, self.hosts))
+        self._kill_what_is_left()
         if self._mirror is not None:
             self._mirror.terminate()
             self._mirror.wait(timeout=10)

@@ -400,7 +400,16 @@ def test_status_watch_redraws_in_place(cluster):
         "1",
         *cluster.operator_files(cluster.fleet.workdir),
     ]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    # Ctrl-C as in a terminal: a test run started in the background inherits SIGINT
+    # ignored, and so would the tool; it gets the default disposition back.
+    process = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     time.sleep(30)  # a refresh takes a few seconds (SSH to the head, two metric samples, a completion)
     process.send_signal(signal.SIGINT)
     out, _ = process.communicate(timeout=60)
@@ -571,7 +580,8 @@ def test_a_hung_engine_is_stopped_in_bounded_time_and_restarted_by_the_watchdog(
     since = time.time()
     with engine_saturated(cluster):
         time.sleep(10)  # requests in the batch, then the hang
-        frozen = cluster.node_shell(last, "pgrep -f RayWorkerWrapper").stdout.split()
+        # vLLM's Ray actors on that node (RayWorkerProc in vLLM 0.32's executor, RayWorkerWrapper before).
+        frozen = cluster.node_shell(last, "pgrep -f '^ray::RayWorker'").stdout.split()
         assert frozen, f"no vLLM Ray worker on worker-{last}"
         cluster.node_shell(last, f"sudo kill -STOP {' '.join(frozen)}")
         try:
