@@ -8,6 +8,7 @@ Plain Python, no Pulumi (tested with plain pytest; the planner uses them too):
     topology  - ranks, TP/PP placement, EFA interface layout, subnet math
     sizing    - memory fit, KV cache, cost and time to first token
     image     - facts of the GPU nodes' image (Deep Learning Base AMI)
+    node_env  - what the nodes' Python environment holds, per target: the inputs of the locks in locks/
     ports     - every port the cluster uses
     bootstrap - what the hosts are given: user data, env files, vllm serve arguments, nginx site
 

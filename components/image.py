@@ -18,6 +18,9 @@ Sources:
   are called by full path. The installer raises the locked-memory limit in
   /etc/security/limits.d, which systemd services do not read.
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html
+- [ubuntu-noble] Ubuntu 24.04 (noble) ships glibc 2.39 (its libc6 package, 2.39-0ubuntu8):
+  the newest manylinux wheels the image runs are manylinux_2_39.
+  https://packages.ubuntu.com/noble/libc6
 - [ubuntu-ami] Ubuntu's EC2 images (and the DLAMI built on them): the default user
   is `ubuntu`, with passwordless sudo, set up by cloud-init.
   https://documentation.ubuntu.com/aws/en/latest/aws-how-to/instances/connect-to-instance/
@@ -33,6 +36,9 @@ DLAMI_DESCRIPTION = "AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24
 # [release-notes] The image's Python: where it is and which version.
 PYTHON = "/usr/bin/python3.12"
 PYTHON_VERSION = (3, 12)
+
+# [ubuntu-noble] The image's C library: which binary wheels (manylinux_2_N, N <= 39) run on it.
+GLIBC_VERSION = (2, 39)
 
 # [efa-guide] Where the EFA installer puts libfabric, its tools and aws-ofi-nccl.
 EFA_BIN_DIR = "/opt/amazon/efa/bin"

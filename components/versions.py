@@ -10,6 +10,11 @@ guesses:
 
 RAY_VERSION = "2.60.0"
 VLLM_VERSION = "0.33.0"
+# huggingface_hub: its `hf` CLI downloads the model onto the shared cache
+# (vllm-cluster-node stage-model). The nodes get it through vLLM's own dependencies
+# (transformers) at whatever release pip picks; the node locks (locks/, tools/lock_node_env.py)
+# pin this one, and the local hosts (tests/fleet.py) install exactly it.
+HF_HUB_VERSION = "2.4.0"
 
 # Requires-Python as each release declares it on PyPI (the wheels' metadata, shown by
 # the index's JSON API: `python tools/requires_python.py vllm==0.33.0 vllm==0.32.0 ray==2.60.0`,

