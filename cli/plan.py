@@ -124,16 +124,7 @@ def build_plan(
             "source": "model table" if info and params_b is None else "--params-b",
             "layers": model.layers,
         },
-        "cluster": {
-            "instanceType": instance.name,
-            "nodes": spec.nodes,
-            "gpusPerNode": instance.gpus,
-            "gpuModel": instance.gpu_model,
-            "gpuMemoryGiB": instance.gpu_memory_gib,
-            "tensorParallelSize": tp,
-            "pipelineParallelSize": pp,
-            "efa": spec.efa,
-        },
+        "cluster": _cluster(spec),
         # components/image.py: what the nodes boot, or the stack's own AMI.
         "image": (
             {"amiId": spec.ami_id} if spec.ami_id else {"name": image.DLAMI_DESCRIPTION, "python": image.python_label()}
@@ -155,6 +146,20 @@ def build_plan(
         "warnings": sizing.warnings_for(model, instance, tp, the_fit) + list(spec.warnings),
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
         "secretsNotRead": secret_keys,
+    }
+
+
+def _cluster(spec) -> dict[str, Any]:
+    instance = spec.instance
+    return {
+        "instanceType": instance.name,
+        "nodes": spec.nodes,
+        "gpusPerNode": instance.gpus,
+        "gpuModel": instance.gpu_model,
+        "gpuMemoryGiB": instance.gpu_memory_gib,
+        "tensorParallelSize": spec.tensor_parallel_size,
+        "pipelineParallelSize": spec.pipeline_parallel_size,
+        "efa": spec.efa,
     }
 
 
