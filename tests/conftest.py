@@ -1,5 +1,6 @@
 """Puts the repository root on sys.path so tests import `components` as the program does,
-and ends a run naming the tests it skipped (tests/not_run.py)."""
+runs the local fleet's tests last, and ends a run naming the tests it skipped
+(tests/not_run.py)."""
 
 import sys
 from pathlib import Path
@@ -10,3 +11,24 @@ for path in (ROOT, ROOT / "tests"):
         sys.path.insert(0, str(path))
 
 from not_run import pytest_terminal_summary  # noqa: E402,F401  (a hook: pytest finds it here)
+
+FLEET_TESTS = "test_fleet.py"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The fleet's tests last: they take most of a run, and the others report first."""
+    items[:] = [item for item in items if item.path.name != FLEET_TESTS] + [
+        item for item in items if item.path.name == FLEET_TESTS
+    ]
+
+
+def pytest_collection_finish(session):
+    """When the fleet's tests will run, its images start building now, beside the other
+    tests (minutes on a new machine, mostly downloads and disk)."""
+    if any(item.path.name == FLEET_TESTS for item in session.items):
+        from fleet import why_no_fleet
+
+        if why_no_fleet() is None:
+            from fleet_cluster import images_in_background
+
+            images_in_background()

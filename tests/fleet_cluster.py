@@ -12,10 +12,11 @@ import shutil
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +289,40 @@ def efa_devices(config: dict[str, Any]) -> int:
     return efa_interface_count(CATALOG[config["instanceType"]], config["efa"] == "true")
 
 
+_images: Future | None = None
+_images_lock = threading.Lock()
+
+
+def _build_images() -> None:
+    # The hosts' image beside the engine's virtualenv and model: on a new machine each takes minutes.
+    with ThreadPoolExecutor(2) as pool:
+        image = pool.submit(base_rootfs)
+        tiny_model()
+        image.result()
+
+
+def images_in_background() -> Future:
+    """The hosts' image and package mirror, and the engine's virtualenv and model (each
+    cached on disk), built in a background thread started by the first caller; the
+    result is None, or the build's error. The test run starts it once it knows the
+    fleet's tests will run (tests/conftest.py), so a cold build overlaps the other tests."""
+    global _images
+    with _images_lock:
+        if _images is None:
+            _images = Future()
+
+            def build(future: Future = _images) -> None:
+                try:
+                    _build_images()
+                except BaseException as error:  # handed to whoever waits for the images
+                    future.set_exception(error)
+                else:
+                    future.set_result(None)
+
+            threading.Thread(target=build, name="fleet-images", daemon=True).start()
+        return _images
+
+
 @contextmanager
 def serving_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> Iterator[ClusterUnderTest]:
     """start_cluster, and everything it made removed on exit, also when a test fails."""
@@ -311,12 +346,7 @@ def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnd
     host_names.update({f"vllm-worker-{i}": f"node{i}" for i in range(1, nodes)})
     user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
     instance = CATALOG[config["instanceType"]]
-    # Built before the hosts start (a cold build is not boot time), the hosts' image beside
-    # the engine's virtualenv and model: on a new machine each takes minutes.
-    with ThreadPoolExecutor(2) as pool:
-        image = pool.submit(base_rootfs)
-        tiny_model()
-        image.result()
+    images_in_background().result()  # before the hosts start: a cold build is not boot time
     fleet = Fleet(
         workdir,
         nodes,
