@@ -53,10 +53,15 @@ def cluster(tmp_path_factory):
     running.state_dir = state_dir
     # The engine's shared-memory segments and sockets live inside the hosts (their own
     # /dev/shm and /tmp): none may be left on this machine when the target is removed.
-    running.shm_before = set(os.listdir("/dev/shm"))
+    running.shm_before, running.sockets_before = set(os.listdir("/dev/shm")), tmp_sockets()
     yield running
     if local_target.state_file(state_dir).exists():  # the last test did not get to remove it
         local_target.down(state_dir)
+
+
+def tmp_sockets() -> set[str]:
+    """The sockets in this machine's /tmp (vLLM's engine puts its ZeroMQ sockets in /tmp)."""
+    return {entry.name for entry in os.scandir("/tmp") if entry.is_socket()}
 
 
 def head_shell(cluster, command: str, check: bool = True):
@@ -419,40 +424,6 @@ def test_status_watch_redraws_in_place(cluster):
     assert process.returncode == 0
 
 
-def test_status_names_a_stopped_worker(cluster):
-    """A worker's Ray stopped: status names it. The real engine does not keep serving
-    without a pipeline stage (its Ray worker dies with the raylet and the engine exits),
-    so the verdict is degraded while vLLM still answers and down once it has stopped;
-    either way the missing worker is named and the exit code is not 0."""
-    worker = NODES - 1
-    named = f"worker-{worker} ({node_ip(worker)}) is not in the Ray cluster"
-    cluster.node_shell(worker, "sudo systemctl stop ray-worker")
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            result = cluster.operator("status")
-            if (result.returncode in (1, 2) and named in result.stdout) or time.monotonic() > deadline:
-                break
-            time.sleep(3)
-        assert result.returncode in (1, 2), result.stdout
-        assert ("DEGRADED" if result.returncode == 1 else "DOWN") in result.stdout
-        assert named in result.stdout, result.stdout
-    finally:
-        cluster.node_shell(worker, "sudo systemctl start ray-worker")
-    cluster.wait_for_completion(timeout=600)
-
-
-def test_status_is_down_when_vllm_is_stopped(cluster):
-    cluster.node_shell(0, "sudo systemctl stop vllm")
-    try:
-        result = cluster.operator("status")
-        assert result.returncode == 2, result.stdout
-        assert "DOWN" in result.stdout and "vLLM is not serving" in result.stdout
-    finally:
-        cluster.node_shell(0, "sudo systemctl start vllm")
-    cluster.wait_for_completion(timeout=300)
-
-
 # --- faults --------------------------------------------------------------------------------
 
 
@@ -468,12 +439,29 @@ def test_a_killed_raylet_is_restarted_and_serving_recovers(cluster):
     assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
 
 
-def test_a_powered_off_worker_is_named_by_readiness_and_rejoins_after_boot(cluster):
-    lost = cluster.fleet.nodes[NODES - 1]
+def test_a_powered_off_worker_is_named_by_readiness_and_status_and_rejoins_after_boot(cluster):
+    """A worker lost: the readiness command fails naming it, and so does `status`. The real
+    engine does not serve without a pipeline stage (its Ray worker is gone with the node and
+    the engine exits or hangs), so the verdict is degraded while vLLM still answers /health
+    and down once it does not; either way the lost worker is named and the exit code is not 0."""
+    worker = NODES - 1
+    lost = cluster.fleet.nodes[worker]
     cluster.fleet.power_off(lost)
     outcome = replay(cluster.run, only={"vllm-readiness"}, check=False)["vllm-readiness"]
     assert outcome.returncode != 0
-    assert f"worker-{NODES - 1} ({lost.ip})" in outcome.stderr, outcome.stderr
+    named = f"worker-{worker} ({lost.ip})"
+    assert named in outcome.stderr, outcome.stderr
+    deadline = time.monotonic() + 90
+    while True:
+        result = cluster.operator("status")
+        if (result.returncode in (1, 2) and f"{named} is not in the Ray cluster" in result.stdout) or (
+            time.monotonic() > deadline
+        ):
+            break
+        time.sleep(3)
+    assert result.returncode in (1, 2), result.stdout
+    assert ("DEGRADED" if result.returncode == 1 else "DOWN") in result.stdout
+    assert f"{named} is not in the Ray cluster" in result.stdout, result.stdout
     cluster.fleet.boot(lost)
     cluster.wait_for_completion(timeout=600)
     assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
@@ -545,7 +533,8 @@ def watchdog_lines(cluster, since: float) -> list[str]:
 def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
     """Under load a completion can wait longer than the watchdog's probe (60 s) while the
     engine runs a full batch and produces tokens: that server is busy, not dead, and a
-    restart would drop every request in flight. Three watchdog runs see it and leave it."""
+    restart would drop every request in flight. Two watchdog runs in a row see it and
+    leave it (a restart needs two dead verdicts in a row), each judging by the tokens."""
     cluster.wait_for_completion(timeout=300)
     pid = cluster.unit_property(0, "vllm.service", "MainPID")
     since = time.time()
@@ -557,9 +546,9 @@ def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
                 "the watchdog restarted a saturated server:\n" + "\n".join(lines)
             )
             busy = [line for line in lines if "watchdog: busy" in line]
-            if len(busy) >= 3:
+            if len(busy) >= 2:
                 break
-            assert time.monotonic() < deadline, "fewer than 3 watchdog runs saw the load:\n" + "\n".join(lines)
+            assert time.monotonic() < deadline, "fewer than 2 watchdog runs saw the load:\n" + "\n".join(lines)
             time.sleep(5)
     assert not any("watchdog: dead" in line for line in lines), lines
     assert sum("tokens in" in line for line in busy) >= 2, busy  # judged by the tokens it produced
@@ -572,7 +561,8 @@ def test_a_hung_engine_is_stopped_in_bounded_time_and_restarted_by_the_watchdog(
     is frozen with SIGSTOP) with requests in the batch. /health stays 200, the gauges
     freeze and no token comes: two watchdog runs that see requests and no token restart
     vLLM. A hung engine ignores SIGTERM: the unit kills it after TimeoutStopSec, so the
-    restart is bounded, and serving recovers."""
+    restart is bounded, and serving recovers. While the new engine loads, `status` says
+    down: vLLM is not serving."""
     cluster.wait_for_completion(timeout=300)
     pid = cluster.unit_property(0, "vllm.service", "MainPID")
     stop_timeout = unit_seconds(cluster.unit_property(0, "vllm.service", "TimeoutStopUSec"))
@@ -594,6 +584,11 @@ def test_a_hung_engine_is_stopped_in_bounded_time_and_restarted_by_the_watchdog(
         finally:
             # Killed with the old engine's job as a rule; if one is left, it must not stay frozen.
             cluster.node_shell(last, f"sudo kill -CONT {' '.join(frozen)}", check=False)
+    # The new engine's process has just started: it answers nothing for tens of seconds
+    # (its imports alone take longer than this check).
+    down = cluster.operator("status")
+    assert down.returncode == 2, down.stdout
+    assert "DOWN" in down.stdout and "vLLM is not serving" in down.stdout, down.stdout
     lines = watchdog_lines(cluster, since)
     restart = [line for line in lines if "watchdog: dead" in line and "no token" in line and "restarting" in line]
     assert restart, lines
@@ -626,13 +621,15 @@ def test_requests_spaced_around_the_servers_keep_alive_get_no_502(cluster):
     server's is the shorter, a request nginx sends on a connection as the server closes
     it fails: 502. Requests through the endpoint on one client connection (so a gap is
     the upstream connection's idle time, to a millisecond), with gaps that sweep the
-    server's 5 s, for about 2.5 minutes: no 502, and the server never closed an idle
+    server's 5 s, for about a minute: no 502, and the server never closed an idle
     connection the gateway still held. The race is a few milliseconds wide (measured with
     nginx 1.22: about 1 in 3 requests idle 5.001-5.004 s got a 502, none at 5.2-5.5 s,
     where nginx has seen the close), so the second check is the one that fails on every
     run where the gateway holds idle connections longer than the server: the side that
     closes a TCP connection first keeps it in TIME_WAIT (60 s on Linux), so a connection
-    from the gateway in TIME_WAIT on the head is one the server closed."""
+    from the gateway in TIME_WAIT on the head is one the server closed. Two thirds of the
+    gaps are over 5 s: each of them is a connection the server would close first; that
+    check needs a few such gaps, not a long sweep."""
     import http.client
     from urllib.parse import urlsplit
 
@@ -643,7 +640,7 @@ def test_requests_spaced_around_the_servers_keep_alive_get_no_502(cluster):
     connection = http.client.HTTPSConnection(gateway, 443, context=cluster.tls(), timeout=60)
     closed_by_server = f"ss -Htn state time-wait '( sport = :8000 and dst {gateway} )'"
     results, gap, closed = [], None, set()
-    for i in range(31):
+    for i in range(13):
         connection.request("POST", "/v1/completions", body, headers)
         response = connection.getresponse()
         response.read()
@@ -701,3 +698,5 @@ def test_make_local_down_removes_everything_it_made(cluster):
     assert not workdir.exists()
     left = set(os.listdir("/dev/shm")) - cluster.shm_before
     assert not left, f"shared-memory segments left on this machine: {sorted(left)}"
+    sockets = tmp_sockets() - cluster.sockets_before
+    assert not sockets, f"sockets left in this machine's /tmp: {sorted(sockets)}"
