@@ -249,15 +249,17 @@ def double(tmp_path, monkeypatch):
         running.stop()
 
 
-def run_check(double: Double, state: Path) -> str:
-    """One watchdog run as the node makes it (the file's main), with a 3 s probe instead of 60."""
+def run_check(double: Double, state: Path, window: float | None = None) -> str:
+    """One watchdog run as the node makes it (the file's main), with a 3 s probe instead
+    of 60 (and, given `window`, that many seconds instead of WINDOW's 15)."""
     out = StringIO()
-    original, CHECK.COMPLETION_TIMEOUT = CHECK.COMPLETION_TIMEOUT, 3
+    original = CHECK.COMPLETION_TIMEOUT, CHECK.WINDOW
+    CHECK.COMPLETION_TIMEOUT, CHECK.WINDOW = 3, window or CHECK.WINDOW
     try:
         with redirect_stdout(out):
             CHECK.main(double.url, double.model, "4242", str(state))
     finally:
-        CHECK.COMPLETION_TIMEOUT = original
+        CHECK.COMPLETION_TIMEOUT, CHECK.WINDOW = original
     return out.getvalue().strip()
 
 
@@ -307,6 +309,30 @@ def test_the_check_judges_the_double_healthy_busy_and_dead(double, tmp_path):
 
     double.switch("normal")
     assert run_check(double, state) == "healthy"
+
+
+def test_a_hang_that_began_since_the_last_run_is_dead_in_the_first_run_that_waits_out_the_window(double, tmp_path):
+    """The run before the hang stored a sample; tokens came after it, then the engine
+    froze. A probe that waits a whole window is evidence of its own: the gauges and
+    counters read as it starts and as it gives up show requests and no token, so this
+    run says dead, not "busy" on progress made before the hang (one run, not two, sooner
+    to the restart a hang needs)."""
+    state = tmp_path / "watchdog.json"
+    assert run_check(double, state, window=2) == "healthy"
+    double.switch("saturated")
+    time.sleep(0.6)  # tokens after the stored sample
+    double.switch("hung")
+    age_sample(state, 20)
+    hung = run_check(double, state, window=2)
+    assert kind(hung) == "dead" and "no token in 3 s" in hung, hung
+
+
+def test_a_saturated_server_is_busy_by_the_tokens_made_while_the_probe_waited(double, tmp_path):
+    state = tmp_path / "watchdog.json"
+    assert run_check(double, state, window=2) == "healthy"
+    double.switch("saturated")
+    busy = run_check(double, state, window=2)
+    assert kind(busy) == "busy" and "tokens in 3 s" in busy, busy
 
 
 def test_the_check_says_dead_when_a_server_that_served_refuses(double, tmp_path):
