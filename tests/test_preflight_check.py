@@ -240,3 +240,13 @@ def test_the_table_has_a_row_per_check_and_a_column_per_node():
     assert table[0].split() == ["check", "head", "worker-1"]
     ray = next(line for line in table if line.startswith("ray "))
     assert "ok  2.60.0" in ray and "XX  2.59.0" in ray
+
+
+def test_the_widest_cells_of_the_table_are_apart_from_the_next_column():
+    rows = CHECKS.compare([node("head"), node("worker-1")], gpus=8, gpu_memory_gib=40, efa=4, pinned=PINNED)
+    table = CHECKS.render(rows).splitlines()
+    columns = [table[0].index("head"), table[0].index("worker-1")]
+    for line in table[1:]:
+        # Each node's cell starts in its column, after at least two spaces.
+        assert line[columns[1] - 2 : columns[1]] == "  ", line
+        assert line[columns[0] - 2 : columns[0]] == "  ", line
