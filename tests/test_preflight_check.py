@@ -2,6 +2,10 @@
 each check names the node that fails it and says what to do."""
 
 import copy
+import hashlib
+import socket
+import urllib.request
+from importlib import metadata
 
 from cli.preflight import node_checks
 
@@ -17,6 +21,7 @@ GOOD = {
     "torch": "2.9.0",
     "nccl": "2.27.3",
     "cuda_driver": "570.133.20",
+    "packages": {"numpy": "2.3.4", "ray": "2.60.0", "torch": "2.9.0", "transformers": "4.57.1", "vllm": "0.33.0"},
     "gpus": 8,
     "gpu_memory_mib": [40960] * 8,
     "efa_devices": 4,
@@ -30,9 +35,17 @@ GOOD = {
 }
 
 
-def node(name: str, **changes) -> dict:
+def node(name: str, packages: dict | None = None, **changes) -> dict:
+    """A healthy node's facts with `changes`; `packages` changes its installed packages
+    (a version of None: not installed), and its fingerprint with them."""
     facts = copy.deepcopy(GOOD)
     facts.update(node=name, **changes)
+    for package, version in (packages or {}).items():
+        if version is None:
+            del facts["packages"][package]
+        else:
+            facts["packages"][package] = version
+    facts["fingerprint"] = CHECKS.fingerprint(facts["packages"])
     return facts
 
 
@@ -67,6 +80,106 @@ def test_an_unpinned_tie_flags_every_node():
 def test_the_majority_decides_an_unpinned_value():
     problems = failures(node("head"), node("worker-1"), node("worker-2", python="3.10.4"))
     assert [p.split(":")[0] for p in problems] == ["worker-2"]
+
+
+def test_identical_environments_pass_the_package_check():
+    rows = CHECKS.compare(
+        [node("head"), node("worker-1"), node("worker-2")], gpus=8, gpu_memory_gib=40, efa=4, pinned=PINNED
+    )
+    packages = next(row for row in rows if row["check"] == "packages")
+    assert [ok for ok, _ in packages["cells"].values()] == [True, True, True]
+
+
+def test_another_package_version_names_the_node_the_first_package_both_versions_and_the_count():
+    # ray, torch and transformers differ: ray comes first by name.
+    worker = node("worker-1", packages={"transformers": "4.56.0", "ray": "2.59.0", "torch": "2.8.0"})
+    problems = failures(node("head"), worker, node("worker-2"))
+    assert [p.split(". Fix:")[0] for p in problems] == [
+        "worker-1: packages differ from head's: ray is 2.59.0 here, 2.60.0 on head; 3 packages differ in all"
+    ]
+
+
+def test_a_package_missing_on_a_worker_is_named_as_not_installed_there():
+    problems = failures(node("head"), node("worker-1", packages={"numpy": None}))
+    assert [p.split(". Fix:")[0] for p in problems] == [
+        "worker-1: packages differ from head's: numpy is not installed here, 2.3.4 on head; "
+        "the only package that differs"
+    ]
+
+
+def test_a_package_only_on_a_worker_is_named_as_not_installed_on_the_head():
+    problems = failures(node("head"), node("worker-1", packages={"torchvision": "0.24.0"}))
+    assert [p.split(". Fix:")[0] for p in problems] == [
+        "worker-1: packages differ from head's: torchvision is 0.24.0 here, not installed on head; "
+        "the only package that differs"
+    ]
+
+
+def test_the_package_row_shows_each_nodes_fingerprint_or_how_many_differ():
+    rows = CHECKS.compare(
+        [node("head"), node("worker-1", packages={"numpy": "2.3.3", "vllm": None})],
+        gpus=8,
+        gpu_memory_gib=40,
+        efa=4,
+        pinned=PINNED,
+    )
+    line = next(line for line in CHECKS.render(rows).splitlines() if line.startswith("packages "))
+    assert f"ok  {node('head')['fingerprint'][:8]}" in line and "XX  2 differ" in line
+
+
+def test_facts_without_packages_from_an_older_node_are_named_not_a_crash():
+    old = node("worker-1")
+    del old["packages"], old["fingerprint"]
+    problems = failures(node("head"), old)
+    assert len(problems) == 1 and problems[0].startswith("worker-1: packages were not collected (")
+    assert "predates the package comparison" in problems[0] and "Fix: " in problems[0]
+    old_head = node("head")
+    del old_head["packages"], old_head["fingerprint"]
+    problems = failures(old_head, node("worker-1"))
+    assert [p.split(":")[0] for p in problems] == ["head", "worker-1"]
+    assert problems[1].startswith("worker-1: packages not compared: head's were not collected (")
+
+
+def test_the_fingerprint_ignores_order_and_changes_with_any_version():
+    packages = GOOD["packages"]
+    reordered = dict(reversed(list(packages.items())))
+    assert list(reordered) != list(packages) and CHECKS.fingerprint(reordered) == CHECKS.fingerprint(packages)
+    lines = "".join(f"{name}=={version}\n" for name, version in sorted(packages.items()))
+    assert CHECKS.fingerprint(packages) == hashlib.sha256(lines.encode()).hexdigest()
+    for name in packages:
+        assert CHECKS.fingerprint({**packages, name: packages[name] + ".post1"}) != CHECKS.fingerprint(packages), name
+    assert CHECKS.fingerprint({**packages, "six": "1.17.0"}) != CHECKS.fingerprint(packages)
+
+
+def test_collect_lists_this_environments_packages_and_their_fingerprint(tmp_path, monkeypatch):
+    node_env = tmp_path / "node.env"
+    node_env.write_text("NODE_NAME=head\nNVIDIA_SMI=/nonexistent\nPORT_RAY_GCS=6379\nPORT_RAY_DASHBOARD=8265\n")
+    monkeypatch.setattr(CHECKS, "NODE_ENV", str(node_env))
+    monkeypatch.setattr(CHECKS, "run", lambda *args: None)  # no nvidia-smi, fi_info or ip here
+
+    def refuse(*args, **kwargs):  # no head to dial
+        raise ConnectionRefusedError
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    facts = CHECKS.collect(str(tmp_path / "no-model"))
+    packages = facts["packages"]
+    assert list(packages) == sorted(packages) and len(packages) > 10
+    # PEP 503 names: PyYAML is pyyaml; typing_extensions is typing-extensions.
+    assert packages["pytest"] == metadata.version("pytest") and "pyyaml" in packages
+    assert "typing-extensions" in packages and not any("_" in name or name != name.lower() for name in packages)
+    lines = "".join(f"{name}=={version}\n" for name, version in packages.items())
+    assert facts["fingerprint"] == hashlib.sha256(lines.encode()).hexdigest()
+
+
+def test_a_package_found_twice_counts_as_the_first_found_as_import_would_load_it(monkeypatch):
+    class Found:
+        def __init__(self, name, version):
+            self.metadata, self.version = {"Name": name}, version
+
+    found = [Found("Foo_Bar", "1.0"), Found(None, "?"), Found("foo.bar", "2.0"), Found("Abc", "3.0")]
+    monkeypatch.setattr(metadata, "distributions", lambda: iter(found))
+    assert CHECKS.installed_packages() == {"abc": "3.0", "foo-bar": "1.0"}
 
 
 def test_hardware_interface_model_disk_clock_and_gcs_each_name_the_node():
@@ -127,3 +240,13 @@ def test_the_table_has_a_row_per_check_and_a_column_per_node():
     assert table[0].split() == ["check", "head", "worker-1"]
     ray = next(line for line in table if line.startswith("ray "))
     assert "ok  2.60.0" in ray and "XX  2.59.0" in ray
+
+
+def test_the_widest_cells_of_the_table_are_apart_from_the_next_column():
+    rows = CHECKS.compare([node("head"), node("worker-1")], gpus=8, gpu_memory_gib=40, efa=4, pinned=PINNED)
+    table = CHECKS.render(rows).splitlines()
+    columns = [table[0].index("head"), table[0].index("worker-1")]
+    for line in table[1:]:
+        # Each node's cell starts in its column, after at least two spaces.
+        assert line[columns[1] - 2 : columns[1]] == "  ", line
+        assert line[columns[0] - 2 : columns[0]] == "  ", line
