@@ -27,6 +27,7 @@ from pulumi_mocks import run_program
 from replay import COMMAND, replay
 
 from components.catalog import CATALOG
+from components.versions import RAY_VERSION
 from tools import local_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -358,7 +359,7 @@ def test_preflight_passes_on_a_healthy_cluster(cluster):
     assert result.returncode == 0, result.stdout + result.stderr
     table = result.stdout.splitlines()
     assert table[0].split() == ["check", "head", *[f"worker-{i}" for i in range(1, NODES)]]
-    for check in ("python", "ray", "vllm", "gpus", "interface", "model", "gcs"):
+    for check in ("python", "ray", "vllm", "packages", "gpus", "interface", "model", "gcs"):
         row = next(line for line in table if line.startswith(check + " "))
         assert "XX" not in row and row.count("ok") == NODES, row
 
@@ -377,7 +378,9 @@ def test_preflight_names_the_node_with_another_ray_version(cluster):
         cluster.node_shell(worker, f"sudo umount {metadata}")
     assert result.returncode == 1
     assert "worker-1: ray is 2.59.0" in result.stderr, result.stderr
-    assert "head: ray" not in result.stderr
+    # The whole environment is compared too: the first (here the only) package that differs.
+    assert f"worker-1: packages differ from head's: ray is 2.59.0 here, {RAY_VERSION} on head" in result.stderr
+    assert "head: ray" not in result.stderr and "head: packages" not in result.stderr
 
 
 def test_status_is_healthy_with_metrics(cluster):
