@@ -301,13 +301,19 @@ def vllm_serve_args(spec: ClusterSpec, head_ip: str) -> list[str]:
     return args
 
 
+# vLLM's own variables that vllm.env sets (vllm/envs.py, vLLM 0.32.0). vLLM takes every
+# VLLM_* variable for its own and warns at start about one it does not know
+# (vllm/platforms/interface.py): the stack's own keys carry no VLLM_ prefix.
+VLLM_VARIABLES_SET = ("VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "VLLM_NO_USAGE_STATS")
+
+
 def vllm_env(spec: ClusterSpec, head_ip: str, node_ips: list[str]) -> str:
     """/etc/vllm-cluster/vllm.env on the head: the serve arguments and the cluster
     vLLM must see before it starts (every node by name and IP, every GPU)."""
     expected = ",".join(f"{node_name(i)}={ip}" for i, ip in enumerate(node_ips))
     return env_file(
         {
-            "VLLM_SERVE_ARGS": " ".join(vllm_serve_args(spec, head_ip)),
+            "SERVE_ARGS": " ".join(vllm_serve_args(spec, head_ip)),
             "SERVED_MODEL_NAME": served_model_name(spec),
             "EXPECTED_NODES": expected,
             "EXPECTED_GPUS": str(spec.nodes * spec.gpus_per_node),

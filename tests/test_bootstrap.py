@@ -107,7 +107,16 @@ def test_vllm_env_names_every_node_and_gpu_it_must_wait_for():
     assert env["EXPECTED_NODES"] == "head=10.0.0.1,worker-1=10.0.0.2,worker-2=10.0.0.3"
     assert env["EXPECTED_GPUS"] == "24"
     assert env["HF_HUB_OFFLINE"] == "1"  # the model is staged first; vLLM never downloads
-    assert env["VLLM_SERVE_ARGS"].split() == bootstrap.vllm_serve_args(spec, "10.0.0.1")
+    assert env["SERVE_ARGS"].split() == bootstrap.vllm_serve_args(spec, "10.0.0.1")
+
+
+def test_every_vllm_variable_the_stack_sets_is_one_vllm_knows():
+    """vLLM takes every VLLM_* variable in its environment for its own and warns at start
+    about one it does not know: the stack's own keys in vllm.env carry no VLLM_ prefix."""
+    spec = load_spec({**BASE, "nodes": 2}, stack="test")
+    env = parse_env(bootstrap.vllm_env(spec, "10.0.0.1", ["10.0.0.1", "10.0.0.2"]))
+    ours = {key for key in env if key.startswith("VLLM_")}
+    assert ours == set(bootstrap.VLLM_VARIABLES_SET), ours
 
 
 def stack_spec(stack: str):

@@ -202,6 +202,16 @@ def test_every_node_is_pinned_to_its_interface_and_ip(cluster):
         assert env["HEAD_IP"] == node_ip(0)
 
 
+def test_vllm_knows_every_variable_the_stack_gives_it(cluster):
+    """vLLM warns at start about a VLLM_* variable it does not know (a misspelt setting
+    would be ignored): its log from the bring-up has no such warning."""
+    log = cluster.node_shell(0, "sudo journalctl -u vllm.service -o cat --no-pager").stdout
+    assert "Application startup complete" in log
+    assert "Unknown vLLM environment variable" not in log, [
+        line for line in log.splitlines() if "Unknown vLLM environment variable" in line
+    ]
+
+
 def test_secrets_on_the_nodes_are_root_only(cluster):
     listing = [
         line

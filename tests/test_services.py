@@ -174,7 +174,7 @@ def test_each_node_is_dialled_only_once_the_gateway_saw_it_accept_a_login(run):
 def test_vllm_runs_with_the_configured_parallelism_on_the_head_ip(run):
     settings = plain(commands(run)["vllm-vllm"].inputs["stdin"])
     env = dict(line.split("=", 1) for line in settings.splitlines() if line and not line.startswith("#"))
-    args = env["VLLM_SERVE_ARGS"].strip('"').split()
+    args = env["SERVE_ARGS"].strip('"').split()
     topology = run.outputs["topology"]
     assert args[args.index("--tensor-parallel-size") + 1] == str(topology["tensorParallelSize"])
     assert args[args.index("--pipeline-parallel-size") + 1] == str(topology["pipelineParallelSize"])
