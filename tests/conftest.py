@@ -32,3 +32,10 @@ def pytest_collection_finish(session):
             from fleet_cluster import images_in_background
 
             images_in_background()
+
+
+def pytest_sessionfinish(session):
+    """A run that ends before the fleet's tests (a failure under -x, Ctrl-C) waits for the
+    images' build it started rather than leave it running."""
+    if "fleet_cluster" in sys.modules:
+        sys.modules["fleet_cluster"].wait_for_images()

@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,6 +321,15 @@ def images_in_background() -> Future:
 
             threading.Thread(target=build, name="fleet-images", daemon=True).start()
         return _images
+
+
+def wait_for_images() -> None:
+    """If a build of the images was started, wait until it ends, so no build (debootstrap,
+    uv) is left running when the run ends early; its error, if any, is the fleet's tests' to report."""
+    with _images_lock:
+        started = _images
+    if started is not None:
+        wait([started])
 
 
 @contextmanager
