@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -45,16 +46,16 @@ def cluster(tmp_path_factory):
     """The cluster as `make local` leaves it running (tools/local_target.py); the last
     test removes it as `make local-down` does, and checks nothing is left behind."""
     state_dir = tmp_path_factory.mktemp("local-target")
+    # The engine's shared-memory segments and sockets live inside the hosts (their own
+    # /dev/shm and /tmp): none may be left on this machine when the target is removed.
+    shm_before, sockets_before = set(os.listdir("/dev/shm")), tmp_sockets()
     running = start_cluster(state_dir / "fleet", NODES)
-    try:
+    try:  # nothing after the bring-up may fail without removing what it made
         running.printed = local_target.detach(running, state_dir, time.monotonic() - running.booted_at)
     except BaseException:
         stop_cluster(running.fleet, running.hub)
         raise
-    running.state_dir = state_dir
-    # The engine's shared-memory segments and sockets live inside the hosts (their own
-    # /dev/shm and /tmp): none may be left on this machine when the target is removed.
-    running.shm_before, running.sockets_before = set(os.listdir("/dev/shm")), tmp_sockets()
+    running.state_dir, running.shm_before, running.sockets_before = state_dir, shm_before, sockets_before
     yield running
     if local_target.state_file(state_dir).exists():  # the last test did not get to remove it
         local_target.down(state_dir)
@@ -62,7 +63,7 @@ def cluster(tmp_path_factory):
 
 def tmp_sockets() -> set[str]:
     """The sockets in this machine's /tmp (vLLM's engine puts its ZeroMQ sockets in /tmp)."""
-    return {entry.name for entry in os.scandir("/tmp") if entry.is_socket()}
+    return {entry.name for entry in os.scandir("/tmp") if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode)}
 
 
 def head_shell(cluster, command: str, check: bool = True):
