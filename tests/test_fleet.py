@@ -13,6 +13,7 @@ import calendar
 import json
 import os
 import re
+import select
 import signal
 import stat
 import subprocess
@@ -424,17 +425,24 @@ def test_status_watch_redraws_in_place(cluster):
     process = subprocess.Popen(
         args,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=subprocess.DEVNULL,
         cwd=ROOT,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(30)  # a refresh takes a few seconds (SSH to the head, two metric samples, a completion)
+    clear, header = b"\x1b[H\x1b[2J", b"vllm-cluster status:"
+    out = b""
+    # A refresh takes a few seconds (SSH to the head, two metric samples, a completion):
+    # read until three frames have been drawn whole, then Ctrl-C.
+    deadline = time.monotonic() + 90
+    while out.count(clear) < 3 or header not in out.rsplit(clear, 1)[1]:
+        assert time.monotonic() < deadline and process.poll() is None, out[-500:]
+        if select.select([process.stdout], [], [], 5)[0]:
+            out += os.read(process.stdout.fileno(), 65536)
     process.send_signal(signal.SIGINT)
-    out, _ = process.communicate(timeout=60)
-    frames = out.split("\x1b[H\x1b[2J")
-    assert frames[0] == "" and len(frames) >= 3, out[-500:]
-    assert all(frame.count("vllm-cluster status:") == 1 for frame in frames[1:])
+    out += process.communicate(timeout=60)[0]
+    frames = out.decode().split(clear.decode())
+    assert frames[0] == "" and len(frames) >= 4, out[-500:]
+    assert all(frame.count("vllm-cluster status:") == 1 for frame in frames[1:4])
     assert process.returncode == 0
 
 
@@ -534,6 +542,18 @@ def engine_saturated(cluster):
             thread.join(timeout=150)
 
 
+def wait_for_waiting_requests(cluster, count: int, timeout: float = 60) -> None:
+    """Until vLLM's own gauge shows `count` requests waiting (read on the head)."""
+    metrics = "curl -s http://$NODE_IP:$PORT_VLLM_API/metrics"
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = re.findall(r"^vllm:num_requests_waiting\{[^}]*\} ([\d.]+)", head_shell(cluster, metrics).stdout, re.M)
+        if waiting and sum(map(float, waiting)) >= count:
+            return
+        assert time.monotonic() < deadline, f"fewer than {count} requests waiting after {timeout:g} s"
+        time.sleep(1)
+
+
 def journal(cluster, unit: str, since: float) -> list[str]:
     return cluster.node_shell(
         0, f"sudo journalctl -u {unit} --since @{int(since)} -o cat --no-pager"
@@ -551,8 +571,11 @@ def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
     leave it (a restart needs two dead verdicts in a row), each judging by the tokens."""
     cluster.wait_for_completion(timeout=300)
     pid = cluster.unit_property(0, "vllm.service", "MainPID")
-    since = time.time()
     with engine_saturated(cluster):
+        # Counted from a full batch with requests waiting behind it: a watchdog run that
+        # started before the load may get its completion in time, and judges nothing.
+        wait_for_waiting_requests(cluster, LOAD_STREAMS - 3)
+        since = time.time()
         deadline = time.monotonic() + 480
         while True:
             lines = watchdog_lines(cluster, since)
