@@ -542,6 +542,18 @@ def engine_saturated(cluster):
             thread.join(timeout=150)
 
 
+def wait_for_waiting_requests(cluster, count: int, timeout: float = 60) -> None:
+    """Until vLLM's own gauge shows `count` requests waiting (read on the head)."""
+    metrics = "curl -s http://$NODE_IP:$PORT_VLLM_API/metrics"
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = re.findall(r"^vllm:num_requests_waiting\{[^}]*\} ([\d.]+)", head_shell(cluster, metrics).stdout, re.M)
+        if waiting and sum(map(float, waiting)) >= count:
+            return
+        assert time.monotonic() < deadline, f"fewer than {count} requests waiting after {timeout:g} s"
+        time.sleep(1)
+
+
 def journal(cluster, unit: str, since: float) -> list[str]:
     return cluster.node_shell(
         0, f"sudo journalctl -u {unit} --since @{int(since)} -o cat --no-pager"
@@ -559,8 +571,11 @@ def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
     leave it (a restart needs two dead verdicts in a row), each judging by the tokens."""
     cluster.wait_for_completion(timeout=300)
     pid = cluster.unit_property(0, "vllm.service", "MainPID")
-    since = time.time()
     with engine_saturated(cluster):
+        # Counted from a full batch with requests waiting behind it: a watchdog run that
+        # started before the load may get its completion in time, and judges nothing.
+        wait_for_waiting_requests(cluster, LOAD_STREAMS - 3)
+        since = time.time()
         deadline = time.monotonic() + 480
         while True:
             lines = watchdog_lines(cluster, since)
