@@ -7,7 +7,7 @@ STACK ?= dev
 .PHONY: test test-deps lint bench bench-fleet local local-down up destroy pulumi-yaml clean
 
 # pip installs uv (its pin from requirements-dev.txt), and uv the rest: on a new machine
-# seconds where pip alone took over a minute. pip stays in the venv for `pulumi install`.
+# about half a minute where pip alone took over a minute. pip stays in the venv for `pulumi install`.
 UV_PIN := $(shell sed -n 's/^uv==\([^ ]*\).*/\1/p' requirements-dev.txt)
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
