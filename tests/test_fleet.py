@@ -30,6 +30,7 @@ from replay import COMMAND, replay
 
 from components.catalog import CATALOG
 from components.versions import RAY_VERSION
+from scripts.lib.vllm_cluster_lib import metric_totals  # the watchdog's reader of /metrics
 from tools import local_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -547,8 +548,7 @@ def wait_for_waiting_requests(cluster, count: int, timeout: float = 60) -> None:
     metrics = "curl -s http://$NODE_IP:$PORT_VLLM_API/metrics"
     deadline = time.monotonic() + timeout
     while True:
-        waiting = re.findall(r"^vllm:num_requests_waiting\{[^}]*\} ([\d.]+)", head_shell(cluster, metrics).stdout, re.M)
-        if waiting and sum(map(float, waiting)) >= count:
+        if metric_totals(head_shell(cluster, metrics).stdout).get("vllm:num_requests_waiting", 0) >= count:
             return
         assert time.monotonic() < deadline, f"fewer than {count} requests waiting after {timeout:g} s"
         time.sleep(1)
