@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test test-deps lint bench bench-fleet local local-down up destroy pulumi-yaml clean
+.PHONY: test test-deps lint bench bench-fleet bench-install local local-down up destroy pulumi-yaml clean
 
 # pip installs uv (its pin from requirements-dev.txt), and uv the rest: on a new machine
 # about half a minute where pip alone took over a minute. pip stays in the venv for `pulumi install`.
@@ -42,6 +42,9 @@ bench: $(VENV)/.installed
 # Needs root, systemd-nspawn and debootstrap (as `make test` does for the fleet tests).
 bench-fleet: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_fleet.py
+
+bench-install: $(VENV)/.installed
+	$(VENV)/bin/python bench/bench_install.py
 
 # The system serving on this machine, before spending on GPUs: local hosts, the real
 # bootstrap and the real vLLM engine (tools/local_target.py). Needs root,

@@ -7,7 +7,7 @@ is bad), builds the components and exports what users need to reach the service.
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, ports
+from components import bootstrap, node_env, ports
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
@@ -103,6 +103,7 @@ node_boot = NodeBootArgs(
     ray_version=spec.ray_version,
     vllm_version=spec.vllm_version,
     login_probe_key=credentials.login_probe_public_key,
+    node_lock=(node_env.ROOT / spec.node_lock).read_text(),
 )
 nodes = GpuNodes(
     name,

@@ -34,6 +34,8 @@ GATEWAY_COMMAND = f"{BIN_DIR}/vllm-cluster-gateway"
 LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm-cluster-lib.sh"
 # Where the Python checks find their shared helpers: ../lib from BIN_DIR.
 PYTHON_LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm_cluster_lib.py"
+# The lock the node installs (vllm-cluster-node NODE_LOCK).
+NODE_LOCK_PATH = f"{INSTALL_DIR}/node-env.lock"
 # All the gateway's login probe may do on a node: print this word (see
 # `vllm-cluster-gateway wait-login` and `vllm-cluster-node setup`).
 LOGIN_READY_WORD = "vllm-cluster-login-ready"
@@ -88,6 +90,9 @@ class NodeBoot:
     vllm_version: str
     # The gateway's login probe (OpenSSH public key): authorized to print one word.
     login_probe_key: str
+    # The nodes' Python environment: the text of the stack's lock (spec nodeLock,
+    # components/node_env.py). Sent with the setup command, not in the user data.
+    node_lock: str
 
 
 def _python_requirement(boot: NodeBoot) -> dict[str, str]:
@@ -208,6 +213,12 @@ def _node_file(name: str, mode: str = "0755") -> str:
     return _file(f"{BIN_DIR}/{name}", _read(NODE_SCRIPTS / name), mode)
 
 
+def lock_digest(lock_text: str) -> str:
+    """A short name of a node lock's content (the node script logs the same: the first
+    12 hex digits of its sha256)."""
+    return hashlib.sha256(lock_text.encode()).hexdigest()[:12]
+
+
 def node_user_data(boot: NodeBoot) -> str:
     """The node's first-boot script, as EC2 hands it to cloud-init (run as root, once,
     in cloud-init's final stage: on Ubuntu after multi-user.target, so after
@@ -240,8 +251,10 @@ def node_setup_script(boot: NodeBoot) -> str:
                 "ray-cluster-check",
                 "preflight-check",
                 "vllm-watchdog-check",
+                "node-env",
             )
         ),
+        _file(NODE_LOCK_PATH, boot.node_lock, "0644"),
         *(_file(f"/etc/systemd/system/{unit}", _read(NODE_SCRIPTS / "units" / unit), "0644") for unit in NODE_UNITS),
         _file(CLUSTER_ENV, cluster_env(boot), "0600"),
     ]

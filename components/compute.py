@@ -44,6 +44,8 @@ class NodeBootArgs:
     vllm_version: str
     # The gateway's login probe (OpenSSH public key), which the node authorizes to print one word.
     login_probe_key: pulumi.Input[str]
+    # The text of the lock every node installs (spec nodeLock).
+    node_lock: str
 
 
 def node_boot(boot: NodeBootArgs, index: int, head_ip: pulumi.Input[str] | None) -> pulumi.Output[bootstrap.NodeBoot]:
@@ -69,6 +71,7 @@ def node_boot(boot: NodeBootArgs, index: int, head_ip: pulumi.Input[str] | None)
             ray_version=boot.ray_version,
             vllm_version=boot.vllm_version,
             login_probe_key=values[5],
+            node_lock=boot.node_lock,
         )
     )
 

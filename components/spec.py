@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import catalog, sizing, versions
+from components import catalog, node_env, sizing, versions
 from components.catalog import InstanceType
 
 # CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
@@ -118,6 +118,7 @@ class ClusterSpec:
     api_key: Secret | None
     vllm_version: str
     ray_version: str
+    node_lock: str  # the lock every node installs, from the project directory (nodeLock)
     max_model_len: int | None
     gpu_memory_utilization: float | None
     served_model_name: str | None
@@ -278,6 +279,8 @@ class Secrets:
 class NodeSoftware:
     vllm_version: str
     ray_version: str
+    # The lock every node installs (components/node_env.py), from the project directory.
+    node_lock: str
 
 
 @dataclass(frozen=True)
@@ -854,10 +857,49 @@ def _check_release(reader: _Reader, key: str, floor: str, pinned: str) -> str:
 
 
 def _check_node_software(reader: _Reader) -> NodeSoftware:
+    vllm_version = _check_release(reader, "vllmVersion", versions.VLLM_MIN_VERSION, versions.VLLM_VERSION)
+    ray_version = _check_release(reader, "rayVersion", versions.RAY_MIN_VERSION, versions.RAY_VERSION)
     return NodeSoftware(
-        vllm_version=_check_release(reader, "vllmVersion", versions.VLLM_MIN_VERSION, versions.VLLM_VERSION),
-        ray_version=_check_release(reader, "rayVersion", versions.RAY_MIN_VERSION, versions.RAY_VERSION),
+        vllm_version=vllm_version,
+        ray_version=ray_version,
+        node_lock=_check_node_lock(reader, vllm_version, ray_version),
     )
+
+
+def _check_node_lock(reader: _Reader, vllm_version: str, ray_version: str) -> str:
+    """The lock the nodes install: the stack's nodeLock, else the checked-in one when
+    the stack runs the pinned versions. Read and checked here, so a lock that cannot
+    serve these versions stops `pulumi up` before any resource exists."""
+    given = reader.string("nodeLock")
+    own_lock = node_env.gpu_node(vllm_version, ray_version).lock_path.relative_to(node_env.ROOT)
+    fix = (
+        f"lock them with python tools/lock_node_env.py --vllm {vllm_version} --ray {ray_version} "
+        f"(it writes {own_lock}), then pulumi config set {NAMESPACE}:nodeLock {own_lock}"
+    )
+    if given is None:
+        if (vllm_version, ray_version) != (versions.VLLM_VERSION, versions.RAY_VERSION):
+            reader.fail(
+                "nodeLock",
+                f"is not set, and the checked-in lock ({node_env.default_lock_path().relative_to(node_env.ROOT)}) "
+                f"holds vLLM {versions.VLLM_VERSION} and Ray {versions.RAY_VERSION}, not the stack's vllmVersion "
+                f"{vllm_version} and rayVersion {ray_version}: every node installs exactly one locked environment. "
+                f"Fix: {fix}",
+                raw=None,
+            )
+        return str(node_env.default_lock_path().relative_to(node_env.ROOT))
+    path = node_env.ROOT / given
+    try:
+        text = path.read_text()
+    except OSError as error:
+        reader.fail(
+            "nodeLock", f"cannot be read ({error.strerror}): it is a path from the project directory. Fix: {fix}"
+        )
+        return given
+    problems = node_env.stack_lock_problems(text, vllm_version, ray_version)
+    if problems:
+        why = "; ".join(problems)
+        reader.fail("nodeLock", f"is not a lock the nodes can install for this stack: {why}. Fix: {fix}")
+    return given
 
 
 def _check_zone(reader: _Reader, region: str | None) -> str | None:

@@ -15,6 +15,11 @@ VLLM_VERSION = "0.33.0"
 # (transformers) at whatever release pip picks; the node locks (locks/, tools/lock_node_env.py)
 # pin this one, and the local hosts (tests/fleet.py) install exactly it.
 HF_HUB_VERSION = "2.4.0"
+# The installer the nodes install their locked environment with (offline, from the
+# wheelhouse on the model cache). It is in each node lock, so it arrives hash-checked
+# with the rest; requirements-dev.txt pins the same release for the lock tool and the
+# tests (tests/test_node_lock.py holds them together).
+UV_VERSION = "0.13.9"
 
 # Requires-Python as each release declares it on PyPI (the wheels' metadata, shown by
 # the index's JSON API: `python tools/requires_python.py vllm==0.33.0 vllm==0.32.0 ray==2.60.0`,

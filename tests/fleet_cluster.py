@@ -55,7 +55,8 @@ KV_CACHE_BYTES = "256M"
 def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
     """A stack config for the fleet: g5.8xlarge nodes (one GPU each, and EFA), one
     pipeline stage per node (PP = nodes, TP 1), the VPC where the fleet's addresses
-    are, and the vLLM release the fleet's engine is (its CPU build)."""
+    are, and the vLLM release and the locked environment of the fleet's engine (its
+    CPU build)."""
     config = {
         "model": MODEL,
         "instanceType": "g5.8xlarge",
@@ -64,6 +65,9 @@ def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
         "pipelineParallelSize": nodes,
         "efa": "true",
         "vllmVersion": node_env.local_host_vllm_version(),
+        # The environment the nodes install: the local hosts' lock (the CPU engine and
+        # the GPU-build double), as a stack names its own with nodeLock.
+        "nodeLock": str(node_env.local_host().lock_path.relative_to(ROOT)),
         # On vLLM's CPU platform --gpu-memory-utilization is a share of the host's RAM
         # (for every worker on this one machine): the KV cache gets a size instead.
         # A batch of two sequences: a few long completions fill it, as real traffic fills
@@ -294,7 +298,8 @@ _images_lock = threading.Lock()
 
 
 def _build_images() -> None:
-    # The hosts' image beside the engine's virtualenv and model: on a new machine each takes minutes.
+    # The hosts' image beside the engine's wheelhouse and the model (built with a virtualenv
+    # installed from that wheelhouse): on a new machine each takes minutes.
     with ThreadPoolExecutor(2) as pool:
         image = pool.submit(base_rootfs)
         tiny_model()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap, ports
+from components import bootstrap, node_env, ports
 from components.bootstrap import NodeBoot
 from components.compute import compress_user_data
 from components.spec import load_spec
@@ -52,6 +52,7 @@ def boot(index: int = 1, **overrides) -> NodeBoot:
         ray_version="2.60.0",
         vllm_version="0.33.0",
         login_probe_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHprobeprobeprobeprobeprobeprobeprobeprobe01",
+        node_lock=node_env.default_lock_path().read_text(),
     )
     values.update(overrides)
     return NodeBoot(**values)
@@ -180,7 +181,7 @@ def write_files_of(script: str, root: Path, last_line: str) -> None:
             for path in ("/opt/vllm-cluster", "/etc/vllm-cluster", "/etc/systemd/system"):
                 line = line.replace(f" {path}", f" {root}{path}").replace(f'"{path}', f'"{root}{path}')
         lines.append(line)
-    subprocess.run(["bash", "-c", "\n".join(lines)], check=True)
+    subprocess.run(["bash", "-s"], input="\n".join(lines), text=True, check=True)
 
 
 def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
@@ -195,6 +196,7 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
         "ray-cluster-check",
         "preflight-check",
         "vllm-watchdog-check",
+        "node-env",
     ):
         assert (installed / "bin" / name).read_text() == (ROOT / "scripts/node" / name).read_text(), name
         assert (installed / "bin" / name).stat().st_mode & 0o777 == 0o755
@@ -209,6 +211,13 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
             cwd=tmp_path,
         )
         assert loaded.returncode == 0, (check, loaded.stderr)
+    # node-env too (it runs with the image's Python before any virtualenv exists).
+    usage = subprocess.run([sys.executable, str(installed / "bin/node-env"), "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0, usage.stderr
+    # The lock the stack chose, where the node script reads it.
+    lock = tmp_path / bootstrap.NODE_LOCK_PATH.lstrip("/")
+    assert lock.read_text() == boot(1).node_lock and lock.stat().st_mode & 0o777 == 0o644
+    assert f'readonly NODE_LOCK="$INSTALL_DIR/{Path(bootstrap.NODE_LOCK_PATH).name}"' in NODE_SCRIPT
     assert sorted(bootstrap.NODE_UNITS) == sorted(p.name for p in UNITS.iterdir())
     for unit in bootstrap.NODE_UNITS:
         assert (tmp_path / "etc/systemd/system" / unit).read_text() == (UNITS / unit).read_text()

@@ -122,3 +122,46 @@ def test_a_requirement_that_is_not_an_exact_pin_is_refused():
     loose = dataclasses.replace(TARGETS["gpu"], requirements=("vllm>=0.22",))
     with pytest.raises(ValueError, match="not an exact pin"):
         loose.pins()
+
+
+# --- the installer and the repository's wheels -------------------------------------------
+
+
+def test_every_lock_holds_the_installer_the_nodes_use_at_the_release_the_lock_tool_pins():
+    # The nodes install with the uv of their lock; the lock tool (and the tests) run the
+    # uv of requirements-dev.txt. One release for both, so what is locked is what installs.
+    dev_pin = re.search(r"(?m)^uv==(\S+)", (ROOT / "requirements-dev.txt").read_text())[1]
+    assert versions.UV_VERSION == dev_pin
+    for name in TARGETS:
+        assert locked(name).packages["uv"].version == versions.UV_VERSION
+
+
+def test_the_cpu_lock_holds_the_hash_of_the_gpu_build_double_as_built_from_the_repository_now(tmp_path):
+    # Edit the double without locking again and the hosts' install would refuse its
+    # wheel: this says so first, offline.
+    sys.path.insert(0, str(ROOT))
+    from tools import pure_wheel
+
+    (project,) = TARGETS["cpu"].repository_wheels
+    wheel = pure_wheel.build(ROOT / project, tmp_path)
+    assert wheel.name == "vllm-{}-py3-none-any.whl".format(node_env.local_host_vllm_version())
+    assert locked("cpu").packages["vllm"].hashes == (f"--hash=sha256:{pure_wheel.sha256_of(wheel)}",), (
+        f"{project} changed since the lock was made: run `python tools/lock_node_env.py --target cpu`"
+    )
+
+
+def test_the_reproducible_wheel_is_the_same_bytes_at_every_build(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from tools import pure_wheel
+
+    (project,) = TARGETS["cpu"].repository_wheels
+    first = pure_wheel.build(ROOT / project, tmp_path / "a")
+    second = pure_wheel.build(ROOT / project, tmp_path / "b")
+    assert first.read_bytes() == second.read_bytes()
+
+
+def test_no_lock_names_a_folder_of_this_machine_the_nodes_do_not_have():
+    # The nodes install from the wheelhouse only; a --find-links line in the lock would
+    # send them looking for this machine's /opt/wheels.
+    for name in TARGETS:
+        assert not [line for line in TARGETS[name].lock_path.read_text().splitlines() if line.startswith("--")]

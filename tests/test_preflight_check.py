@@ -45,7 +45,7 @@ def node(name: str, packages: dict | None = None, **changes) -> dict:
             del facts["packages"][package]
         else:
             facts["packages"][package] = version
-    facts["fingerprint"] = CHECKS.fingerprint(facts["packages"])
+    facts["fingerprint"] = CHECKS.environment_fingerprint(facts["packages"])
     return facts
 
 
@@ -143,12 +143,16 @@ def test_facts_without_packages_from_an_older_node_are_named_not_a_crash():
 def test_the_fingerprint_ignores_order_and_changes_with_any_version():
     packages = GOOD["packages"]
     reordered = dict(reversed(list(packages.items())))
-    assert list(reordered) != list(packages) and CHECKS.fingerprint(reordered) == CHECKS.fingerprint(packages)
+    assert list(reordered) != list(packages) and CHECKS.environment_fingerprint(
+        reordered
+    ) == CHECKS.environment_fingerprint(packages)
     lines = "".join(f"{name}=={version}\n" for name, version in sorted(packages.items()))
-    assert CHECKS.fingerprint(packages) == hashlib.sha256(lines.encode()).hexdigest()
+    assert CHECKS.environment_fingerprint(packages) == hashlib.sha256(lines.encode()).hexdigest()
     for name in packages:
-        assert CHECKS.fingerprint({**packages, name: packages[name] + ".post1"}) != CHECKS.fingerprint(packages), name
-    assert CHECKS.fingerprint({**packages, "six": "1.17.0"}) != CHECKS.fingerprint(packages)
+        assert CHECKS.environment_fingerprint(
+            {**packages, name: packages[name] + ".post1"}
+        ) != CHECKS.environment_fingerprint(packages), name
+    assert CHECKS.environment_fingerprint({**packages, "six": "1.17.0"}) != CHECKS.environment_fingerprint(packages)
 
 
 def test_collect_lists_this_environments_packages_and_their_fingerprint(tmp_path, monkeypatch):

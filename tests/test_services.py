@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import gzip
+import re
+from pathlib import Path
 
 import pytest
 from pulumi_mocks import run_stack, stack_config, stack_names
 
-from components import bootstrap
+from components import bootstrap, node_env, versions
 from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS, SSH_USER
 
 COMMAND = "command:remote:Command"
@@ -262,21 +264,50 @@ def test_a_hub_mirror_is_passed_to_the_model_download_only():
     assert command_inputs(after)["vllm-model"]["create"].endswith(" --hub https://hf-mirror.example.com")
 
 
-def test_a_new_ray_version_reinstalls_and_restarts_ray_then_everything_after_it():
+def lock_of_versions(tmp_path, vllm: str = versions.VLLM_VERSION, ray: str = versions.RAY_VERSION) -> str:
+    """A lock for other versions, as tools/lock_node_env.py --vllm/--ray would write
+    one: the checked-in lock with vLLM and Ray at those versions (hashes kept)."""
+    text = node_env.default_lock_path().read_text()
+    text = re.sub(r"(?m)^vllm==\S+", f"vllm=={vllm}", re.sub(r"(?m)^ray==\S+", f"ray=={ray}", text))
+    path = tmp_path / f"node-gpu-vllm{vllm}-ray{ray}.txt"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_new_ray_version_reinstalls_and_restarts_ray_then_everything_after_it(tmp_path):
     before = run_stack("prod")
-    after = run_stack("prod", {"rayVersion": "2.61.0"})
+    lock = lock_of_versions(tmp_path, ray="2.61.0")
+    after = run_stack("prod", {"rayVersion": "2.61.0", "nodeLock": lock})
     changed = changed_commands(before, after)
     assert {"vllm-setup-head", "vllm-setup-worker-1", "vllm-ray-head", "vllm-ray-worker-1"} <= changed
     assert "vllm-model" not in changed and not any(name.startswith("vllm-gateway-") for name in changed)
-    assert plain(command_inputs(after)["vllm-ray-head"]["triggers"]) == ["2.61.0"]
+    digest = bootstrap.lock_digest(Path(lock).read_text())
+    assert plain(command_inputs(after)["vllm-ray-head"]["triggers"]) == ["2.61.0", digest]
+    # The new lock goes to every node with its setup command.
+    assert Path(lock).read_text() in plain(command_inputs(after)["vllm-setup-worker-1"]["stdin"])
 
 
-def test_a_new_vllm_version_reinstalls_and_restarts_vllm_but_not_ray():
+def test_a_new_vllm_version_installs_the_new_environment_and_restarts_ray_and_vllm(tmp_path):
+    # A new vLLM comes with its own locked environment (torch, NCCL, ...): every node
+    # installs it, and the processes that run the old one restart, Ray's included.
     before = run_stack("prod")
-    after = run_stack("prod", {"vllmVersion": "0.34.0"})
-    assert changed_commands(before, after) == (
-        {"vllm-setup-head", "vllm-setup-worker-1", "vllm-vllm", "vllm-readiness"} | preflight_of(after)
-    )
+    after = run_stack("prod", {"vllmVersion": "0.34.0", "nodeLock": lock_of_versions(tmp_path, vllm="0.34.0")})
+    changed = changed_commands(before, after)
+    setup_and_ray = {"vllm-setup-head", "vllm-setup-worker-1", "vllm-ray-head", "vllm-ray-worker-1"}
+    assert setup_and_ray | {"vllm-vllm", "vllm-readiness"} | preflight_of(after) <= changed
+    assert "vllm-model" not in changed and not any(name.startswith("vllm-gateway-") for name in changed)
+
+
+def test_a_new_lock_of_the_same_versions_reinstalls_and_restarts_without_touching_the_model(tmp_path):
+    # Same vLLM and Ray, another torch (say): an environment change all the same.
+    text = node_env.default_lock_path().read_text()
+    other = tmp_path / "other.txt"
+    other.write_text(re.sub(r"(?m)^(urllib3==\S+)", r"\1.post1", text))
+    before = run_stack("prod")
+    after = run_stack("prod", {"nodeLock": str(other)})
+    changed = changed_commands(before, after)
+    assert {"vllm-setup-head", "vllm-setup-worker-1", "vllm-ray-head", "vllm-vllm"} <= changed
+    assert "vllm-model" not in changed
 
 
 def test_a_new_admin_cidr_reconfigures_only_the_gateway():

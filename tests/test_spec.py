@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from components import versions
+from components import image, node_env, versions
 from components.config_keys import CONFIG_KEYS
 from components.spec import SpecError, existing_vpc_problems, load_spec
 
@@ -526,3 +526,54 @@ AWS_RULES = [
 def test_an_error_about_an_aws_rule_links_the_aws_page_that_states_it(what, changes, key):
     named = [str(p) for p in problems_of(**changes).problems if p.key == key]
     assert named and all(re.search(r"https://docs\.aws\.amazon\.com/\S+", text) for text in named), named
+
+
+# --- the nodes' lock (nodeLock) ----------------------------------------------------------
+
+
+def test_the_pinned_versions_deploy_the_checked_in_gpu_lock():
+    assert spec_of().node_lock == "locks/node-gpu-py{}{}-x86_64.txt".format(*image.PYTHON_VERSION)
+
+
+def test_other_versions_without_a_lock_of_them_are_refused_with_the_command_that_makes_one():
+    error = problems_of(vllmVersion="0.34.0")
+    (problem,) = [p for p in error.problems if p.key == "nodeLock"]
+    assert "vLLM 0.34.0" not in str(problem)  # says the stack's version as the stack wrote it
+    assert "vllmVersion 0.34.0" in str(problem) and f"holds vLLM {versions.VLLM_VERSION}" in str(problem)
+    assert "python tools/lock_node_env.py --vllm 0.34.0 --ray " in str(problem) and "it writes locks/" in str(problem)
+    assert "pulumi config set vllm-cluster:nodeLock" in str(problem)
+
+
+def _lock_with(tmp_path, edit) -> str:
+    path = tmp_path / "lock.txt"
+    path.write_text(edit(node_env.default_lock_path().read_text()))
+    return str(path)
+
+
+LOCK_PROBLEMS = [
+    ("a lock of another vLLM", lambda t: re.sub(r"(?m)^vllm==\S+", "vllm==0.30.0", t), "holds vllm==0.30.0"),
+    ("a lock without uv", lambda t: re.sub(r"(?m)^uv==\S+ \\\n(\s+--hash=\S+( \\)?\n)+", "", t), "no uv"),
+    ("a lock with a package unhashed", lambda t: t + "six==1.17.0\n", "six==1.17.0 has no sha256 hash"),
+    ("a loose requirement", lambda t: t + "numpy>=2\n", "'numpy>=2' is not an exact pin"),
+    ("no package at all", lambda t: "# nothing\n", "holds no package"),
+]
+
+
+@pytest.mark.parametrize("what, edit, phrase", LOCK_PROBLEMS, ids=[case[0] for case in LOCK_PROBLEMS])
+def test_a_lock_the_nodes_cannot_install_is_refused_before_any_resource(tmp_path, what, edit, phrase):
+    error = problems_of(nodeLock=_lock_with(tmp_path, edit))
+    (problem,) = [p for p in error.problems if p.key == "nodeLock"]
+    assert phrase in str(problem), what
+    assert "tools/lock_node_env.py" in str(problem)
+
+
+def test_a_lock_that_is_not_there_is_refused():
+    error = problems_of(nodeLock="locks/no-such-lock.txt")
+    (problem,) = [p for p in error.problems if p.key == "nodeLock"]
+    assert "cannot be read" in str(problem) and "no-such-lock.txt" in str(problem)
+
+
+def test_a_lock_of_the_stacks_versions_is_taken(tmp_path):
+    lock = _lock_with(tmp_path, lambda t: re.sub(r"(?m)^vllm==\S+", "vllm==0.34.0", t))
+    spec = spec_of(vllmVersion="0.34.0", nodeLock=lock)
+    assert spec.node_lock == lock

@@ -3,6 +3,7 @@
 
     venv/bin/python tools/lock_node_env.py              # every target
     venv/bin/python tools/lock_node_env.py --target gpu
+    venv/bin/python tools/lock_node_env.py --vllm 0.34.0     # a stack's own versions (nodeLock)
 
 Writes locks/node-<target>-py<XY>-x86_64.txt: uv's `pip compile --generate-hashes` for
 the target's Python and platform, under a header recording the inputs, which
@@ -18,12 +19,14 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components import node_env  # noqa: E402
+from components import node_env, versions  # noqa: E402
+from tools import pure_wheel  # noqa: E402
 
 REQUIREMENTS_DEV = ROOT / "requirements-dev.txt"
 
@@ -76,9 +79,9 @@ def compile_command(uv: str, target: node_env.NodeEnvTarget) -> list[str]:
         node_env.RESOLVED_AS_OF,
     ]
     for folder in target.find_links:
-        # Emitted into the lock too, so `pip install --require-hashes -r LOCK` finds the
-        # wheels that are not on the index without further options.
-        command += ["--find-links", folder, "--emit-find-links"]
+        # Not emitted into the lock: the nodes install from the wheelhouse, where these
+        # wheels are too, and have no such folder (the header records it).
+        command += ["--find-links", folder]
     for name in target.left_out:
         # Resolved (its own dependencies stay in the lock) but not written: not installed.
         command += ["--no-emit-package", name]
@@ -99,6 +102,21 @@ def lock_header(target: node_env.NodeEnvTarget, uv_version: str) -> str:
     )
 
 
+def repository_wheel_entries(target: node_env.NodeEnvTarget) -> str:
+    """The lock's entries for the target's repository wheels: built here, reproducibly,
+    and hashed as uv hashes an index's files."""
+    entries = []
+    with tempfile.TemporaryDirectory() as folder:
+        for project in target.repository_wheels:
+            wheel = pure_wheel.build(ROOT / project, Path(folder))
+            name, version = wheel.name.split("-")[:2]
+            entries.append(
+                f"{name}=={version} \\\n    --hash=sha256:{pure_wheel.sha256_of(wheel)}\n"
+                f"    # built from {project} (tools/pure_wheel.py)\n"
+            )
+    return "".join(entries)
+
+
 def lock(uv: str, target: node_env.NodeEnvTarget) -> str:
     result = subprocess.run(
         compile_command(uv, target),
@@ -109,7 +127,7 @@ def lock(uv: str, target: node_env.NodeEnvTarget) -> str:
     )
     if result.returncode != 0:
         raise SystemExit(f"uv could not lock the {target.name} target:\n{result.stderr}")
-    text = lock_header(target, pinned_uv_version()) + result.stdout
+    text = lock_header(target, pinned_uv_version()) + result.stdout + repository_wheel_entries(target)
     # What the test will demand, checked before writing, so a lock that fails it is
     # never written (e.g. a wheel from a folder uv could not hash).
     problems = node_env.lock_problems(target, text)
@@ -122,10 +140,16 @@ def main(argv: list[str]) -> int:
     targets = {target.name: target for target in node_env.targets()}
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", choices=sorted(targets), action="append", help="only this target (repeatable)")
+    parser.add_argument("--vllm", metavar="VERSION", help="lock the GPU nodes for this vLLM (a stack's vllmVersion)")
+    parser.add_argument("--ray", metavar="VERSION", help="lock the GPU nodes for this Ray (a stack's rayVersion)")
     args = parser.parse_args(argv)
     uv = uv_binary()
-    for name in args.target or list(targets):
-        target = targets[name]
+    if args.vllm or args.ray:
+        # A stack's own versions: a lock of its own, which the stack names as nodeLock.
+        chosen = [node_env.gpu_node(args.vllm or versions.VLLM_VERSION, args.ray or versions.RAY_VERSION)]
+    else:
+        chosen = [targets[name] for name in args.target or list(targets)]
+    for target in chosen:
         text = lock(uv, target)
         target.lock_path.parent.mkdir(exist_ok=True)
         target.lock_path.write_text(text)
