@@ -61,22 +61,15 @@ def run(*command: str, env: dict[str, str]) -> None:
         raise SystemExit(f"{' '.join(command[:4])} ... exited {result.returncode}:\n{result.stderr[-2000:]}")
 
 
-def index_pip(workdir: Path, lock: Path, extra_links: list[str], env: dict[str, str]) -> Path:
+def index_pip(workdir: Path, lock: Path, source: tuple[list[str], Path, Path], env: dict[str, str]) -> Path:
+    extra_links, index_part, repository_part = source
     venv = workdir / "venv"
-    run(str(PYTHON), "-m", "venv", str(venv), env=env)
-    links = [f"--find-links={folder}" for folder in extra_links]
-    run(
-        str(venv / "bin" / "pip"),
-        "install",
-        "--quiet",
-        "--no-cache-dir",
-        "--require-hashes",
-        "--no-deps",
-        *links,
-        "-r",
-        str(lock),
-        env=env,
-    )
+    # Without a pip of its own (this pip installs into it), so it holds the lock and nothing else.
+    run(str(PYTHON), "-m", "venv", "--without-pip", str(venv), env=env)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet"]
+    pip += ["--no-cache-dir", "--require-hashes", "--no-deps"]
+    run(*pip, *[f"--find-links={folder}" for folder in extra_links], "-r", str(index_part), env=env)
+    run(*pip, "--no-index", f"--find-links={repository_part.parent}", "-r", str(repository_part), env=env)
     return venv
 
 
@@ -120,6 +113,22 @@ def wheelhouse_uv(workdir: Path, lock: Path, house: Path, env: dict[str, str]) -
         env=env,
     )
     return venv
+
+
+def split_lock(target: node_env.NodeEnvTarget, folder: Path) -> tuple[Path, Path]:
+    """The lock as two requirements files: what an index serves, and the repository's own
+    wheels (the GPU-build double, `vllm` at the CPU build's version). pip, unlike uv, picks
+    a file before it checks hashes, and would take the index's `vllm` of that version for
+    the double and refuse it; so pip gets the double from its folder only."""
+    ours = {node_env.normalize_name(pin.split("==")[0]) for pin in target.repository_pins()}
+    lock = node_env.read_lock(target.lock_path.read_text())
+    parts = {True: [], False: []}
+    for name, package in sorted(lock.packages.items()):
+        parts[name in ours].append(f"{name}=={package.version} {' '.join(package.hashes)}\n")
+    index_part, repository_part = folder / "index.txt", folder / "repository.txt"
+    index_part.write_text("".join(parts[False]))
+    repository_part.write_text("".join(parts[True]))
+    return index_part, repository_part
 
 
 def fill_seconds(lock: Path, extra_links: list[str]) -> tuple[float, int]:
@@ -182,15 +191,17 @@ def main() -> int:
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="bench-install-double-") as built:
-        # The wheels no index serves: the CPU torch (this machine's folder) and the double.
+        # The wheels no index serves: the CPU torch (this machine's folder) and the double,
+        # built here beside pip's split of the lock.
         pure_wheel.build(VLLM_GPU_BUILD_DOUBLE, Path(built))
-        extra_links = [*target.find_links, built]
+        index_part, repository_part = split_lock(target, Path(built))
         ways = {
-            "index-pip": (index_pip, extra_links),
-            "index-fast": (index_uv, extra_links),
+            "index-pip": (index_pip, (list(target.find_links), index_part, repository_part)),
+            "index-fast": (index_uv, [*target.find_links, built]),
             "wheelhouse": (wheelhouse_uv, house),
         }
-        seconds, size = fill_seconds(lock, extra_links)
+        # The first node fetches what an index serves; the double is in the wheelhouse already.
+        seconds, size = fill_seconds(index_part, list(target.find_links))
         print(
             f"wheelhouse fill (pip download, once per lock): {seconds:.1f} s for {size / 1e9:.2f} GB, "
             f"{size / 1e6 / seconds:.1f} MB/s",

@@ -33,7 +33,20 @@ HOURS_PER_MONTH = 730
 
 # Cold `pulumi up` to first token: the terms and the figures they assume.
 INSTANCE_BOOT_SECONDS = 180  # launch to SSH for a GPU instance on the DLAMI (SkyPilot 101-147 s; ParallelCluster 294 s)
-SOFTWARE_INSTALL_SECONDS = 240  # efs-utils build and pip install of vLLM and Ray (~9 GB) in parallel on every node
+# The nodes' software: one locked environment (components/node_env.py), fetched once into
+# the wheelhouse on EFS, then installed offline by every node in parallel. Measured on
+# 2026-11-30 with `make bench-install` on the 2-core test machine: the local hosts' lock,
+# 1.01 GB of wheels, downloaded by pip in 68.8 s (14.6 MB/s) and installed from the
+# wheelhouse by uv (byte-compiled) in 93.8 s. The GPU nodes' lock is 4.40 GB of wheels
+# (`python tools/wheelhouse_size.py`, the same day). Installing is unpacking and
+# byte-compiling, spread over the cores: a GPU node's 32+ cores make it shorter than this
+# upper bound.
+GPU_WHEELHOUSE_GB = 4.40
+INDEX_DOWNLOAD_MB_S = 14.6
+WHEELHOUSE_INSTALL_SECONDS_PER_GB = 93.8 / 1.01
+# Not measured (no AWS here): amazon-efs-utils is built from source at first boot, as AWS
+# documents for Ubuntu; an estimate.
+EFS_UTILS_BUILD_SECONDS = 60
 EFS_ELASTIC_CLIENT_MIB_S = 1500  # Elastic throughput, per client (AWS EFS User Guide, "Amazon EFS performance")
 ENGINE_START_BASE_SECONDS = 60  # vLLM process, Ray placement, P2P check
 ENGINE_START_SECONDS_PER_B = 2.5  # compile and CUDA graphs grow with size: 70B TP 8 ~ 3-4 min (vllm #19824)
@@ -301,8 +314,17 @@ def time_to_first_token(model: ModelSize, nodes: int, params_b: float) -> list[T
     engine = engine_start_seconds(params_b)
     return [
         Term("instance boot", INSTANCE_BOOT_SECONDS, "launch to SSH on the Deep Learning AMI"),
+        Term("efs-utils build", EFS_UTILS_BUILD_SECONDS, "estimate: the EFS mount helper built at first boot"),
         Term(
-            "software install", SOFTWARE_INSTALL_SECONDS, "efs-utils and pip install of vLLM + Ray, nodes in parallel"
+            "wheel fetch",
+            GPU_WHEELHOUSE_GB * 1000 / INDEX_DOWNLOAD_MB_S,
+            f"{GPU_WHEELHOUSE_GB} GB of locked wheels at {INDEX_DOWNLOAD_MB_S} MB/s (make bench-install), once per lock",
+        ),
+        Term(
+            "software install",
+            GPU_WHEELHOUSE_GB * WHEELHOUSE_INSTALL_SECONDS_PER_GB,
+            f"{GPU_WHEELHOUSE_GB} GB from the wheelhouse at {WHEELHOUSE_INSTALL_SECONDS_PER_GB:.0f} s/GB "
+            "(make bench-install, 2 cores: an upper bound), nodes in parallel",
         ),
         Term(
             "model download",

@@ -31,7 +31,8 @@ def test_the_prod_figures_by_hand():
     # 2 x 40 layers x 1 head x 128 x 2 bytes = 20480 B a token -> 1,393,614 tokens.
     result = sizing.fit(LLAMA_70B, catalog.CATALOG["p4d.24xlarge"], 8, 2, 0.92, 16384)
     assert result.context_tokens == 1_393_614
-    assert round(sum(t.seconds for t in sizing.time_to_first_token(LLAMA_70B, 2, 70.6))) == 791
+    # 180 boot + 60 efs-utils + 4.40 GB / 14.6 MB/s fetch + 4.40 x 93.8 / 1.01 s install + 90 + 45 + 236
+    assert round(sum(t.seconds for t in sizing.time_to_first_token(LLAMA_70B, 2, 70.6))) == 1321
 
 
 def test_quantized_weights_keep_a_16_bit_kv_cache_unless_fp8_is_asked_for():
@@ -98,6 +99,11 @@ def test_cost_adds_gateway_nat_and_cache_to_the_gpus():
 
 def test_time_to_first_token_terms_show_their_figures():
     terms = {t.name: t for t in sizing.time_to_first_token(LLAMA_70B, 2, LLAMA_70B.params_b)}
+    # The node software's terms come from `make bench-install` and say so.
+    assert terms["software install"].seconds == pytest.approx(4.40 * 93.8 / 1.01)
+    assert "make bench-install" in terms["software install"].assumes
+    assert terms["wheel fetch"].seconds == pytest.approx(4400 / 14.6)
+    assert "once per lock" in terms["wheel fetch"].assumes
     assert terms["model download"].seconds == pytest.approx(141.2e9 / (1500 * 2**20), rel=1e-3)
     assert terms["model load"].seconds == pytest.approx(terms["model download"].seconds / 2)
     assert "1500 MiB/s" in terms["model download"].assumes
