@@ -73,46 +73,23 @@ def index_pip(workdir: Path, lock: Path, source: tuple[list[str], Path, Path], e
     return venv
 
 
-def index_uv(workdir: Path, lock: Path, extra_links: list[str], env: dict[str, str]) -> Path:
+def uv_install(workdir: Path, lock: Path, sources: list[str], env: dict[str, str]) -> Path:
+    """A new virtualenv synced to the lock by uv, hash-checked and byte-compiled, from
+    `sources` (uv's index options)."""
     venv = workdir / "venv"
-    run(str(UV), "venv", "--quiet", "--python", str(PYTHON), str(venv), env=env)
-    links = [f"--find-links={folder}" for folder in extra_links]
-    run(
-        str(UV),
-        "pip",
-        "sync",
-        "--quiet",
-        "--python",
-        str(venv / "bin" / "python"),
-        "--require-hashes",
-        "--compile-bytecode",
-        *links,
-        str(lock),
-        env=env,
-    )
+    run(str(UV), "venv", "--quiet", "--offline", "--python", str(PYTHON), str(venv), env=env)
+    sync = [str(UV), "pip", "sync", "--quiet", "--python", str(venv / "bin" / "python")]
+    run(*sync, *sources, "--require-hashes", "--compile-bytecode", str(lock), env=env)
     return venv
+
+
+def index_uv(workdir: Path, lock: Path, extra_links: list[str], env: dict[str, str]) -> Path:
+    return uv_install(workdir, lock, [f"--find-links={folder}" for folder in extra_links], env)
 
 
 def wheelhouse_uv(workdir: Path, lock: Path, house: Path, env: dict[str, str]) -> Path:
-    """The node's own commands (install_software), with this machine's uv."""
-    venv = workdir / "venv"
-    run(str(UV), "venv", "--quiet", "--offline", "--python", str(PYTHON), str(venv), env=env)
-    run(
-        str(UV),
-        "pip",
-        "sync",
-        "--quiet",
-        "--python",
-        str(venv / "bin" / "python"),
-        "--offline",
-        "--no-index",
-        f"--find-links={house}",
-        "--require-hashes",
-        "--compile-bytecode",
-        str(lock),
-        env=env,
-    )
-    return venv
+    """The node's own command (vllm-cluster-node install_software), with this machine's uv."""
+    return uv_install(workdir, lock, ["--offline", "--no-index", f"--find-links={house}"], env)
 
 
 def split_lock(target: node_env.NodeEnvTarget, folder: Path) -> tuple[Path, Path]:
