@@ -318,7 +318,8 @@ def time_to_first_token(model: ModelSize, nodes: int, params_b: float) -> list[T
         Term(
             "wheel fetch",
             GPU_WHEELHOUSE_GB * 1000 / INDEX_DOWNLOAD_MB_S,
-            f"{GPU_WHEELHOUSE_GB} GB of locked wheels at {INDEX_DOWNLOAD_MB_S} MB/s (make bench-install), once per lock",
+            f"{GPU_WHEELHOUSE_GB} GB of locked wheels at {INDEX_DOWNLOAD_MB_S} MB/s "
+            "(make bench-install), once per lock",
         ),
         Term(
             "software install",
