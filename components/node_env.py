@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components import image, versions
-from scripts.lib.vllm_cluster_lib import normalize_name, parse_requirements_lock
+from scripts.lib.vllm_cluster_lib import PINNED_REQUIREMENT, normalize_name, parse_requirements_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = ROOT / "locks"
@@ -59,7 +59,6 @@ LOCAL_HOST_FIND_LINKS = ("/opt/wheels",)
 TORCH_EXTRAS_THAT_DO_NOT_LOAD = ("torchvision", "torchaudio", "torchcodec")
 
 _SHA256 = re.compile(r"--hash=sha256:[0-9a-f]{64}")
-_PINNED = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>\S+)")
 _HEADER_FIELD = re.compile(r"#\s+(?P<key>[a-z-]+): (?P<value>.*)")
 
 
@@ -102,7 +101,7 @@ class NodeEnvTarget:
         wheels included."""
         pins = {}
         for requirement in self.requirements + self.repository_pins():
-            match = _PINNED.fullmatch(requirement)
+            match = PINNED_REQUIREMENT.fullmatch(requirement)
             if match is None:
                 raise ValueError(f"{self.name}: {requirement!r} is not an exact pin (name==version)")
             pins[normalize_name(match["name"])] = match["version"]

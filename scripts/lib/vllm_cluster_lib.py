@@ -32,7 +32,8 @@ def metric_totals(text: str) -> dict[str, float]:
 
 # --- the node's Python environment (node-env, preflight-check, components/node_env.py) ---
 
-_PINNED = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>\S+)")
+# name==version, with extras allowed (ray[default]==2.60.0): an exact pin.
+PINNED_REQUIREMENT = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>\S+)")
 _COMMENT = re.compile(r"(^|\s)#.*")
 
 
@@ -58,7 +59,7 @@ def parse_requirements_lock(text: str) -> tuple[dict[str, tuple[str, tuple[str, 
         words, entry = _COMMENT.sub("", entry + line).split(), ""
         if not words or words[0].startswith("-"):
             continue
-        pin = _PINNED.fullmatch(words[0])
+        pin = PINNED_REQUIREMENT.fullmatch(words[0])
         if pin is None or not all(word.startswith("--hash=") for word in words[1:]):
             unreadable.append(" ".join(words))
             continue
