@@ -32,7 +32,7 @@ def metric_totals(text: str) -> dict[str, float]:
 
 # --- the node's Python environment (node-env, preflight-check, components/node_env.py) ---
 
-# name==version, with extras allowed (ray[default]==2.60.0): an exact pin.
+# name==version, with extras allowed (ray[default]==X.Y.Z): an exact pin.
 PINNED_REQUIREMENT = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>\S+)")
 _COMMENT = re.compile(r"(^|\s)#.*")
 
