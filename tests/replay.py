@@ -63,10 +63,27 @@ class ReplayError(Exception):
 
 
 def steps_of(run: ProgramRun, only: set[str] | None = None) -> dict[str, Step]:
-    """The declared commands as steps, each knowing the commands it waits for."""
+    """The declared commands (or `only` these) as steps, each knowing the commands it
+    waits for. Pulumi waits for a resource's dependencies also when they do not change
+    (their step still waits for theirs): a command that is not run here passes on its
+    own dependencies, so a replay of only the changed commands keeps the program's order."""
     by_urn = {r.urn: r for r in run.resources}
     commands = [r for r in run.of_type(COMMAND) if only is None or r.name in only]
     names = {c.name for c in commands}
+
+    def waits_for(resource, seen: set[str]) -> set[str]:
+        found = set()
+        for urn in resource.dependencies:
+            if urn not in by_urn or urn in seen:
+                continue
+            seen.add(urn)
+            dependency = by_urn[urn]
+            if dependency.name in names:
+                found.add(dependency.name)
+            else:
+                found |= waits_for(dependency, seen)
+        return found
+
     steps = {}
     for command in commands:
         connection = unsecret(command.inputs["connection"])
@@ -77,9 +94,7 @@ def steps_of(run: ProgramRun, only: set[str] | None = None) -> dict[str, Step]:
             proxy=_endpoint(proxy) if proxy else None,
             create=unsecret(command.inputs["create"]),
             stdin=unsecret(command.inputs.get("stdin")) or "",
-            after=tuple(
-                by_urn[urn].name for urn in command.dependencies if urn in by_urn and by_urn[urn].name in names
-            ),
+            after=tuple(sorted(waits_for(command, set()))),
         )
     return steps
 
