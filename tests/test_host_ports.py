@@ -149,8 +149,9 @@ def test_vllm_serves_on_the_moved_port_and_the_gateway_reaches_it_there(tmp_path
     vllm_env = parse_env(bootstrap.vllm_env(spec_of(), HEAD_IP, [HEAD_IP]))
     served = expand_like_systemd(exec_start("vllm.service"), {**written_node_env(tmp_path, 0), **vllm_env})
     assert served[served.index("--port") + 1] == "18000"
+    assert bootstrap.gateway_gangs({"gang0": HEAD_IP}) == f"gang0={HEAD_IP}:18000"
     site = bootstrap.nginx_site(HEAD_IP, ("198.51.100.7/32",))
-    assert f"server {HEAD_IP}:18000;" in site and f"server {HEAD_IP}:18265;" in site
+    assert f"server {HEAD_IP}:18265;" in site
     assert "listen 10443 ssl;" in site and "listen 18443 ssl;" in site
 
 
@@ -164,6 +165,7 @@ def test_no_rendered_host_file_holds_a_port_that_moved(moved):
         "gateway user data": bootstrap.gateway_user_data(),
         "vllm.env": bootstrap.vllm_env(spec_of(), HEAD_IP, [HEAD_IP, WORKER_IP]),
         "nginx site": bootstrap.nginx_site(HEAD_IP, ("198.51.100.7/32",)),
+        "the gateway's gangs": bootstrap.gateway_gangs({"gang0": HEAD_IP, "gang1": WORKER_IP}),
     }
     for what, text in rendered.items():
         for name, old in ORIGINAL.items():
