@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test test-deps lint bench bench-fleet bench-install local local-down up destroy pulumi-yaml clean
+.PHONY: test test-deps lint bench bench-fleet bench-install bench-replicas local local-down up destroy pulumi-yaml clean
 
 # pip installs uv (its pin from requirements-dev.txt), and uv the rest: on a new machine
 # about half a minute where pip alone took over a minute. pip stays in the venv for `pulumi install`.
@@ -45,6 +45,10 @@ bench-fleet: $(VENV)/.installed
 
 bench-install: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_install.py
+
+# Needs what the fleet needs: two gangs of one node each behind the gateway.
+bench-replicas: $(VENV)/.installed
+	$(VENV)/bin/python bench/bench_replicas.py
 
 # The system serving on this machine, before spending on GPUs: local hosts, the real
 # bootstrap and the real vLLM engine (tools/local_target.py). Needs root,

@@ -7,17 +7,17 @@ is bad), builds the components and exports what users need to reach the service.
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, node_env, ports
+from components import bootstrap, node_env, ports, sizing
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
 from components.gateway import Gateway, GatewayArgs
 from components.network import Network, NetworkArgs
 from components.security import SecurityArgs, SecurityGroups
-from components.services import SSH_USER, ClusterServices, ServicesArgs, vllm_settings
+from components.services import SSH_USER, ClusterServices, ServicesArgs, ServingGang, vllm_settings
 from components.spec import CONFIG_KEYS, NAMESPACE, SpecError, existing_vpc_problems, load_spec
 from components.storage import ModelStorage, ModelStorageArgs
-from components.topology import efa_interface_count, interface_layout, topology_summary
+from components.topology import efa_interface_count, interface_layout, node_name, topology_summary
 
 
 def secret_config_keys() -> set[str]:
@@ -124,6 +124,7 @@ nodes = GpuNodes(
         model_cache_arn=storage.file_system_arn,
         boot=node_boot,
         boot_after=[*network.ready, *security.rules, *storage.ready],
+        replicas=spec.replicas,
     ),
 )
 gateway_user_data = bootstrap.gateway_user_data()
@@ -139,15 +140,24 @@ gateway = Gateway(
     ),
 )
 certificate = GatewayCertificate(name, GatewayCertificateArgs(public_ip=gateway.public_ip, user_certificate=spec.tls))
-node_ips = [nodes.head.private_ip, *[worker.private_ip for worker in nodes.workers]]
+serving_gangs = []
+for gang in nodes.gangs:
+    gang_ips = [instance.private_ip for instance in gang.instances]
+    serving_gangs.append(
+        ServingGang(
+            index=gang.index,
+            node_ips=gang_ips,
+            instances=gang.instances,
+            vllm_settings=vllm_settings(spec, gang_ips, gang.index),
+        )
+    )
 services = ClusterServices(
     name,
     ServicesArgs(
         ssh_private_key=credentials.ssh_private_key,
         gateway_public_ip=gateway.public_ip,
         gateway_private_ip=gateway.private_ip,
-        node_ips=node_ips,
-        nodes=[nodes.head, *nodes.workers],
+        gangs=serving_gangs,
         gateway=gateway.resources,
         gateway_user_data=gateway_user_data,
         tls_certificate_pem=certificate.certificate_pem,
@@ -165,9 +175,9 @@ services = ClusterServices(
         model=spec.model,
         model_revision=spec.model_revision,
         hf_endpoint=spec.hf_endpoint,
-        vllm_settings=vllm_settings(spec, node_ips),
         gpu_memory_gib=spec.instance.gpu_memory_gib,
         efa_interfaces=efa_interface_count(spec.instance, spec.efa),
+        engine_ready_timeout_seconds=sizing.engine_ready_timeout_for(spec.model, spec.instance, spec.nodes),
     ),
 )
 
@@ -175,8 +185,22 @@ key_file = f"vllm-cluster-{pulumi.get_stack()}.pem"
 pulumi.export("endpoint", pulumi.Output.concat("https://", certificate.hostname, "/v1"))
 pulumi.export("dashboardUrl", pulumi.Output.concat("https://", certificate.hostname, f":{ports.DASHBOARD_HTTPS}/"))
 pulumi.export("gatewayPublicIp", gateway.public_ip)
+# Gang 0's, as before replicas; `gangs` has every gang's nodes, head first.
 pulumi.export("headPrivateIp", nodes.head_private_ip)
 pulumi.export("workerPrivateIps", nodes.worker_private_ips)
+pulumi.export(
+    "gangs",
+    [
+        {
+            "name": gang.name,
+            "nodes": [
+                {"name": node_name(index, gang.index), "ip": instance.private_ip}
+                for index, instance in enumerate(gang.instances)
+            ],
+        }
+        for gang in nodes.gangs
+    ],
+)
 pulumi.export(
     "sshCommand",
     pulumi.Output.concat(
@@ -198,5 +222,7 @@ pulumi.export("modelCacheFileSystemId", storage.file_system_id)
 pulumi.export("availabilityZone", network.availability_zone)
 pulumi.export(
     "topology",
-    topology_summary(spec.nodes, spec.gpus_per_node, spec.tensor_parallel_size, spec.pipeline_parallel_size),
+    topology_summary(
+        spec.nodes, spec.gpus_per_node, spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.replicas
+    ),
 )

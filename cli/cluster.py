@@ -1,6 +1,7 @@
 """Reaching a deployed stack from the operator's machine: its outputs (from the
-Pulumi CLI, or a JSON file), SSH to its nodes through the gateway with the
-stack's key, and HTTPS to its endpoint pinned to the stack's certificate."""
+Pulumi CLI, or a JSON file), its gangs and their nodes, SSH to its nodes through
+the gateway (and to the gateway itself) with the stack's key, and HTTPS to its
+endpoint pinned to the stack's certificate."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components import image
-from components.topology import node_name
+from components.topology import gang_name, node_name
 
 ROOT = Path(__file__).resolve().parent.parent
 # Host keys are not pinned: the README's "Host keys" says why (the remote commands do the same).
@@ -84,17 +85,63 @@ def stack_outputs(stack: str, outputs_file: str | None) -> dict[str, Any]:
     missing = [name for name in REQUIRED_OUTPUTS if name not in (outputs if isinstance(outputs, dict) else {})]
     if missing:
         raise OutputsError(f"{source}: no {', '.join(missing)} among the outputs (is the stack deployed?)")
+    try:
+        gangs_of(outputs)
+    except OutputsError as error:
+        raise OutputsError(f"{source}: {error}") from error
     return outputs
 
 
 @dataclass
 class Node:
-    index: int
+    index: int  # 0 is its gang's head
     ip: str
+    gang: int = 0
 
     @property
     def name(self) -> str:
-        return node_name(self.index)
+        return node_name(self.index, self.gang)
+
+
+@dataclass
+class Gang:
+    """One copy of the model: a head (the first node) and its workers, one Ray cluster
+    and one vLLM server on the head."""
+
+    index: int
+    nodes: list[Node]
+
+    @property
+    def name(self) -> str:
+        return gang_name(self.index)
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+
+def gangs_of(outputs: dict[str, Any]) -> list[Gang]:
+    """The stack's gangs, in order, from its `gangs` output (each a name and its nodes,
+    head first). A stack deployed before replicas has no such output: one gang, of
+    headPrivateIp and workerPrivateIps. Raises OutputsError for a `gangs` of another shape."""
+    listed = outputs.get("gangs")
+    if listed is None:
+        ips = [[outputs["headPrivateIp"], *(outputs.get("workerPrivateIps") or [])]]
+    else:
+        try:
+            ips = [[node["ip"] for node in gang["nodes"]] for gang in listed]
+        except (TypeError, KeyError) as error:
+            raise OutputsError(f"the gangs output is not a list of gangs with nodes and ips ({error!r})") from error
+        if not ips or not all(ips):
+            raise OutputsError("the gangs output lists no gang, or a gang without nodes")
+    return [Gang(g, [Node(i, ip, g) for i, ip in enumerate(gang_ips)]) for g, gang_ips in enumerate(ips)]
+
+
+def _run(args: list[str], timeout: float, who: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 255, "", f"no answer from {who} in {timeout:g} s")
 
 
 class Cluster:
@@ -103,9 +150,8 @@ class Cluster:
     def __init__(self, outputs: dict[str, Any]):
         self.outputs = outputs
         self.gateway = outputs["gatewayPublicIp"]
-        self.nodes = [Node(0, outputs["headPrivateIp"])] + [
-            Node(i + 1, ip) for i, ip in enumerate(outputs.get("workerPrivateIps") or [])
-        ]
+        self.gangs = gangs_of(outputs)
+        self.nodes = [node for gang in self.gangs for node in gang.nodes]  # every gang's, in order
         self._scratch = tempfile.TemporaryDirectory(prefix="vllm-cluster-")
         self.key_file = Path(self._scratch.name) / "key"
         self.key_file.write_text(outputs["sshPrivateKey"])
@@ -117,12 +163,12 @@ class Cluster:
     def ssh(self, node: Node, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         # The image's login user, on the gateway and the nodes alike.
         args = ssh_args(self.key_file, image.DEFAULT_USER, node.ip, command, image.DEFAULT_USER, self.gateway)
-        try:
-            return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(
-                args, 255, "", f"no answer from {node.name} ({node.ip}) in {timeout:g} s"
-            )
+        return _run(args, timeout, f"{node.name} ({node.ip})")
+
+    def ssh_gateway(self, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """`command` on the gateway itself: a direct login, no jump."""
+        args = ssh_args(self.key_file, image.DEFAULT_USER, self.gateway, command)
+        return _run(args, timeout, f"the gateway ({self.gateway})")
 
     def tls_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context()

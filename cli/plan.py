@@ -106,7 +106,9 @@ def build_plan(
         model = dataclasses.replace(model, kv_cache_dtype="fp8")
     tp, pp, instance = spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.instance
     the_fit = sizing.fit(model, instance, tp, pp, spec.gpu_memory_utilization, spec.max_model_len)
-    the_cost = sizing.cost(instance, spec.nodes, spec.gateway_instance_type, the_fit.weights_gb)
+    # Every gang is a full copy: its nodes cost as much as the first gang's. The gangs
+    # start in parallel on the first `pulumi up`, so the time to the first token is one gang's.
+    the_cost = sizing.cost(instance, spec.total_nodes, spec.gateway_instance_type, the_fit.weights_gb)
     terms = sizing.time_to_first_token(model, spec.nodes, model.params_b)
     topology = topology_summary(spec.nodes, spec.gpus_per_node, tp, pp)
     layers = sizing.stage_layers(model.layers, pp) if model.layers else None
@@ -154,6 +156,7 @@ def _cluster(spec) -> dict[str, Any]:
     return {
         "instanceType": instance.name,
         "nodes": spec.nodes,
+        "replicas": spec.replicas,
         "gpusPerNode": instance.gpus,
         "gpuModel": instance.gpu_model,
         "gpuMemoryGiB": instance.gpu_memory_gib,
@@ -176,7 +179,8 @@ def _summary_lines(plan: dict[str, Any]) -> list[str]:
         f"Cluster   {c['nodes']} x {c['instanceType']} "
         f"({c['gpusPerNode']} x {c['gpuModel']} {c['gpuMemoryGiB']:g} GiB), "
         f"TP {c['tensorParallelSize']} x PP {c['pipelineParallelSize']} = "
-        f"{c['tensorParallelSize'] * c['pipelineParallelSize']} ranks, EFA {'on' if c['efa'] else 'off'}",
+        f"{c['tensorParallelSize'] * c['pipelineParallelSize']} ranks, EFA {'on' if c['efa'] else 'off'}"
+        + (f"; {c['replicas']} replicas: {c['replicas']} such gangs behind the gateway" if c["replicas"] > 1 else ""),
         f"Image     {i['amiId']} (your own: setup checks its Python)"
         if "amiId" in i
         else f"Image     {i['name']}, newest; Python {i['python']}",
@@ -240,7 +244,7 @@ def _cost_lines(plan: dict[str, Any]) -> list[str]:
     c, k = plan["cluster"], plan["cost"]
     return [
         f"Cost (us-east-1 on-demand, prices of {k['priceDate']})",
-        f"  GPU nodes      ${k['gpuNodes']:.4f}/h ({c['nodes']} x {c['instanceType']})",
+        f"  GPU nodes      ${k['gpuNodes']:.4f}/h ({c['nodes'] * c['replicas']} x {c['instanceType']})",
         f"  gateway        ${k['gateway']:.4f}/h",
         f"  NAT gateway    ${k['natGateway']:.4f}/h (plus data processed)",
         f"  model cache    ${k['modelCache']:.4f}/h (EFS storage for the weights)",

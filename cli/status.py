@@ -1,10 +1,18 @@
-"""`vllm-cluster status --stack NAME`: gang health, not process health. Ray's live
-nodes and GPUs against what the stack expects, vLLM's unit and /health, a real
-small completion through the endpoint with its latency, and vLLM's metrics.
+"""`vllm-cluster status --stack NAME`: gang health, not process health, for each gang
+and for the pool the gateway balances over. Per gang, from its head: Ray's live nodes
+and GPUs against the gang's nodes, vLLM's unit and /health, a real small completion
+against that head's own vLLM (the gateway would pick any gang), and vLLM's metrics.
+For the pool: a real small completion through the endpoint with its latency, and the
+gateway's view of which gangs it sends requests to (a drained gang is out of it).
 
-Exit 0 healthy; 1 degraded (vLLM is up but a node or GPU is missing, or completions
-fail: what is wrong is named); 2 down (vLLM is not serving); 3 unknown (the tool
-could not look: no outputs, no answer from the head, and no completion either).
+A gang serves when its own completion succeeds: it is serving, degraded (serving
+but a node or GPU is missing), down (not serving) or unknown (its head did not answer).
+
+Exit 0 healthy (every gang serves whole); 1 degraded (something serves, but a gang
+does not, lacks a node or GPU, or the endpoint's completion fails: what is wrong is
+named); 2 down (no gang serves); 3 unknown (the tool could not look: no outputs, no
+answer from any head, and no completion either). A gang drained from the gateway's
+pool (a planned restart) is shown as drained, not counted as a fault.
 """
 
 from __future__ import annotations
@@ -12,102 +20,246 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
-from cli.cluster import Cluster, stack_outputs
+from cli.cluster import Cluster, Gang, stack_outputs
 from cli.stack_file import read_stack
 from components import bootstrap
 
 HEALTHY, DEGRADED, DOWN, UNKNOWN = 0, 1, 2, 3
 VERDICTS = {HEALTHY: "healthy", DEGRADED: "degraded", DOWN: "down", UNKNOWN: "unknown"}
+# A gang's verdict, and how the pool's problems name a gang that has one.
+SERVING, GANG_DEGRADED, GANG_DOWN, GANG_UNKNOWN = "serving", "degraded", "down", "unknown"
+GANG_STATES = {GANG_DEGRADED: "is degraded", GANG_DOWN: "is not serving", GANG_UNKNOWN: "is unknown"}
+# status-facts on a head: the GCS and /health (10 s each at most), its completion
+# (30 s at most, scripts/node/vllm-cluster-node), two metric samples 2 s apart.
+FACTS_TIMEOUT = 120
+DRAINED = "drained"  # the gateway's word for a gang out of its pool
+
+
+def _head_answer(result) -> dict:
+    """A head's status-facts answer: {facts, factsError}, facts None when it gave none."""
+    facts = None
+    if result.returncode == 0 and result.stdout.strip():
+        try:
+            facts = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            pass
+    error = None if facts is not None else (result.stderr.strip() or "no answer from the head")
+    return {"facts": facts, "factsError": error}
+
+
+def _gateway_pool(result) -> dict:
+    """The gateway's pool as `vllm-cluster-gateway pool` prints it, one gang a line
+    (`gang1 10.0.1.9:8000 drained not-serving`): {view: name -> {address, state,
+    health}, error}. view is None when the gateway gave none (one from before
+    replicas has no such subcommand): status then judges without it."""
+    view = {}
+    if result.returncode == 0:
+        for line in result.stdout.splitlines():
+            fields = line.split()
+            if len(fields) >= 3:
+                view[fields[0]] = {"address": fields[1], "state": fields[2], "health": (fields[3:] or [None])[0]}
+    if view:
+        return {"view": view, "error": None}
+    error = " ".join(result.stderr.split()) if result.returncode else "it listed no gang"
+    return {"view": None, "error": error or f"exit {result.returncode}"}
 
 
 def snapshot(cluster: Cluster, spec) -> dict:
-    head = cluster.nodes[0]
-    result = cluster.ssh(head, f"sudo {bootstrap.NODE_COMMAND} status-facts")
-    facts = json.loads(result.stdout) if result.returncode == 0 and result.stdout.strip() else None
-    status, seconds, error = cluster.completion(bootstrap.served_model_name(spec))
-    return {
-        "facts": facts,
-        "factsError": None if facts else (result.stderr.strip() or "no answer from the head"),
-        "completion": {"status": status, "seconds": round(seconds, 3), "error": error},
-    }
+    """Every gang's head's status-facts, a completion through the endpoint and the
+    gateway's pool, asked at once (each bounded by its own timeout)."""
+    facts_command = f"sudo {bootstrap.NODE_COMMAND} status-facts"
+    with ThreadPoolExecutor(len(cluster.gangs) + 2) as pool:
+        heads = [pool.submit(cluster.ssh, gang.head, facts_command, FACTS_TIMEOUT) for gang in cluster.gangs]
+        endpoint = pool.submit(cluster.completion, bootstrap.served_model_name(spec))
+        gateway = pool.submit(cluster.ssh_gateway, f"sudo {bootstrap.GATEWAY_COMMAND} pool")
+        status, seconds, error = endpoint.result()
+        return {
+            "gangs": [_head_answer(head.result()) for head in heads],
+            "completion": {"status": status, "seconds": round(seconds, 3), "error": error},
+            "gateway": _gateway_pool(gateway.result()),
+        }
 
 
-def assess(cluster: Cluster, spec, snap: dict) -> dict:
-    facts = snap["facts"]
+def _http(status) -> str:
+    return f"HTTP {status or 'nothing'}"
+
+
+def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None) -> dict:
+    """One gang's verdict from its head's facts: serving, degraded, down or unknown."""
+    facts = answer["facts"]
     seen = facts is not None and "ray_error" not in facts  # did we see Ray's membership at all?
     alive = (facts or {}).get("alive", {})
-    gpus_expected = spec.nodes * spec.gpus_per_node
+    gpus_expected = len(gang.nodes) * spec.gpus_per_node
     nodes = [
         {"node": n.name, "ip": n.ip, "alive": (n.ip in alive) if seen else None, "gpus": alive.get(n.ip)}
-        for n in cluster.nodes
+        for n in gang.nodes
     ]
-    gpus = sum(alive.get(n.ip, 0) for n in cluster.nodes)
-    completion = snap["completion"]
-    problems = []
+    gpus = sum(alive.get(n.ip, 0) for n in gang.nodes)
+    completion = (facts or {}).get("completion")
+    vllm = {"unit": (facts or {}).get("vllm_unit"), "health": (facts or {}).get("health")}
+    problems, not_serving = [], None
     if facts is None:
-        problems.append(f"the head did not answer: {snap['factsError']}")
-    elif not seen:
-        problems.append(f"Ray's GCS did not answer on the head: {facts['ray_error']}")
+        problems.append(f"the head did not answer: {answer['factsError']}")
     else:
-        problems += [f"{n['node']} ({n['ip']}) is not in the Ray cluster" for n in nodes if not n["alive"]]
-        if gpus < gpus_expected:
-            problems.append(f"Ray has {gpus:g} of {gpus_expected} GPUs")
-    if completion["status"] != 200:
-        problems.append(
-            f"a completion through the endpoint got HTTP {completion['status'] or 'nothing'}"
-            + (f" ({completion['error']})" if completion["error"] else "")
-        )
-    if facts is None and completion["status"] != 200:
-        verdict = UNKNOWN  # nothing answered: we cannot tell down from unreachable
-    elif facts is not None and facts.get("health") != 200 and completion["status"] != 200:
-        verdict = DOWN
-        problems.insert(
-            0,
-            f"vLLM is not serving (unit {facts.get('vllm_unit', 'unknown')}, "
-            f"/health {facts.get('health') or 'no answer'})",
-        )
+        if not seen:
+            problems.append(f"Ray's GCS did not answer on the head: {facts['ray_error']}")
+        else:
+            problems += [f"{n['node']} ({n['ip']}) is not in the Ray cluster" for n in nodes if not n["alive"]]
+            if gpus < gpus_expected:
+                problems.append(f"Ray has {gpus:g} of {gpus_expected} GPUs")
+        # A head whose status-facts predates its own completion: /health has to do.
+        serves = completion["status"] == 200 if completion else vllm["health"] == 200
+        if not serves:
+            not_serving = f"unit {vllm['unit'] or 'unknown'}, /health {vllm['health'] or 'no answer'}"
+            if completion:
+                error = f" ({completion['error']})" if completion["error"] else ""
+                not_serving += f", a completion on {gang.head.name} got {_http(completion['status'])}{error}"
+            problems.insert(0, f"vLLM is not serving ({not_serving})")
+    if facts is None:
+        verdict = GANG_UNKNOWN
+    elif not_serving:
+        verdict = GANG_DOWN
     else:
-        verdict = DEGRADED if problems else HEALTHY
+        verdict = GANG_DEGRADED if problems else SERVING
     return {
-        "verdict": VERDICTS[verdict],
-        "exitCode": verdict,
+        "name": gang.name,
+        "verdict": verdict,
+        "serving": verdict in (SERVING, GANG_DEGRADED),
+        "notServingReason": not_serving,
+        "pool": pool_entry,
         "problems": problems,
         "nodes": nodes,
         "ray": {
             "nodes": sum(bool(n["alive"]) for n in nodes),
-            "expectedNodes": spec.nodes,
+            "expectedNodes": len(gang.nodes),
             "gpus": gpus,
             "expectedGpus": gpus_expected,
         },
-        "vllm": {"unit": (facts or {}).get("vllm_unit"), "health": (facts or {}).get("health")},
+        "vllm": vllm,
         "completion": completion,
         "metrics": (facts or {}).get("metrics"),
     }
 
 
-def render(stack: str, report: dict, endpoint: str) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    lines = [f"vllm-cluster status: stack {stack}   {stamp}", "", f"  {'node':10s}{'ip':17s}{'ray':9s}GPUs"]
-    for node in report["nodes"]:
+def _gang_problem(gang: dict) -> str:
+    """A gang's problems as one of the pool's: named, so the operator knows which."""
+    problems = gang["problems"]
+    if gang["verdict"] == GANG_DOWN:  # its first problem says why it does not serve
+        return f"{gang['name']} is not serving ({gang['notServingReason']})" + "".join(f"; {p}" for p in problems[1:])
+    return f"{gang['name']} {GANG_STATES[gang['verdict']]}: " + "; ".join(problems)
+
+
+def assess(cluster: Cluster, spec, snap: dict) -> dict:
+    """The pool's verdict from every gang's and the endpoint's. The top-level nodes,
+    ray, vllm and metrics are gang 0's (as before replicas); verdict, exitCode,
+    problems and completion (through the endpoint) are the pool's."""
+    view = snap["gateway"]["view"]
+    gangs = [
+        assess_gang(gang, spec, answer, None if view is None else view.get(gang.name))
+        for gang, answer in zip(cluster.gangs, snap["gangs"], strict=True)
+    ]
+    drained = {g["name"] for g in gangs if (g["pool"] or {}).get("state") == DRAINED}
+    completion = snap["completion"]
+    problems, notes = [], []
+    for gang in gangs:
+        if gang["name"] in drained:
+            # Out of the pool on purpose (a planned restart): shown, not a fault.
+            notes.append(
+                f"{gang['name']} is drained: out of the gateway's pool" + "".join(f"; {p}" for p in gang["problems"])
+            )
+        elif gang["problems"]:
+            problems += gang["problems"] if len(gangs) == 1 else [_gang_problem(gang)]
+        if view is not None and gang["pool"] is None:
+            problems.append(f"{gang['name']} is not in the gateway's pool: the gateway sends it no request")
+    if completion["status"] != 200:
+        problems.append(
+            f"a completion through the endpoint got {_http(completion['status'])}"
+            + (f" ({completion['error']})" if completion["error"] else "")
+        )
+    serving_in_pool = [g for g in gangs if g["serving"] and g["name"] not in drained]
+    if all(g["verdict"] == GANG_UNKNOWN for g in gangs) and completion["status"] != 200:
+        verdict = UNKNOWN  # nothing answered: we cannot tell down from unreachable
+    elif not serving_in_pool and completion["status"] != 200:
+        verdict = DOWN
+    else:
+        verdict = DEGRADED if problems else HEALTHY
+    first = gangs[0]
+    return {
+        "verdict": VERDICTS[verdict],
+        "exitCode": verdict,
+        "problems": problems,
+        "notes": notes,
+        "pool": {
+            "serving": [g["name"] for g in gangs if g["serving"]],
+            "notServing": [g["name"] for g in gangs if not g["serving"]],
+            "drained": None if view is None else sorted(drained),
+            "gatewayError": snap["gateway"]["error"],
+        },
+        "gangs": gangs,
+        "nodes": first["nodes"],
+        "ray": first["ray"],
+        "vllm": first["vllm"],
+        "completion": completion,
+        "metrics": first["metrics"],
+    }
+
+
+def _gang_lines(gang: dict, width: int) -> list[str]:
+    lines = [f"  {'node':{width}s}{'ip':17s}{'ray':9s}GPUs"]
+    for node in gang["nodes"]:
         gpus = f"{node['gpus']:g}" if node["gpus"] is not None else "-"
         state = {True: "alive", False: "MISSING", None: "unknown"}[node["alive"]]
-        lines.append(f"  {node['node']:10s}{node['ip']:17s}{state:9s}{gpus}")
-    ray, vllm, completion, metrics = report["ray"], report["vllm"], report["completion"], report["metrics"]
+        lines.append(f"  {node['node']:{width}s}{node['ip']:17s}{state:9s}{gpus}")
+    ray, vllm, completion, metrics = gang["ray"], gang["vllm"], gang["completion"], gang["metrics"]
+    head = gang["nodes"][0]
     lines += [
         "",
         f"  ray         {ray['nodes']}/{ray['expectedNodes']} nodes, {ray['gpus']:g}/{ray['expectedGpus']} GPUs",
         f"  vllm        unit {vllm['unit'] or 'unknown'}, /health {vllm['health'] if vllm['health'] else 'no answer'}",
-        f"  completion  HTTP {completion['status'] or 'none'} in {completion['seconds']:.2f} s through {endpoint}",
     ]
+    if completion:
+        lines.append(
+            f"  completion  HTTP {completion['status'] or 'none'} in {completion['seconds']:.2f} s "
+            f"on {head['node']} ({head['ip']})"
+        )
     if metrics:
         lines.append(
             f"  metrics     running {metrics['running']:g}, waiting {metrics['waiting']:g}, "
             f"KV cache {metrics['kv_cache_usage'] * 100:.1f}%, {metrics['tokens_per_second']:.1f} tokens/s"
         )
-    lines += ["", f"  verdict     {report['verdict'].upper()}"]
+    return lines
+
+
+def render(stack: str, report: dict, endpoint: str) -> str:
+    """One block per gang, then the pool; with one gang, no gang headings."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    gangs = report["gangs"]
+    width = max(10, *(len(n["node"]) + 2 for g in gangs for n in g["nodes"]))
+    lines = [f"vllm-cluster status: stack {stack}   {stamp}"]
+    for gang in gangs:
+        lines.append("")
+        if len(gangs) > 1:
+            where = f", {gang['pool']['state']}" if gang["pool"] else ""
+            lines.append(f"  {gang['name']:12s}{gang['verdict'].upper()}{where}")
+        lines += _gang_lines(gang, width)
+        if len(gangs) > 1:
+            lines += [f"    - {problem}" for problem in gang["problems"]]
+    completion, pool = report["completion"], report["pool"]
+    lines.append("")
+    if len(gangs) > 1:
+        drained = f"; drained: {', '.join(pool['drained']) or 'none'}" if pool["drained"] is not None else ""
+        unseen = f" (no pool view from the gateway: {pool['gatewayError']})" if pool["drained"] is None else ""
+        lines.append(f"  pool        {len(pool['serving'])} of {len(gangs)} gangs serving{drained}{unseen}")
+    lines += [
+        f"  endpoint    HTTP {completion['status'] or 'none'} in {completion['seconds']:.2f} s through {endpoint}",
+        "",
+        f"  verdict     {report['verdict'].upper()}",
+    ]
     lines += [f"    - {problem}" for problem in report["problems"]]
+    lines += [f"    note: {note}" for note in report["notes"]]
     return "\n".join(lines)
 
 

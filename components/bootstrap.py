@@ -93,6 +93,8 @@ class NodeBoot:
     # The nodes' Python environment: the text of the stack's lock (spec nodeLock,
     # components/node_env.py). Sent with the setup command, not in the user data.
     node_lock: str
+    # The gang (replica) the node serves in: it names the node (topology.node_name).
+    gang: int = 0
 
 
 def _python_requirement(boot: NodeBoot) -> dict[str, str]:
@@ -134,7 +136,7 @@ def cluster_env(boot: NodeBoot) -> str:
     """/etc/vllm-cluster/cluster.env: what the stack decided for one node."""
     values = {
         "NODE_INDEX": str(boot.index),
-        "NODE_NAME": node_name(boot.index),
+        "NODE_NAME": node_name(boot.index, boot.gang),
         "NODE_ROLE": node_role(boot.index),
         "HEAD_IP": boot.head_ip,
         "NODE_SUBNET_CIDR": boot.subnet_cidr,
@@ -320,10 +322,10 @@ def vllm_serve_args(spec: ClusterSpec, head_ip: str) -> list[str]:
 VLLM_VARIABLES_SET = ("VLLM_ENGINE_READY_TIMEOUT_S", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "VLLM_NO_USAGE_STATS")
 
 
-def vllm_env(spec: ClusterSpec, head_ip: str, node_ips: list[str]) -> str:
-    """/etc/vllm-cluster/vllm.env on the head: the serve arguments and the cluster
-    vLLM must see before it starts (every node by name and IP, every GPU)."""
-    expected = ",".join(f"{node_name(i)}={ip}" for i, ip in enumerate(node_ips))
+def vllm_env(spec: ClusterSpec, head_ip: str, node_ips: list[str], gang: int = 0) -> str:
+    """/etc/vllm-cluster/vllm.env on a gang's head: the serve arguments and the cluster
+    vLLM must see before it starts (every node of the gang by name and IP, every GPU)."""
+    expected = ",".join(f"{node_name(i, gang)}={ip}" for i, ip in enumerate(node_ips))
     return env_file(
         {
             "SERVE_ARGS": " ".join(vllm_serve_args(spec, head_ip)),
@@ -345,19 +347,53 @@ def vllm_env(spec: ClusterSpec, head_ip: str, node_ips: list[str]) -> str:
 
 # --- gateway -----------------------------------------------------------------------
 
+# The API pool's servers, one line per gang, in a file of their own: the stack sends the
+# gangs (`vllm-cluster-gateway configure --gangs`), and the gateway renders the file
+# from them and from the gangs drained for a restart (`drain`, `return`), so taking a gang
+# out never waits for a `pulumi up`. Not under conf.d: nginx.conf includes conf.d/*.conf
+# in its http block, where a bare `server` line is an error.
+NGINX_UPSTREAM_INCLUDE = "/etc/nginx/vllm-cluster-upstream.inc"
+# A connection to a head inside the VPC takes milliseconds: one that has not opened in
+# this long is a head that is off, and the request moves on to another gang instead of
+# waiting nginx's default 60 s.
+GATEWAY_CONNECT_TIMEOUT_SECONDS = 3
+# A request a gang could not serve is passed to another gang at most this many tries in
+# all, and only within this many seconds of its first try: long enough for a dead head's
+# connect timeout and a second gang, short enough that a generation which ran into the
+# read timeout is not run again elsewhere (never longer than the read timeout).
+GATEWAY_RETRY_TRIES = 3
+GATEWAY_RETRY_WINDOW_SECONDS = 15
+# `drain --timeout`: how long a drain waits for the requests in flight on the gang it took
+# out of the pool (then it goes on, with a warning). nginx's read timeout bounds a
+# non-streamed generation; a stack that set apiReadTimeoutSeconds may pass that instead.
+GATEWAY_DRAIN_TIMEOUT_SECONDS = DEFAULT_API_READ_TIMEOUT_SECONDS
+# `drain --wait`: how long a serving gang's drain waits for the roll lease (another gang's
+# restart to end with its `return`) and for another gang to serve: a whole restart of one
+# gang, model load included.
+GATEWAY_ROLL_WAIT_SECONDS = 3600
+
+
+def gateway_gangs(head_ips: dict[str, str]) -> str:
+    """The value of `vllm-cluster-gateway configure --gangs`: each gang's name and the
+    address of its head's vLLM, in the order given: gang0=IP:PORT,gang1=IP:PORT."""
+    return ",".join(f"{gang}={ip}:{ports.VLLM_API}" for gang, ip in head_ips.items())
+
 
 def nginx_site(
-    head_ip: str,
+    dashboard_head_ip: str,
     admin_cidrs: tuple[str, ...],
     cert_path: str = f"{TLS_DIR}/cert.pem",
     key_path: str = f"{TLS_DIR}/key.pem",
     *,
     read_timeout_seconds: int = DEFAULT_API_READ_TIMEOUT_SECONDS,
     rate_limit_per_second: int = DEFAULT_API_RATE_LIMIT_PER_SECOND,
+    upstream_include: str = NGINX_UPSTREAM_INCLUDE,
 ) -> str:
     """The gateway's nginx site (an http-context file for conf.d): TLS on the API
     port with an allowlist of routes, a body limit, a read timeout and a per-client
-    rate limit (none when 0), and the Ray dashboard on the admin port for adminCidrs only."""
+    rate limit (none when 0), balanced over every gang's head (the servers are in
+    `upstream_include`, which the gateway renders); and the Ray dashboard of one head
+    (gang0's, `dashboard_head_ip`) on the admin port for adminCidrs only."""
     # TLS settings go in each server block: the distribution's nginx.conf already sets
     # ssl_protocols in the http block, and a second one there is an error.
     tls = f"""    ssl_certificate {cert_path};
@@ -374,15 +410,22 @@ def nginx_site(
     return (
         "# vllm-cluster gateway, generated by components/bootstrap.py. Do not edit on the host:\n"
         "# the next `pulumi up` writes it again. Included in nginx.conf's http block (conf.d).\n\n"
-        f"{rate_zone}{_nginx_upstreams(head_ip)}\n"
+        f"{rate_zone}{_nginx_upstreams(dashboard_head_ip, upstream_include)}\n"
         f"{_nginx_api_server(tls, read_timeout_seconds, rate_limit_per_second)}\n"
         f"{_nginx_dashboard_server(tls, admin_cidrs)}"
     )
 
 
-def _nginx_upstreams(head_ip: str) -> str:
+def _nginx_upstreams(dashboard_head_ip: str, upstream_include: str) -> str:
     return f"""upstream vllm_api {{
-    server {head_ip}:{ports.VLLM_API};
+    # Each request to the gang with the fewest requests in flight: a generation holds
+    # its connection for seconds to minutes, so this balances better than taking turns.
+    # A balancing method must come before keepalive (nginx docs, upstream keepalive).
+    least_conn;
+    # One server line per gang, written by vllm-cluster-gateway (configure, drain,
+    # return): a gang drained for a restart is `down`, and the others are taken out for
+    # a while after a failed try (max_fails); the file says why.
+    include {upstream_include};
     keepalive 16;
     # Idle connections close here before vLLM closes them
     # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE {VLLM_HTTP_KEEP_ALIVE_SECONDS} s).
@@ -390,7 +433,7 @@ def _nginx_upstreams(head_ip: str) -> str:
 }}
 
 upstream ray_dashboard {{
-    server {head_ip}:{ports.RAY_DASHBOARD};
+    server {dashboard_head_ip}:{ports.RAY_DASHBOARD};
 }}
 """
 
@@ -425,6 +468,20 @@ server {{
     proxy_buffering off;
     # Between two reads from vLLM: a non-streamed generation longer than this gets 504.
     proxy_read_timeout {read_timeout_seconds}s;
+    # Inside the VPC a connect takes milliseconds: a head that is off must not hold the
+    # request for nginx's default 60 s before the next gang is tried.
+    proxy_connect_timeout {GATEWAY_CONNECT_TIMEOUT_SECONDS}s;
+    # A request a gang could not serve goes to another gang: the connection failed or
+    # broke before a response header (error), did not open or answer in time (timeout),
+    # or vLLM answered 502/503. A POST (every completion) that was already sent is
+    # passed on only with non_idempotent; running a generation again changes nothing.
+    # nginx never retries once a byte went to the client, so a stream is not restarted,
+    # and the body can be sent again because proxy_request_buffering stays on.
+    proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+    # At most this many tries in all, and none after this long since the first: a
+    # generation that ran into proxy_read_timeout is not run again on another gang.
+    proxy_next_upstream_tries {GATEWAY_RETRY_TRIES};
+    proxy_next_upstream_timeout {min(GATEWAY_RETRY_WINDOW_SECONDS, read_timeout_seconds)}s;
 {api_locations}
     location / {{
         return 404;

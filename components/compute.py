@@ -1,5 +1,8 @@
-"""The GPU nodes: a cluster placement group, an instance role, one launch template
-and the head plus nodes - 1 workers, all in the private subnet without public IPs.
+"""The GPU nodes: an instance role, and per gang (one per replica) a cluster
+placement group, a launch template and the head plus nodes - 1 workers, all in the
+private subnet without public IPs. Gang 0's resources keep the names they had
+before replicas existed (topology.gang_prefix), so a stack of one replica replaces
+nothing; the other gangs' names carry their gang (vllm-gang1-head).
 
 The launch template carries what every node shares: the Deep Learning Base AMI
 (NVIDIA driver and EFA software preinstalled, so nothing compiles at boot), IMDSv2
@@ -24,7 +27,7 @@ import pulumi_aws as aws
 
 from components import bootstrap, image
 from components.tagging import renamed_from, tags
-from components.topology import InterfaceSlot, node_name, node_role
+from components.topology import InterfaceSlot, gang_name, gang_prefix, node_name, node_role
 
 
 @dataclass
@@ -48,9 +51,11 @@ class NodeBootArgs:
     node_lock: str
 
 
-def node_boot(boot: NodeBootArgs, index: int, head_ip: pulumi.Input[str] | None) -> pulumi.Output[bootstrap.NodeBoot]:
-    """Node `index`'s NodeBoot. The head gets no head IP (it learns its own at boot);
-    a worker gets the head's private IP."""
+def node_boot(
+    boot: NodeBootArgs, index: int, head_ip: pulumi.Input[str] | None, gang: int = 0
+) -> pulumi.Output[bootstrap.NodeBoot]:
+    """Node `index`'s NodeBoot in `gang`. The head gets no head IP (it learns its own at
+    boot); a worker gets its gang head's private IP."""
     return pulumi.Output.all(
         head_ip if head_ip is not None else "",
         boot.subnet_cidr,
@@ -72,6 +77,7 @@ def node_boot(boot: NodeBootArgs, index: int, head_ip: pulumi.Input[str] | None)
             vllm_version=boot.vllm_version,
             login_probe_key=values[5],
             node_lock=boot.node_lock,
+            gang=gang,
         )
     )
 
@@ -84,7 +90,7 @@ class GpuNodesArgs:
     and it keeps what decides the node count and layout visible at the call site."""
 
     instance_type: str
-    node_count: int  # the head plus node_count - 1 workers
+    node_count: int  # per gang: the head plus node_count - 1 workers
     # Every node's network interfaces, per network card (topology.interface_layout).
     interfaces: Sequence[InterfaceSlot]
     # The configured AMI, or None for the newest Deep Learning Base AMI.
@@ -106,6 +112,8 @@ class GpuNodesArgs:
     # Resources a node needs in place when it boots (routes, security group rules,
     # the EFS mount target): EC2 would otherwise start it before they exist.
     boot_after: Sequence[pulumi.Resource] = ()
+    # Gangs: independent copies of the model, each node_count nodes in a placement group of its own.
+    replicas: int = 1
 
 
 def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
@@ -158,30 +166,58 @@ def replacement_notice(reservation_id: str) -> str:
     )
 
 
+@dataclass
+class Gang:
+    """One copy of the model: a head and its workers, one Ray cluster, one placement group."""
+
+    index: int
+    head: aws.ec2.Instance
+    workers: list[aws.ec2.Instance]
+    # The group the gang launches into: the configured one, ours, or None for no group.
+    placement_group_name: pulumi.Input[str] | None
+
+    @property
+    def name(self) -> str:
+        return gang_name(self.index)
+
+    @property
+    def instances(self) -> list[aws.ec2.Instance]:
+        return [self.head, *self.workers]
+
+
 class GpuNodes(pulumi.ComponentResource):
+    gangs: list[Gang]
+    # Gang 0's, under the names these had before replicas.
     head: aws.ec2.Instance
     workers: list[aws.ec2.Instance]
     head_private_ip: pulumi.Output[str]
     worker_private_ips: pulumi.Output[list]
     launch_template_id: pulumi.Output[str]
-    # The group the nodes launch into: the configured one, ours, or None for no group.
     placement_group_name: pulumi.Input[str] | None
 
     def __init__(self, name: str, args: GpuNodesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:GpuNodes", name, None, opts)
-        self.placement_group_name = self._placement_group(name, args)
         profile = self._instance_profile(name, args.model_cache_arn)
-        template = self._launch_template(name, args, profile)
-
         if args.capacity_reservation_id is not None:
             pulumi.log.warn(replacement_notice(args.capacity_reservation_id), resource=self)
-        self.head = self._node(name, 0, template, args, None)
-        head_ip = self.head.private_ip
-        self.workers = [self._node(name, index, template, args, head_ip) for index in range(1, args.node_count)]
+        templates = []
+        self.gangs = []
+        for gang in range(args.replicas):
+            # Per gang: the placement group is part of the launch template.
+            placement_group_name = self._placement_group(name, gang, args)
+            template = self._launch_template(name, gang, args, profile, placement_group_name)
+            head = self._node(name, gang, 0, template, args, None)
+            workers = [
+                self._node(name, gang, index, template, args, head.private_ip) for index in range(1, args.node_count)
+            ]
+            templates.append(template)
+            self.gangs.append(Gang(gang, head, workers, placement_group_name))
 
-        self.head_private_ip = head_ip
+        first = self.gangs[0]
+        self.head, self.workers, self.placement_group_name = first.head, first.workers, first.placement_group_name
+        self.head_private_ip = self.head.private_ip
         self.worker_private_ips = pulumi.Output.all(*[w.private_ip for w in self.workers])
-        self.launch_template_id = template.id
+        self.launch_template_id = templates[0].id
         self.register_outputs(
             {
                 "headPrivateIp": self.head_private_ip,
@@ -191,17 +227,19 @@ class GpuNodes(pulumi.ComponentResource):
             }
         )
 
-    def _placement_group(self, name: str, args: GpuNodesArgs) -> pulumi.Input[str] | None:
+    def _placement_group(self, name: str, gang: int, args: GpuNodesArgs) -> pulumi.Input[str] | None:
         """An existing group by name (a reservation made in a cluster placement group serves
-        only instances launched into that group), or one of our own when needed."""
+        only instances launched into that group; spec allows it with one gang only), or
+        one of our own per gang when needed: a gang's EFA traffic stays in its group."""
         if not args.create_placement_group:
             return args.placement_group_name
         # "cluster": all nodes on one low-latency network spine in one zone, which EFA requires.
+        group_name = f"{name}-{gang_prefix(gang)}node-placement-group"
         group = aws.ec2.PlacementGroup(
-            f"{name}-node-placement-group",
+            group_name,
             strategy="cluster",
-            tags=tags(f"{name}-node-placement-group"),
-            opts=renamed_from(f"{name}-placement", parent=self),
+            tags=tags(group_name),
+            opts=renamed_from(f"{name}-placement", parent=self) if gang == 0 else pulumi.ResourceOptions(parent=self),
         )
         return group.name
 
@@ -267,14 +305,19 @@ class GpuNodes(pulumi.ComponentResource):
         return interfaces
 
     def _launch_template(
-        self, name: str, args: GpuNodesArgs, profile: aws.iam.InstanceProfile
+        self,
+        name: str,
+        gang: int,
+        args: GpuNodesArgs,
+        profile: aws.iam.InstanceProfile,
+        placement_group_name: pulumi.Input[str] | None,
     ) -> aws.ec2.LaunchTemplate:
-        """What every node shares. Its name and every tag in it stay as first deployed:
-        any change to the template's contents makes a new version, which replaces every
-        GPU node."""
+        """What every node of a gang shares. Its name and every tag in it stay as first
+        deployed: any change to the template's contents makes a new version, which
+        replaces every GPU node of the gang."""
         node_ami = node_image(args.ami_id, pulumi.InvokeOptions(parent=self))
         return aws.ec2.LaunchTemplate(
-            f"{name}-template",
+            f"{name}-{gang_prefix(gang)}template",
             image_id=node_ami.id,
             instance_type=args.instance_type,
             key_name=args.key_pair_name,
@@ -297,7 +340,7 @@ class GpuNodes(pulumi.ComponentResource):
                 }
             ],
             network_interfaces=self._interfaces(args),
-            placement={"group_name": self.placement_group_name} if self.placement_group_name is not None else None,
+            placement={"group_name": placement_group_name} if placement_group_name is not None else None,
             # GPU capacity (p5 above all) usually comes from a reservation or a Capacity Block.
             capacity_reservation_specification=(
                 {"capacity_reservation_target": {"capacity_reservation_id": args.capacity_reservation_id}}
@@ -305,22 +348,23 @@ class GpuNodes(pulumi.ComponentResource):
                 else None
             ),
             tag_specifications=[
-                {"resource_type": "volume", "tags": tags(f"{name}-volume")},
-                {"resource_type": "network-interface", "tags": tags(f"{name}-interface")},
+                {"resource_type": "volume", "tags": tags(f"{name}-{gang_prefix(gang)}volume")},
+                {"resource_type": "network-interface", "tags": tags(f"{name}-{gang_prefix(gang)}interface")},
             ],
-            tags=tags(f"{name}-template"),
+            tags=tags(f"{name}-{gang_prefix(gang)}template"),
             # A newer Deep Learning AMI must not replace running GPU nodes on an unrelated
             # `pulumi up`: the looked-up image is kept until the user pins amiId.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if args.ami_id is None else None),
         )
 
     def _node(
-        self, name: str, index: int, template: aws.ec2.LaunchTemplate, args: GpuNodesArgs, head_ip
+        self, name: str, gang: int, index: int, template: aws.ec2.LaunchTemplate, args: GpuNodesArgs, head_ip
     ) -> aws.ec2.Instance:
         role = node_role(index)
-        user_data = node_boot(args.boot, index, head_ip).apply(bootstrap.node_user_data)
+        user_data = node_boot(args.boot, index, head_ip, gang).apply(bootstrap.node_user_data)
+        gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.replicas > 1 else {}
         return aws.ec2.Instance(
-            f"{name}-{node_name(index)}",
+            f"{name}-{node_name(index, gang)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             # Gzipped: the script and units exceed EC2's 16 KiB user data limit as text;
             # cloud-init unpacks gzip by itself.
@@ -328,8 +372,9 @@ class GpuNodes(pulumi.ComponentResource):
             # A Capacity Block is only usable with this market type.
             instance_market_options={"market_type": "capacity-block"} if args.capacity_block else None,
             tags=tags(
-                f"{name}-{node_name(index)}",
+                f"{name}-{node_name(index, gang)}",
                 **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
+                **gang_tag,
             ),
             # User data is first-boot only (cloud-init runs it once per instance), and
             # changing it would stop and start a GPU node. Later changes reach running

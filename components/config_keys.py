@@ -29,6 +29,9 @@ MAX_API_READ_TIMEOUT_SECONDS = 3600
 # Per client address: stops a runaway script, not a busy application. Every client behind
 # one NAT shares it; 0 turns it off (the API key still guards the routes).
 DEFAULT_API_RATE_LIMIT_PER_SECOND = 20
+# Gangs behind one gateway: its nginx and a t3.small carry far more, but every gang is
+# `nodes` GPU instances and the roll takes one engine start per gang.
+MAX_REPLICAS = 16
 MAX_API_RATE_LIMIT_PER_SECOND = 10000
 
 
@@ -69,6 +72,10 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "GPU instance type for every node; one of the catalog's types."),
     ConfigKey("nodes", "integer",
               "Number of GPU nodes: one head plus nodes - 1 workers.", default=1),
+    ConfigKey("replicas", "integer",
+              "Copies of the model: independent gangs of `nodes` nodes each (own Ray cluster and placement "
+              "group) behind the one gateway, which balances across them and rolls changes one gang at a time.",
+              default=1),
     ConfigKey("tensorParallelSize", "integer",
               "Tensor-parallel size; stays inside one node. 0: the GPUs of one node.", default=0, auto=True),
     ConfigKey("pipelineParallelSize", "integer",

@@ -7,7 +7,15 @@
     -> preflight (every node's facts, compared on the head) -> vLLM started
     -> readiness: a real completion through the gateway.
   The gateway: setup -> login probe key -> (waits for the nodes); certificate and
-  key -> nginx site.
+  key -> nginx site (the gang pool).
+
+With several replicas every gang (a head and its workers) goes through the node
+steps above on its own, and the model is staged once. A gang's steps start with
+its drain on the gateway and its vLLM ends with its return to the pool: the
+gateway's rolling lease lets one serving gang out at a time while another serves,
+so a day-2 change that restarts Ray or vLLM rolls over the gangs one after the
+other and fails no request (scripts/gateway/vllm-cluster-gateway drain). On the
+first `pulumi up` no gang serves yet: nothing waits, every gang starts at once.
 
 Every command runs one idempotent subcommand of scripts/node/vllm-cluster-node or
 scripts/gateway/vllm-cluster-gateway, so re-running one by hand converges. A
@@ -25,11 +33,11 @@ from typing import Sequence
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap, image
+from components import bootstrap, image, ports
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
-from components.topology import node_name
+from components.topology import gang_name, gang_prefix, node_name
 
 # The default user of the Deep Learning AMI and of Ubuntu's own images.
 SSH_USER = image.DEFAULT_USER
@@ -40,6 +48,9 @@ PER_DIAL_TIMEOUT_SECONDS = 15
 
 # How long the node scripts wait for each stage before failing with a diagnosis.
 CLUSTER_READY_TIMEOUT_SECONDS = 900
+# start-vllm's own bound beyond the engine's start timeout: vllm.service's wait for the
+# cluster (30 min) and a margin (scripts/node/vllm-cluster-node cmd_start_vllm).
+START_VLLM_MARGIN_SECONDS = 1800 + 300
 # From launch to a node that accepts logins: boot, /run/nologin, cloud-init's start.
 LOGIN_TIMEOUT_SECONDS = 1200
 READINESS_TIMEOUT_SECONDS = 900
@@ -50,6 +61,28 @@ SECRET_OUTPUTS = ["stdout", "stderr"]
 
 
 @dataclass
+class ServingGang:
+    """One gang's hosts and its head's vllm.env (vllm_settings below)."""
+
+    index: int
+    node_ips: Sequence[pulumi.Output[str]]  # head first; one per node
+    # The instances: a command starts after its host exists.
+    instances: Sequence[pulumi.Resource]
+    vllm_settings: pulumi.Input[str]
+
+    @property
+    def name(self) -> str:
+        return gang_name(self.index)
+
+    def node(self, index: int) -> str:
+        return node_name(index, self.index)
+
+    def command(self, step: str) -> str:
+        """A gang-wide command's resource name: gang 0's as before replicas."""
+        return gang_prefix(self.index) + step
+
+
+@dataclass
 class ServicesArgs:
     """Plain values and Inputs (no spec, no callback), grouped by the step that uses them."""
 
@@ -57,9 +90,9 @@ class ServicesArgs:
     ssh_private_key: pulumi.Output[str]
     gateway_public_ip: pulumi.Output[str]
     gateway_private_ip: pulumi.Output[str]
-    node_ips: Sequence[pulumi.Output[str]]  # head first; one per node
-    # The instances (and the gateway's address): a command starts after its host exists.
-    nodes: Sequence[pulumi.Resource]
+    # Every gang, gang 0 first; one unless the stack has replicas.
+    gangs: Sequence[ServingGang]
+    # The gateway's instance and address: its commands start after both exist.
     gateway: Sequence[pulumi.Resource]
 
     # The gateway proxy: its first-boot script (sent again by its setup command), TLS and site.
@@ -79,19 +112,25 @@ class ServicesArgs:
     api_key: pulumi.Output[str]
     hf_token: Secret | None
 
-    # Serving: the model, the head's vllm.env (vllm_settings below) and what preflight expects.
+    # Serving: the model, what preflight expects, and how long a gang's restart may take.
     model: str
     model_revision: str
     hf_endpoint: str | None
-    vllm_settings: pulumi.Input[str]
     gpu_memory_gib: float
     efa_interfaces: int
+    engine_ready_timeout_seconds: int
+
+    @property
+    def rolling(self) -> bool:
+        """Restarts roll gang by gang through the gateway's pool; with one gang there
+        is nothing to roll over, and the stack declares what it did before replicas."""
+        return len(self.gangs) > 1
 
 
-def vllm_settings(spec: ClusterSpec, node_ips: Sequence[pulumi.Input[str]]) -> pulumi.Output[str]:
-    """/etc/vllm-cluster/vllm.env for the head (bootstrap.vllm_env), from the spec and
-    every node's private IP, head first."""
-    return pulumi.Output.all(*node_ips).apply(lambda ips: bootstrap.vllm_env(spec, ips[0], list(ips)))
+def vllm_settings(spec: ClusterSpec, node_ips: Sequence[pulumi.Input[str]], gang: int = 0) -> pulumi.Output[str]:
+    """/etc/vllm-cluster/vllm.env for a gang's head (bootstrap.vllm_env), from the spec
+    and every node's private IP in the gang, head first."""
+    return pulumi.Output.all(*node_ips).apply(lambda ips: bootstrap.vllm_env(spec, ips[0], list(ips), gang))
 
 
 def _dial(host: pulumi.Input[str], key: pulumi.Input[str]) -> dict:
@@ -146,11 +185,12 @@ class RayCommands:
 
 
 class ClusterServices(pulumi.ComponentResource):
-    """The remote commands of the module docstring, declared in four steps: the gateway
-    proxy, each node's bootstrap, Ray, then serving. Each step takes what it waits for
-    from the one before and returns what the next waits for."""
+    """The remote commands of the module docstring, declared in steps: the gateway
+    proxy, then per gang its drain (with replicas), each node's bootstrap, Ray and
+    serving. Each step takes what it waits for from the one before and returns what
+    the next waits for."""
 
-    # The readiness command's report: a real completion went through the gateway.
+    # The readiness commands' report: a real completion went through the gateway.
     readiness: pulumi.Output[str]
 
     def __init__(self, name: str, args: ServicesArgs, opts: pulumi.ResourceOptions | None = None):
@@ -160,9 +200,23 @@ class ClusterServices(pulumi.ComponentResource):
         self._gateway_dial = _dial(args.gateway_public_ip, args.ssh_private_key)
 
         gateway = self._gateway_proxy(args)
-        nodes = self._node_bootstrap(args, gateway.login_probe)
-        ray = self._ray(args, nodes)
-        self.readiness = self._serving(args, nodes[0], ray, gateway.proxy).stdout
+        model = None
+        drained = None
+        reports = []
+        for gang in args.gangs:
+            if args.rolling:
+                drained = self._drain(args, gang, [gateway.proxy, *([drained] if drained is not None else [])])
+            nodes = self._node_bootstrap(args, gang, gateway.login_probe, drained)
+            ray = self._ray(args, gang, nodes)
+            if model is None:
+                # Once for every gang: the model cache is shared.
+                model = self._stage_model(args, gang, nodes[0], ray)
+            reports.append(self._serving(args, gang, nodes[0], ray, model, gateway.proxy).stdout)
+        self.readiness = (
+            reports[0]
+            if len(reports) == 1
+            else pulumi.Output.all(*reports).apply(lambda lines: "\n".join(line for line in lines if line))
+        )
         self.register_outputs({"readiness": self.readiness})
 
     # --- how a command reaches its host ---------------------------------------------------
@@ -205,10 +259,29 @@ class ClusterServices(pulumi.ComponentResource):
             ),
         )
 
+    # --- what restarts a gang's Ray or vLLM -----------------------------------------------
+
+    @staticmethod
+    def _environment(args: ServicesArgs) -> list:
+        """A new Ray, or any change of the locked environment, restarts Ray (start-ray
+        restarts a unit that started before the environment last changed)."""
+        return [args.node_boot.ray_version, bootstrap.lock_digest(args.node_boot.node_lock)]
+
+    def _restarts(self, args: ServicesArgs, gang: ServingGang) -> list:
+        """Every input whose change restarts the gang's Ray or vLLM: its drain and its
+        return to the pool run again with any of them."""
+        return [
+            *self._environment(args),
+            args.node_boot.vllm_version,
+            gang.vllm_settings,
+            pulumi.Output.secret(args.api_key),
+            *gang.node_ips,
+        ]
+
     # --- the steps ------------------------------------------------------------------------
 
     def _gateway_proxy(self, args: ServicesArgs) -> GatewayCommands:
-        """The gateway: nginx with TLS in front of the head, and the login probe key."""
+        """The gateway: nginx with TLS in front of the gangs' heads, and the login probe key."""
         setup = self._run(
             "gateway-setup", self._on_gateway(), "sudo bash -s", stdin=args.gateway_user_data, after=args.gateway
         )
@@ -220,7 +293,8 @@ class ClusterServices(pulumi.ComponentResource):
             after=[setup],
             secret=True,
         )
-        site = pulumi.Output.from_input(args.node_ips[0]).apply(
+        # The dashboard is gang 0's; the API balances over every gang's head.
+        site = pulumi.Output.from_input(args.gangs[0].node_ips[0]).apply(
             lambda head_ip: bootstrap.nginx_site(
                 head_ip,
                 args.admin_cidrs,
@@ -228,8 +302,17 @@ class ClusterServices(pulumi.ComponentResource):
                 rate_limit_per_second=args.api_rate_limit_per_second,
             )
         )
+        pool = pulumi.Output.all(*[gang.node_ips[0] for gang in args.gangs]).apply(
+            lambda heads: ",".join(
+                f"{gang.name}={ip}:{ports.VLLM_API}" for gang, ip in zip(args.gangs, heads, strict=True)
+            )
+        )
         proxy = self._run(
-            "gateway-proxy", self._on_gateway(), f"sudo {GATEWAY_COMMAND} configure", stdin=site, after=[tls]
+            "gateway-proxy",
+            self._on_gateway(),
+            pulumi.Output.concat(f"sudo {GATEWAY_COMMAND} configure --gangs ", pool),
+            stdin=site,
+            after=[tls],
         )
         # The gateway's login probe: pulumi-command retries a refused login on the same
         # tunnelled connection, so a node still booting (/run/nologin) would fail its
@@ -244,14 +327,39 @@ class ClusterServices(pulumi.ComponentResource):
         )
         return GatewayCommands(proxy=proxy, login_probe=login_probe)
 
-    def _node_bootstrap(self, args: ServicesArgs, login_probe: command.remote.Command) -> list[NodeCommands]:
-        """Every node, in parallel: wait (on the gateway) until it accepts logins, set it up
-        with what it booted with, then give it its secrets. Head first."""
+    def _drain(
+        self, args: ServicesArgs, gang: ServingGang, after: list[command.remote.Command]
+    ) -> command.remote.Command:
+        """Take the gang out of the gateway's pool before anything of it restarts. A
+        serving gang waits for the rolling lease, which the gang before it holds until
+        it serves again. Each drain waits for the previous gang's drain, so the gangs
+        take the lease in order: gang 0 first, whose chain stages the model that every
+        gang's preflight waits for (a later gang holding the lease first would wait on
+        gang 0, which would wait for the lease). The wait covers the restarts before it."""
+        per_gang = CLUSTER_READY_TIMEOUT_SECONDS + args.engine_ready_timeout_seconds + START_VLLM_MARGIN_SECONDS
+        wait = per_gang * (len(args.gangs) - 1)
+        return self._run(
+            f"{gang.name}-drain",
+            self._on_gateway(),
+            f"sudo {GATEWAY_COMMAND} drain --gang {gang.name} --timeout {args.api_read_timeout_seconds} --wait {wait}",
+            after=after,
+            triggers=self._restarts(args, gang),
+        )
+
+    def _node_bootstrap(
+        self,
+        args: ServicesArgs,
+        gang: ServingGang,
+        login_probe: command.remote.Command,
+        drained: command.remote.Command | None,
+    ) -> list[NodeCommands]:
+        """Every node of the gang, in parallel: wait (on the gateway) until it accepts
+        logins, set it up with what it booted with, then give it its secrets. Head first."""
         hf_token = args.hf_token.reveal() if args.hf_token is not None else None
-        head_ip = args.node_ips[0]
+        head_ip = gang.node_ips[0]
         bootstrapped = []
-        for index, (host, instance) in enumerate(zip(args.node_ips, args.nodes, strict=True)):
-            node = node_name(index)
+        for index, (host, instance) in enumerate(zip(gang.node_ips, gang.instances, strict=True)):
+            node = gang.node(index)
             accepts_logins = self._run(
                 f"login-{node}",
                 self._on_gateway(),
@@ -262,7 +370,7 @@ class ClusterServices(pulumi.ComponentResource):
                 ),
                 after=[login_probe, instance],
             )
-            setup_script = node_boot(args.node_boot, index, None if index == 0 else head_ip).apply(
+            setup_script = node_boot(args.node_boot, index, None if index == 0 else head_ip, gang.index).apply(
                 bootstrap.node_setup_script
             )
             setup = self._run(
@@ -270,7 +378,8 @@ class ClusterServices(pulumi.ComponentResource):
                 self._on_node(host),
                 "sudo bash -s",
                 stdin=setup_script,
-                after=[instance, accepts_logins],
+                # A drained gang's setup may install a new environment under its engine.
+                after=[instance, accepts_logins, *([drained] if drained is not None else [])],
             )
             lines = pulumi.Output.secret(
                 pulumi.Output.all(args.ray_token, args.api_key).apply(
@@ -288,40 +397,38 @@ class ClusterServices(pulumi.ComponentResource):
             bootstrapped.append(NodeCommands(setup=setup, secrets=secrets))
         return bootstrapped
 
-    def _ray(self, args: ServicesArgs, nodes: list[NodeCommands]) -> RayCommands:
-        """Ray on the head, then on every worker at once; then wait until every node and
-        every GPU has joined."""
-        # A new Ray, or any change of the locked environment, restarts Ray (start-ray
-        # restarts a unit that started before the environment last changed).
-        environment = [args.node_boot.ray_version, bootstrap.lock_digest(args.node_boot.node_lock)]
+    def _ray(self, args: ServicesArgs, gang: ServingGang, nodes: list[NodeCommands]) -> RayCommands:
+        """Ray on the gang's head, then on every worker at once; then wait until every
+        node and every GPU of the gang has joined."""
+        environment = self._environment(args)
         head = self._run(
-            "ray-head",
-            self._on_node(args.node_ips[0]),
+            f"ray-{gang.node(0)}",
+            self._on_node(gang.node_ips[0]),
             f"sudo {NODE_COMMAND} start-ray",
             after=[nodes[0].setup, nodes[0].secrets],
             triggers=environment,
         )
         workers = [
             self._run(
-                f"ray-{node_name(index)}",
-                self._on_node(args.node_ips[index]),
+                f"ray-{gang.node(index)}",
+                self._on_node(gang.node_ips[index]),
                 f"sudo {NODE_COMMAND} start-ray",
                 after=[head, nodes[index].setup, nodes[index].secrets],
                 triggers=environment,
             )
-            for index in range(1, len(args.node_ips))
+            for index in range(1, len(gang.node_ips))
         ]
         ray_nodes = [head, *workers]
-        expected = pulumi.Output.all(*args.node_ips).apply(
-            lambda ips: ",".join(f"{node_name(i)}={ip}" for i, ip in enumerate(ips))
+        expected = pulumi.Output.all(*gang.node_ips).apply(
+            lambda ips: ",".join(f"{gang.node(i)}={ip}" for i, ip in enumerate(ips))
         )
         cluster_ready = self._run(
-            "cluster-ready",
-            self._on_node(args.node_ips[0]),
+            gang.command("cluster-ready"),
+            self._on_node(gang.node_ips[0]),
             pulumi.Output.concat(
                 f"sudo {NODE_COMMAND} wait-cluster --expect ",
                 expected,
-                f" --gpus {len(args.node_ips) * args.node_boot.gpus} --timeout {CLUSTER_READY_TIMEOUT_SECONDS}",
+                f" --gpus {len(gang.node_ips) * args.node_boot.gpus} --timeout {CLUSTER_READY_TIMEOUT_SECONDS}",
             ),
             after=ray_nodes,
             # Whenever a Ray node was (re)started, check the whole cluster again.
@@ -329,19 +436,31 @@ class ClusterServices(pulumi.ComponentResource):
         )
         return RayCommands(nodes=ray_nodes, cluster_ready=cluster_ready)
 
-    def _serving(
-        self, args: ServicesArgs, head: NodeCommands, ray: RayCommands, gateway_proxy: command.remote.Command
+    def _stage_model(
+        self, args: ServicesArgs, gang: ServingGang, head: NodeCommands, ray: RayCommands
     ) -> command.remote.Command:
-        """The model onto the cache, preflight, vLLM, then a real completion through the
-        gateway: returns that last command, the readiness check."""
-        on_head = self._on_node(args.node_ips[0])
-        model = self._run(
+        """The model onto the shared cache, from gang 0's head."""
+        return self._run(
             "model",
-            on_head,
+            self._on_node(gang.node_ips[0]),
             f"sudo {NODE_COMMAND} stage-model --model {args.model} --revision {args.model_revision}"
             + (f" --hub {args.hf_endpoint}" if args.hf_endpoint else ""),
             after=[ray.cluster_ready, head.secrets],
         )
+
+    def _serving(
+        self,
+        args: ServicesArgs,
+        gang: ServingGang,
+        head: NodeCommands,
+        ray: RayCommands,
+        model: command.remote.Command,
+        gateway_proxy: command.remote.Command,
+    ) -> command.remote.Command:
+        """Preflight, vLLM (start-vllm returns once a completion on the gang's head
+        succeeded), the return to the pool (with replicas), then a real completion
+        through the gateway: returns that last command, the readiness check."""
+        on_head = self._on_node(gang.node_ips[0])
         # Restarted Ray nodes take vLLM's workers with them, and a new vLLM version
         # needs a restart: then check (and if need be restart) vLLM again.
         vllm_restarts = [
@@ -349,17 +468,28 @@ class ClusterServices(pulumi.ComponentResource):
             bootstrap.lock_digest(args.node_boot.node_lock),
             *[node.id for node in ray.nodes],
         ]
-        preflight = self._preflight(args, model, ray, vllm_restarts)
+        preflight = self._preflight(args, gang, model, ray, vllm_restarts)
         serve = self._run(
-            "vllm",
+            gang.command("vllm"),
             on_head,
             f"sudo {NODE_COMMAND} start-vllm",
-            stdin=args.vllm_settings,
+            stdin=gang.vllm_settings,
             after=[model, ray.cluster_ready, preflight],
             triggers=vllm_restarts,
         )
+        served = [serve]
+        if args.rolling:
+            served = [
+                self._run(
+                    f"{gang.name}-return",
+                    self._on_gateway(),
+                    f"sudo {GATEWAY_COMMAND} return --gang {gang.name}",
+                    after=[serve],
+                    triggers=self._restarts(args, gang),
+                )
+            ]
         return self._run(
-            "readiness",
+            gang.command("readiness"),
             on_head,
             pulumi.Output.concat(
                 f"sudo {NODE_COMMAND} readiness --gateway ",
@@ -370,22 +500,27 @@ class ClusterServices(pulumi.ComponentResource):
             ),
             # A self-signed certificate is the trust anchor; a public one is checked by the system store.
             stdin=args.tls_certificate_pem if args.tls_self_signed else "",
-            after=[serve, gateway_proxy],
+            after=[*served, gateway_proxy],
             # Check again whenever vLLM may have restarted: new settings, key, version or Ray.
-            triggers=[args.vllm_settings, pulumi.Output.secret(args.api_key), *vllm_restarts],
+            triggers=[gang.vllm_settings, pulumi.Output.secret(args.api_key), *vllm_restarts],
         )
 
     def _preflight(
-        self, args: ServicesArgs, model: command.remote.Command, ray: RayCommands, vllm_restarts: list
+        self,
+        args: ServicesArgs,
+        gang: ServingGang,
+        model: command.remote.Command,
+        ray: RayCommands,
+        vllm_restarts: list,
     ) -> command.remote.Command:
-        """Every node's facts onto the shared cache, then the head compares them, so a
-        broken node fails `pulumi up` with a diagnosis before vLLM starts."""
-        node_count = len(args.node_ips)
+        """Every node's facts onto the shared cache, then the gang's head compares them,
+        so a broken node fails `pulumi up` with a diagnosis before vLLM starts."""
+        node_count = len(gang.node_ips)
         model_dir = bootstrap.model_directory(args.model, args.model_revision)
         facts = [
             self._run(
-                f"preflight-{node_name(index)}",
-                self._on_node(args.node_ips[index]),
+                f"preflight-{gang.node(index)}",
+                self._on_node(gang.node_ips[index]),
                 f"sudo {NODE_COMMAND} preflight-facts --model-dir {model_dir}",
                 after=[model, ray.nodes[index]],
                 triggers=vllm_restarts,
@@ -395,9 +530,9 @@ class ClusterServices(pulumi.ComponentResource):
         boot = args.node_boot
         efa_flag = f" --efa {args.efa_interfaces}" if boot.efa else ""
         return self._run(
-            "preflight",
-            self._on_node(args.node_ips[0]),
-            f"sudo {NODE_COMMAND} preflight --nodes {','.join(node_name(i) for i in range(node_count))}"
+            gang.command("preflight"),
+            self._on_node(gang.node_ips[0]),
+            f"sudo {NODE_COMMAND} preflight --nodes {','.join(gang.node(i) for i in range(node_count))}"
             f" --gpus {boot.gpus} --gpu-memory-gib {args.gpu_memory_gib:g}{efa_flag}"
             f" --ray {boot.ray_version} --vllm {boot.vllm_version}",
             # Compare again whenever the facts were gathered again.

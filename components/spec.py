@@ -31,6 +31,7 @@ from components.config_keys import (  # noqa: F401
     KEYS_BY_NAME,
     MAX_API_RATE_LIMIT_PER_SECOND,
     MAX_API_READ_TIMEOUT_SECONDS,
+    MAX_REPLICAS,
     NAMESPACE,
     ConfigKey,
     closest_key,
@@ -107,7 +108,8 @@ class ClusterSpec:
     model_revision: str
     hf_endpoint: str | None
     instance: InstanceType
-    nodes: int
+    nodes: int  # per gang
+    replicas: int  # gangs: independent copies of the model, each `nodes` nodes
     tensor_parallel_size: int
     pipeline_parallel_size: int
     efa: bool
@@ -149,6 +151,11 @@ class ClusterSpec:
     @property
     def worker_count(self) -> int:
         return self.nodes - 1
+
+    @property
+    def total_nodes(self) -> int:
+        """Every GPU node of the stack, all gangs."""
+        return self.nodes * self.replicas
 
     @property
     def needs_placement_group(self) -> bool:
@@ -255,6 +262,7 @@ class ClusterShape:
 
     instance: InstanceType | None
     nodes: int | None
+    replicas: int | None
     tensor_parallel_size: int | None
     pipeline_parallel_size: int | None
     efa: bool
@@ -668,6 +676,27 @@ def _check_nodes(reader: _Reader) -> int | None:
     return nodes
 
 
+def _check_replicas(reader: _Reader) -> int | None:
+    replicas = reader.integer("replicas")
+    if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
+        reader.fail(
+            "replicas",
+            f"must be between 1 and {MAX_REPLICAS}: each replica is a gang of `nodes` GPU nodes serving its own "
+            f"copy of the model. Fix: pulumi config set {NAMESPACE}:replicas 2",
+        )
+        return None
+    if replicas is not None and replicas > 1 and reader.string("placementGroupName") is not None:
+        reader.fail(
+            "replicas",
+            f"is {replicas}, but placementGroupName names one existing group, and each gang needs a cluster "
+            "placement group of its own (a failure of one group's capacity must not take every gang). "
+            f"Fix: pulumi config rm {NAMESPACE}:placementGroupName (the stack then makes one group per gang), "
+            f"or pulumi config set {NAMESPACE}:replicas 1",
+        )
+        return None
+    return replicas
+
+
 def _check_parallel_sizes(reader: _Reader) -> tuple[int | None, int | None]:
     """tensorParallelSize and pipelineParallelSize as set; None for unset (derived) or refused."""
     sizes = []
@@ -739,12 +768,13 @@ def _check_efa(reader: _Reader, instance: InstanceType, nodes: int) -> bool:
 def _check_cluster_shape(reader: _Reader) -> ClusterShape:
     instance = _check_instance_type(reader)
     nodes = _check_nodes(reader)
+    replicas = _check_replicas(reader)
     tp, pp = _check_parallel_sizes(reader)
     if instance is None or nodes is None:
         # Nothing to lay the ranks over; the instance type or node count is already a problem.
-        return ClusterShape(instance, nodes, tp, pp, bool(reader.boolean("efa")))
+        return ClusterShape(instance, nodes, replicas, tp, pp, bool(reader.boolean("efa")))
     tp, pp = _check_rank_layout(reader, instance, nodes, tp, pp)
-    return ClusterShape(instance, nodes, tp, pp, _check_efa(reader, instance, nodes))
+    return ClusterShape(instance, nodes, replicas, tp, pp, _check_efa(reader, instance, nodes))
 
 
 def _world_spanning(networks: list) -> list:

@@ -33,9 +33,22 @@ def node_role(index: int) -> str:
     return HEAD if index == 0 else WORKER
 
 
-def node_name(index: int) -> str:
-    """head, worker-1, worker-2, ...: stable names, used for resource names too."""
-    return HEAD if index == 0 else f"{WORKER}-{index}"
+def gang_name(gang: int) -> str:
+    """gang0, gang1, ...: one copy of the model (a head and its workers, one Ray cluster)."""
+    return f"gang{gang}"
+
+
+def gang_prefix(gang: int) -> str:
+    """What a gang adds in front of its nodes' and its commands' names. Gang 0 adds
+    nothing: a stack of one replica keeps the names it had before replicas existed
+    (head, worker-1, vllm-ray-head), so `pulumi up` replaces nothing."""
+    return "" if gang == 0 else f"{gang_name(gang)}-"
+
+
+def node_name(index: int, gang: int = 0) -> str:
+    """head, worker-1, worker-2, ... in gang 0; gang1-head, gang1-worker-1, ... in the
+    others: stable names, unique in the stack, used for resource names too."""
+    return gang_prefix(gang) + (HEAD if index == 0 else f"{WORKER}-{index}")
 
 
 def rank_layout(nodes: int, gpus_per_node: int, tp: int, pp: int) -> list[RankPlacement]:
@@ -59,9 +72,11 @@ def rank_layout(nodes: int, gpus_per_node: int, tp: int, pp: int) -> list[RankPl
     return placements
 
 
-def topology_summary(nodes: int, gpus_per_node: int, tp: int, pp: int) -> dict:
-    """The `topology` stack output: per node its role, GPUs, ranks and pipeline
-    stages, plus the flat rank list (node 0 is the head)."""
+def topology_summary(nodes: int, gpus_per_node: int, tp: int, pp: int, replicas: int = 1) -> dict:
+    """The `topology` stack output: per node of one gang its role, GPUs, ranks and
+    pipeline stages, plus the flat rank list (node 0 is the head). Every gang has the
+    same layout; `replicas` says how many there are (the key only with more than one,
+    so a stack of one replica keeps its output as it was)."""
     layout = rank_layout(nodes, gpus_per_node, tp, pp)
     per_node = []
     for index in range(nodes):
@@ -76,7 +91,7 @@ def topology_summary(nodes: int, gpus_per_node: int, tp: int, pp: int) -> dict:
                 "pipelineStages": sorted({p.pp_rank for p in ranks}),
             }
         )
-    return {
+    summary = {
         "tensorParallelSize": tp,
         "pipelineParallelSize": pp,
         "worldSize": tp * pp,
@@ -85,6 +100,10 @@ def topology_summary(nodes: int, gpus_per_node: int, tp: int, pp: int) -> dict:
             {"rank": p.rank, "node": p.node, "gpu": p.gpu, "tpRank": p.tp_rank, "ppRank": p.pp_rank} for p in layout
         ],
     }
+    if replicas > 1:
+        summary["replicas"] = replicas
+        summary["gangs"] = [gang_name(gang) for gang in range(replicas)]
+    return summary
 
 
 @dataclass(frozen=True)

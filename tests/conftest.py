@@ -12,20 +12,22 @@ for path in (ROOT, ROOT / "tests"):
 
 from not_run import pytest_terminal_summary  # noqa: E402,F401  (a hook: pytest finds it here)
 
-FLEET_TESTS = "test_fleet.py"
+# The modules that boot a fleet each, in the order they run: last, after every other test.
+FLEET_TESTS = ("test_fleet.py", "test_fleet_replicas.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
     """The fleet's tests last: they take most of a run, and the others report first."""
-    items[:] = [item for item in items if item.path.name != FLEET_TESTS] + [
-        item for item in items if item.path.name == FLEET_TESTS
-    ]
+    fleet = sorted(
+        (item for item in items if item.path.name in FLEET_TESTS), key=lambda item: FLEET_TESTS.index(item.path.name)
+    )
+    items[:] = [item for item in items if item.path.name not in FLEET_TESTS] + fleet
 
 
 def pytest_collection_finish(session):
     """When the fleet's tests will run, its images start building now, beside the other
     tests (minutes on a new machine, mostly downloads and disk)."""
-    if any(item.path.name == FLEET_TESTS for item in session.items):
+    if any(item.path.name in FLEET_TESTS for item in session.items):
         from fleet import why_no_fleet
 
         if why_no_fleet() is None:

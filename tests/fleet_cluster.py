@@ -39,7 +39,7 @@ from replay import Outcome, replay, user_data_of
 
 from components import node_env
 from components.catalog import CATALOG
-from components.topology import efa_interface_count
+from components.topology import efa_interface_count, node_name
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
@@ -84,9 +84,19 @@ def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
     return config
 
 
-def instance_ips(nodes: int) -> dict[str, str]:
-    ips = {"vllm-head": node_ip(0), "vllm-gateway-host": GATEWAY_IP}
-    ips.update({f"vllm-worker-{i}": node_ip(i) for i in range(1, nodes)})
+def node_hosts(nodes: int, replicas: int = 1) -> dict[str, str]:
+    """Instance resource name -> the fleet's host for it: gang by gang, head first
+    (node0 is gang 0's head; with two gangs of one node, node1 is gang 1's head)."""
+    return {
+        f"vllm-{node_name(index, gang)}": f"node{gang * nodes + index}"
+        for gang in range(replicas)
+        for index in range(nodes)
+    }
+
+
+def instance_ips(nodes: int, replicas: int = 1) -> dict[str, str]:
+    ips = {"vllm-gateway-host": GATEWAY_IP}
+    ips.update({name: node_ip(int(host.removeprefix("node"))) for name, host in node_hosts(nodes, replicas).items()})
     return ips
 
 
@@ -94,7 +104,7 @@ def fleet_program(nodes: int, key_store: dict, **overrides: Any) -> ProgramRun:
     run = run_program(
         fleet_config(nodes, **overrides),
         stack="fleet",
-        instance_ips=instance_ips(nodes),
+        instance_ips=instance_ips(nodes, int(overrides.get("replicas", 1))),
         public_ips={"vllm-gateway-ip": GATEWAY_IP},
         secret_keys=["apiKey"],
         real_crypto=True,
@@ -356,14 +366,14 @@ def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnd
     run = fleet_program(nodes, key_store, **overrides)
     config = fleet_config(nodes, **overrides)
     public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
-    host_names = {"vllm-gateway-host": "gateway", "vllm-head": "node0"}
-    host_names.update({f"vllm-worker-{i}": f"node{i}" for i in range(1, nodes)})
+    replicas = int(overrides.get("replicas", 1))
+    host_names = {"vllm-gateway-host": "gateway", **node_hosts(nodes, replicas)}
     user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
     instance = CATALOG[config["instanceType"]]
     images_in_background().result()  # before the hosts start: a cold build is not boot time
     fleet = Fleet(
         workdir,
-        nodes,
+        nodes * replicas,
         public_key,
         run.outputs["sshPrivateKey"],
         efa_devices=efa_devices(config),

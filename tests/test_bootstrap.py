@@ -5,6 +5,7 @@ here without Pulumi; the nginx site is checked by Debian's own nginx (`nginx -t`
 from __future__ import annotations
 
 import base64
+import fnmatch
 import gzip
 import os
 import re
@@ -271,6 +272,7 @@ def test_scripts_and_renderer_agree_on_paths():
         assert constant in NODE_SCRIPT
     gateway = (ROOT / "scripts" / "gateway" / "vllm-cluster-gateway").read_text()
     assert bootstrap.TLS_DIR in gateway and bootstrap.NGINX_SITE in gateway
+    assert f"UPSTREAM_INCLUDE={bootstrap.NGINX_UPSTREAM_INCLUDE}\n" in gateway
 
 
 # --- systemd units --------------------------------------------------------------------
@@ -384,7 +386,7 @@ def test_nginx_site_forwards_only_the_allowlisted_routes():
     site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
     assert re.findall(r"location = (\S+) \{", site) == list(bootstrap.API_ROUTES)
     assert "location / {\n        return 404;" in site
-    assert f"server 10.42.128.10:{ports.VLLM_API};" in site and f"server 10.42.128.10:{ports.RAY_DASHBOARD};" in site
+    assert re.findall(r"proxy_pass http://(\w+);", api_server(site)) == ["vllm_api"] * len(bootstrap.API_ROUTES)
     assert f"client_max_body_size {bootstrap.MAX_REQUEST_BODY};" in site
     assert site.count("limit_req zone=vllm_api") == len(bootstrap.API_ROUTES)
 
@@ -414,6 +416,70 @@ def test_a_rate_limit_of_zero_leaves_the_api_unlimited():
 def upstream_block(site: str, name: str) -> str:
     start = site.index(f"upstream {name} {{")
     return site[start : site.index("}", start)]
+
+
+def api_server(site: str) -> str:
+    return site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
+
+
+def directives(block: str) -> list[str]:
+    """The block's directives in order, without comments."""
+    lines = (line.split("#", 1)[0].strip() for line in block.splitlines())
+    return [line for line in lines if line.endswith(";")]
+
+
+def test_the_api_pool_is_every_gang_from_the_gateways_file_and_the_dashboard_one_head():
+    """The API upstream names no head: its servers are the file the gateway renders from
+    `configure --gangs` and the drains. The dashboard stays on the head it was given."""
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    api = directives(upstream_block(site, "vllm_api"))
+    assert f"include {bootstrap.NGINX_UPSTREAM_INCLUDE};" in api
+    assert not [line for line in api if line.startswith("server ")]
+    assert directives(upstream_block(site, "ray_dashboard")) == [f"server 10.42.128.10:{ports.RAY_DASHBOARD};"]
+    elsewhere = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), upstream_include="/tmp/pool.inc")
+    assert "include /tmp/pool.inc;" in directives(upstream_block(elsewhere, "vllm_api"))
+
+
+def test_the_api_pool_balances_by_requests_in_flight_with_least_conn_before_keepalive():
+    """nginx docs (upstream keepalive): a balancing method other than round-robin must be
+    activated before keepalive."""
+    api = directives(upstream_block(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",)), "vllm_api"))
+    keepalive = next(i for i, line in enumerate(api) if line.startswith("keepalive "))
+    assert "least_conn;" in api[:keepalive]
+
+
+def test_the_pool_file_is_not_one_nginx_conf_includes_on_its_own():
+    """Its bare `server` lines belong inside the upstream block: a file nginx.conf also
+    includes at the http level (conf.d/*.conf, sites-enabled/*) would be an error."""
+    distribution = Path("/etc/nginx/nginx.conf")
+    globs = ["/etc/nginx/conf.d/*.conf", "/etc/nginx/sites-enabled/*"]
+    if distribution.exists():
+        globs += re.findall(r"^\s*include\s+(\S+);", distribution.read_text(), re.M)
+    path = bootstrap.NGINX_UPSTREAM_INCLUDE
+    assert [glob for glob in globs if fnmatch.fnmatch(path, glob)] == []
+    assert path.startswith("/etc/nginx/") and not path.endswith(".conf")
+
+
+def test_a_request_a_gang_could_not_serve_is_retried_on_another_within_bounds():
+    api = api_server(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",)))
+    retry = re.search(r"^\s*proxy_next_upstream (.*);$", api, re.M).group(1).split()
+    # Refused, reset or timed out, 502/503; and a POST (every completion) once sent.
+    assert set(retry) == {"error", "timeout", "http_502", "http_503", "non_idempotent"}
+    tries = int(re.search(r"proxy_next_upstream_tries (\d+);", api).group(1))
+    window = int(re.search(r"proxy_next_upstream_timeout (\d+)s;", api).group(1))
+    connect = int(re.search(r"proxy_connect_timeout (\d+)s;", api).group(1))
+    read = int(re.search(r"proxy_read_timeout (\d+)s;", api).group(1))
+    # Bounded, and a connect to a dead head leaves time for another gang...
+    assert 2 <= tries <= 3 and 0 < connect < window
+    # ...but a generation that ran into the read timeout is not run again elsewhere.
+    assert window < read
+    short = api_server(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), read_timeout_seconds=10))
+    assert "proxy_read_timeout 10s;" in short and "proxy_next_upstream_timeout 10s;" in short
+
+
+def test_the_stack_names_each_gang_and_its_heads_vllm():
+    heads = {"gang0": "10.42.128.10", "gang1": "10.42.0.20"}
+    assert bootstrap.gateway_gangs(heads) == f"gang0=10.42.128.10:{ports.VLLM_API},gang1=10.42.0.20:{ports.VLLM_API}"
 
 
 def test_the_gateway_drops_idle_upstream_connections_before_vllm_does():
@@ -448,8 +514,13 @@ def test_nginx_accepts_the_site(tmp_path):
             pytest.fail("nginx is missing: .ci/run should have installed Debian's nginx")
         pytest.skip("Debian's nginx is not installed (apt-get install nginx; .ci/run installs it)")
     key, cert = self_signed_pair(tmp_path)
+    # The pool as the gateway writes it (scripts/gateway/vllm-cluster-gateway render_upstream).
+    pool = tmp_path / "vllm-cluster-upstream.inc"
+    pool.write_text("server 10.42.128.10:8000 max_fails=1 fail_timeout=10s;  # gang0\nserver 10.42.0.20:8000 down;\n")
     site = tmp_path / "vllm-cluster.conf"
-    site.write_text(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key)))
+    site.write_text(
+        bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key), upstream_include=str(pool))
+    )
     distribution = Path("/etc/nginx/nginx.conf").read_text()
     assert "include /etc/nginx/conf.d/*.conf;" in distribution
     main = tmp_path / "nginx.conf"
@@ -473,6 +544,7 @@ def test_nginx_accepts_the_site(tmp_path):
             str(key),
             read_timeout_seconds=1800,
             rate_limit_per_second=0,
+            upstream_include=str(pool),
         )
     )
     result = check(unlimited)

@@ -83,3 +83,18 @@ def test_the_plan_shows_the_engine_ready_timeout_the_head_gets(stack):
     env = bootstrap.vllm_env(load_spec(config, stack=stack), "10.0.0.1", ["10.0.0.1"])
     assert f"VLLM_ENGINE_READY_TIMEOUT_S={document['engineReadyTimeoutSeconds']}\n" in env
     assert f"{document['engineReadyTimeoutSeconds']} s" in plan.render(document)
+
+
+def test_replicas_multiply_the_gpu_cost_and_the_resources_but_not_the_gang(tmp_path):
+    """Two replicas of prod: twice the GPU nodes' cost, one gang's topology, and the
+    plan says there are two gangs."""
+    text = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text()
+    stack_file = tmp_path / "Pulumi.prod.yaml"
+    stack_file.write_text(text.replace("config:\n", "config:\n  vllm-cluster:replicas: 2\n", 1))
+    one, two = plan.build_plan("prod"), plan.build_plan("prod", stack_file=str(stack_file))
+    assert two["cluster"]["replicas"] == 2 and one["cluster"]["replicas"] == 1
+    assert two["cost"]["gpuNodes"] == pytest.approx(2 * one["cost"]["gpuNodes"])
+    assert two["nodes"] == one["nodes"] and two["ranks"] == one["ranks"]
+    assert two["resourceCount"] > one["resourceCount"]
+    printed = plan.render(two)
+    assert "2 replicas: 2 such gangs behind the gateway" in printed and "(4 x p4d.24xlarge)" in printed

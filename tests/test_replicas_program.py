@@ -16,12 +16,14 @@ COMMAND = "command:remote:Command"
 
 def resource_identities(run, stack: str) -> dict[str, str]:
     """Engine URN -> a digest of what the engine compares on `pulumi up`: the inputs
-    (remote commands aside, whose scripts change with any script edit and only re-run
-    a command) and the dependencies."""
+    (but those it is told to ignore, such as a host's first-boot user data, and remote
+    commands' inputs, whose scripts change with any script edit and only re-run a
+    command) and the dependencies."""
     engine = engine_urns(run, stack)
     identities = {}
     for resource in run.resources:
-        inputs = {} if resource.type == COMMAND else resource.inputs
+        ignored = set(resource.ignore_changes)
+        inputs = {} if resource.type == COMMAND else {k: v for k, v in resource.inputs.items() if k not in ignored}
         document = {
             "inputs": inputs,
             "dependencies": sorted(engine.get(d, d) for d in resource.dependencies),
@@ -49,3 +51,166 @@ def test_one_replica_declares_exactly_what_stacks_deployed_before_replicas(stack
     assert sorted(set(golden) - set(identities)) == [], "resources gone with one replica"
     changed = sorted(urn for urn in golden if golden[urn] != identities[urn])
     assert changed == [], "resources whose inputs or options changed with one replica"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_replicas_one_set_explicitly_is_the_same_as_unset(stack):
+    unset, explicit = run_stack(stack, {"replicas": None}), run_stack(stack, {"replicas": 1})
+    assert explicit.error is None, explicit.error
+    assert resource_identities(explicit, stack) == resource_identities(unset, stack)
+    commands = {r.name: r.inputs for r in unset.of_type(COMMAND)}
+    assert {r.name: r.inputs for r in explicit.of_type(COMMAND)} == commands
+    # One gang rolls over nothing: no drain, no return to a pool.
+    assert not [name for name in commands if name.endswith(("-drain", "-return"))]
+
+
+# --- two gangs ----------------------------------------------------------------------------
+
+INSTANCE = "aws:ec2/instance:Instance"
+TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+GROUP = "aws:ec2/placementGroup:PlacementGroup"
+
+
+@pytest.fixture(scope="module")
+def two_gangs():
+    """prod (two p4d nodes, TP 8 x PP 2) as two gangs: four GPU nodes."""
+    run = run_stack("prod", {"replicas": 2})
+    assert run.error is None, run.error
+    return run
+
+
+def command(run, name):
+    return run.named(f"vllm-{name}", COMMAND)
+
+
+def depends_on(run, resource, name) -> bool:
+    return run.named(name).urn in resource.dependencies
+
+
+def test_each_gang_has_its_own_placement_group_template_and_nodes(two_gangs):
+    run = two_gangs
+    assert sorted(r.name for r in run.of_type(GROUP)) == [
+        "vllm-gang1-node-placement-group",
+        "vllm-node-placement-group",
+    ]
+    assert sorted(r.name for r in run.of_type(INSTANCE)) == [
+        "vllm-gang1-head",
+        "vllm-gang1-worker-1",
+        "vllm-gateway-host",
+        "vllm-head",
+        "vllm-worker-1",
+    ]
+    for prefix in ("", "gang1-"):
+        template = run.named(f"vllm-{prefix}template", TEMPLATE)
+        group = run.named(f"vllm-{prefix}node-placement-group", GROUP)
+        assert depends_on(run, template, group.name)
+        for node in ("head", "worker-1"):
+            instance = run.named(f"vllm-{prefix}{node}", INSTANCE)
+            assert instance.inputs["launchTemplate"]["id"] == run.id_of(template)
+    # A gang's placement group is its own: the two templates name different groups.
+    groups = {run.named(f"vllm-{p}template", TEMPLATE).inputs["placement"]["groupName"] for p in ("", "gang1-")}
+    assert len(groups) == 2
+
+
+def test_a_gangs_workers_join_their_own_head_under_the_gangs_names(two_gangs):
+    from replay import user_data_of
+
+    run = two_gangs
+    scripts = user_data_of(run)
+    head_ip = {prefix: MockIp.of(run, f"vllm-{prefix}head") for prefix in ("", "gang1-")}
+    assert head_ip[""] != head_ip["gang1-"]
+    for prefix in ("", "gang1-"):
+        head, worker = scripts[f"vllm-{prefix}head"], scripts[f"vllm-{prefix}worker-1"]
+        assert f"NODE_NAME={prefix}head" in head and f"NODE_NAME={prefix}worker-1" in worker
+        assert f"HEAD_IP={head_ip[prefix]}" in worker
+
+
+class MockIp:
+    @staticmethod
+    def of(run, instance_name: str) -> str:
+        """The private IP the mock cloud gave an instance, as the gangs output shows it."""
+        for gang in run.outputs["gangs"]:
+            for node in gang["nodes"]:
+                if f"vllm-{node['name']}" == instance_name:
+                    return node["ip"]
+        raise KeyError(instance_name)
+
+
+def test_the_gangs_output_lists_every_gang_head_first(two_gangs):
+    gangs = two_gangs.outputs["gangs"]
+    assert [g["name"] for g in gangs] == ["gang0", "gang1"]
+    assert [[n["name"] for n in g["nodes"]] for g in gangs] == [["head", "worker-1"], ["gang1-head", "gang1-worker-1"]]
+    assert gangs[0]["nodes"][0]["ip"] == two_gangs.outputs["headPrivateIp"]
+    assert two_gangs.outputs["topology"]["replicas"] == 2
+
+
+def test_the_gateway_pools_every_gang_head(two_gangs):
+    proxy = command(two_gangs, "gateway-proxy")
+    heads = [g["nodes"][0]["ip"] for g in two_gangs.outputs["gangs"]]
+    assert proxy.inputs["create"].endswith(f"configure --gangs gang0={heads[0]}:8000,gang1={heads[1]}:8000")
+
+
+def test_each_gang_is_its_own_ray_cluster_with_its_own_vllm(two_gangs):
+    run = two_gangs
+    for prefix in ("", "gang1-"):
+        names = ("head", "worker-1")
+        ready = command(run, f"{prefix}cluster-ready")
+        assert all(depends_on(run, ready, f"vllm-ray-{prefix}{n}") for n in names)
+        assert f"--expect {prefix}head=" in ready.inputs["create"] and "--gpus 16" in ready.inputs["create"]
+        vllm = command(run, f"{prefix}vllm")
+        assert "--pipeline-parallel-size 2" in vllm.inputs["stdin"]
+        assert f"EXPECTED_NODES={prefix}head=" in vllm.inputs["stdin"]
+        preflight = command(run, f"{prefix}preflight")
+        assert f"--nodes {prefix}head,{prefix}worker-1" in preflight.inputs["create"]
+    # The model cache is shared: the model is staged once.
+    assert [r.name for r in run.of_type(COMMAND) if r.name.startswith("vllm-model")] == ["vllm-model"]
+    assert depends_on(run, command(run, "preflight-gang1-head"), "vllm-model")
+
+
+def test_a_gang_is_drained_before_anything_of_it_restarts_and_returns_once_it_serves(two_gangs):
+    run = two_gangs
+    for gang, prefix in (("gang0", ""), ("gang1", "gang1-")):
+        drain, back = command(run, f"{gang}-drain"), command(run, f"{gang}-return")
+        assert f"drain --gang {gang} " in drain.inputs["create"]
+        assert back.inputs["create"].endswith(f"return --gang {gang}")
+        for node in ("head", "worker-1"):
+            assert depends_on(run, command(run, f"setup-{prefix}{node}"), drain.name)
+        assert depends_on(run, back, f"vllm-{prefix}vllm")
+        assert depends_on(run, command(run, f"{prefix}readiness"), back.name)
+        # What restarts the gang's Ray or vLLM drains it again, and returns it.
+        assert drain.inputs["triggers"] == back.inputs["triggers"]
+    # The gangs take the rolling lease in order: gang 0's chain stages the model.
+    assert depends_on(run, command(run, "gang1-drain"), "vllm-gang0-drain")
+
+
+def test_new_vllm_settings_drain_and_return_every_gang(two_gangs):
+    changed = run_stack("prod", {"replicas": 2, "gpuMemoryUtilization": "0.8"})
+    before = {r.name: r.inputs for r in two_gangs.of_type(COMMAND)}
+    rerun = {r.name for r in changed.of_type(COMMAND) if before.get(r.name) != r.inputs}
+    assert rerun == {
+        f"vllm-{name}"
+        for name in (
+            "gang0-drain",
+            "gang1-drain",
+            "vllm",
+            "gang1-vllm",
+            "gang0-return",
+            "gang1-return",
+            "readiness",
+            "gang1-readiness",
+        )
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"replicas": 0}, "replicas"),
+        ({"replicas": 17}, "replicas"),
+        ({"replicas": 2, "placementGroupName": "my-cluster-group"}, "replicas"),
+    ],
+)
+def test_bad_replicas_are_refused_before_any_resource(overrides, key):
+    run = run_stack("prod", overrides)
+    assert run.error is not None and f"vllm-cluster:{key} = " in str(run.error)
+    assert "Fix:" in str(run.error) and run.resources == []

@@ -1,12 +1,24 @@
-"""How `scripts/vllm-cluster status` judges a snapshot: healthy, degraded (named),
-down, or unknown when nothing answered."""
+"""How `scripts/vllm-cluster status` judges a snapshot: each gang serving, degraded,
+down or unknown from its own head's facts (its own completion included), and the pool
+healthy, degraded (naming the gang, node or GPU), down when no gang serves, or unknown
+when nothing answered. With one gang it judges as it did before replicas."""
+
+import http.server
+import json
+import subprocess
+import threading
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+from pathlib import Path
 
 import pytest
 
 from cli import status
-from cli.cluster import Node
+from cli.cluster import Node, OutputsError, gangs_of, stack_outputs
+from components import bootstrap
 from components.spec import load_spec
 
+ROOT = Path(__file__).resolve().parent.parent
 SPEC = load_spec(
     {
         "model": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -20,31 +32,75 @@ SPEC = load_spec(
     stack="t",
 )
 IPS = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+GANG1_IPS = ["10.0.1.1", "10.0.1.2", "10.0.1.3"]
+BASE_OUTPUTS = {
+    "gatewayPublicIp": "203.0.113.5",
+    "headPrivateIp": IPS[0],
+    "workerPrivateIps": IPS[1:],
+    "sshPrivateKey": "key",
+    "endpoint": "https://203.0.113.5/v1",
+    "apiKey": "sk-test",
+    "tlsCertificate": "cert",
+}
+
+
+def gangs_output(*gangs: list[str]) -> list[dict]:
+    """The `gangs` stack output as __main__.py exports it: names, then IPs, head first."""
+    names = [["head", "worker-1", "worker-2"], ["gang1-head", "gang1-worker-1", "gang1-worker-2"]]
+    return [
+        {"name": f"gang{g}", "nodes": [{"name": n, "ip": ip} for n, ip in zip(names[g], ips, strict=True)]}
+        for g, ips in enumerate(gangs)
+    ]
 
 
 class FakeCluster:
-    nodes = [Node(i, ip) for i, ip in enumerate(IPS)]
+    def __init__(self, outputs=None):
+        self.gangs = gangs_of(outputs or BASE_OUTPUTS)
+        self.nodes = [node for gang in self.gangs for node in gang.nodes]
 
 
-def snap(alive=None, health=200, completion=200, facts=True, ray_error=None):
-    facts_doc = {
-        "alive": {ip: 4.0 for ip in (IPS if alive is None else alive)},
-        "vllm_unit": "active",
+ONE_GANG = FakeCluster()
+TWO_GANGS = FakeCluster({**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)})
+
+
+def head(ips=IPS, alive=None, health=200, completion=200, answered=True, ray_error=None, old_head=False):
+    """One gang's head's status-facts answer."""
+    facts = {
+        "alive": {ip: 4.0 for ip in (ips if alive is None else alive)},
+        "vllm_unit": "active" if health else "failed",
         "health": health,
+        "completion": {"status": completion, "seconds": 0.05, "error": "" if completion == 200 else "boom"},
         "metrics": {"running": 0, "waiting": 0, "kv_cache_usage": 0.1, "tokens_per_second": 5},
     }
     if ray_error:
-        facts_doc = {**facts_doc, "alive": {}, "ray_error": ray_error}
+        facts = {**facts, "alive": {}, "ray_error": ray_error}
+    if old_head:  # status-facts from before the per-gang completion
+        del facts["completion"]
+    if not answered:
+        return {"facts": None, "factsError": "ssh: connect timed out"}
+    return {"facts": facts, "factsError": None}
+
+
+def snap(*heads, endpoint=200, pool=None, pool_error="usage: vllm-cluster-gateway setup|..."):
     return {
-        "facts": facts_doc if facts else None,
-        "factsError": None if facts else "ssh: connect timed out",
-        "completion": {"status": completion, "seconds": 0.1, "error": "" if completion == 200 else "boom"},
+        "gangs": list(heads) or [head()],
+        "completion": {"status": endpoint, "seconds": 0.1, "error": "" if endpoint == 200 else "boom"},
+        "gateway": {"view": pool, "error": None if pool else pool_error},
     }
 
 
+def in_pool(*states):
+    """The gateway's pool view: gang g in the state given (in-pool or drained)."""
+    return {f"gang{g}": {"address": f"10.0.{g}.1:8000", "state": s, "health": "serving"} for g, s in enumerate(states)}
+
+
 def verdict(**kwargs):
-    report = status.assess(FakeCluster(), SPEC, snap(**kwargs))
+    endpoint = kwargs.pop("endpoint", 200)
+    report = status.assess(ONE_GANG, SPEC, snap(head(**kwargs), endpoint=endpoint))
     return report["exitCode"], report["problems"]
+
+
+# --- one gang: as before replicas -----------------------------------------------------------
 
 
 def test_everything_there_is_healthy():
@@ -52,30 +108,284 @@ def test_everything_there_is_healthy():
 
 
 def test_a_missing_worker_is_degraded_and_named():
-    code, problems = verdict(alive=IPS[:2], completion=500)
+    code, problems = verdict(alive=IPS[:2])
     assert code == 1
     assert "worker-2 (10.0.0.3) is not in the Ray cluster" in problems
     assert any("Ray has 8 of 12 GPUs" in p for p in problems)
 
 
-def test_health_200_with_failing_completions_is_degraded_not_healthy():
-    code, problems = verdict(completion=500)
-    assert code == 1 and any("HTTP 500" in p for p in problems)
+def test_a_failing_completion_through_the_endpoint_is_degraded_though_the_gang_serves():
+    code, problems = verdict(endpoint=500)
+    assert code == 1 and problems == ["a completion through the endpoint got HTTP 500 (boom)"]
+
+
+def test_health_200_with_failing_completions_on_the_head_is_down_not_healthy():
+    # /health stays 200 after a worker dies (vllm #16259): the head's own completion decides.
+    code, problems = verdict(completion=500, endpoint=500)
+    assert code == 2
+    assert problems[0].startswith("vLLM is not serving") and "a completion on head got HTTP 500" in problems[0]
 
 
 def test_vllm_not_serving_is_down():
-    code, problems = verdict(health=0, completion=0)
+    code, problems = verdict(health=0, completion=0, endpoint=0)
     assert code == 2 and problems[0].startswith("vLLM is not serving")
 
 
 def test_no_answer_from_anything_is_unknown_not_down():
-    code, problems = verdict(facts=False, completion=0)
+    code, problems = verdict(answered=False, endpoint=0)
     assert code == 3 and "the head did not answer" in problems[0]
 
 
-@pytest.mark.parametrize("facts", [False, True])
-def test_unseen_ray_does_not_call_nodes_missing(facts):
-    kwargs = {"facts": False} if not facts else {"ray_error": "GCS timed out"}
-    report = status.assess(FakeCluster(), SPEC, snap(**kwargs))
+def test_a_head_from_before_its_own_completion_is_judged_by_health():
+    assert verdict(old_head=True) == (0, [])
+    code, problems = verdict(old_head=True, health=0, endpoint=0)
+    assert code == 2 and problems[0].startswith("vLLM is not serving")
+
+
+@pytest.mark.parametrize("answered", [False, True])
+def test_unseen_ray_does_not_call_nodes_missing(answered):
+    kwargs = {"answered": False} if not answered else {"ray_error": "GCS timed out"}
+    report = status.assess(ONE_GANG, SPEC, snap(head(**kwargs)))
     assert all(node["alive"] is None for node in report["nodes"])
     assert not any("not in the Ray cluster" in p for p in report["problems"])
+
+
+# --- several gangs: each judged on its own, the pool from all of them ----------------------
+
+
+def assess_two(gang0, gang1, endpoint=200, pool=None):
+    return status.assess(TWO_GANGS, SPEC, snap(gang0, gang1, endpoint=endpoint, pool=pool))
+
+
+def test_every_gang_serving_is_healthy():
+    report = assess_two(head(IPS), head(GANG1_IPS))
+    assert (report["exitCode"], report["problems"]) == (0, [])
+    assert [(g["name"], g["verdict"]) for g in report["gangs"]] == [("gang0", "serving"), ("gang1", "serving")]
+    assert [n["node"] for n in report["gangs"][1]["nodes"]] == ["gang1-head", "gang1-worker-1", "gang1-worker-2"]
+    # Existing consumers read gang 0's nodes and Ray at the top, as before.
+    assert [n["ip"] for n in report["nodes"]] == IPS and report["ray"]["expectedNodes"] == 3
+
+
+def test_one_gang_of_two_not_serving_is_degraded_and_named():
+    report = assess_two(head(IPS), head(GANG1_IPS, health=0, completion=0))
+    assert report["exitCode"] == 1
+    assert [p.split(" ")[0] for p in report["problems"]] == ["gang1"], report["problems"]
+    assert report["problems"][0].startswith("gang1 is not serving (")
+    assert report["pool"]["serving"] == ["gang0"] and report["pool"]["notServing"] == ["gang1"]
+    assert [g["verdict"] for g in report["gangs"]] == ["serving", "down"]
+
+
+def test_a_gang_whose_own_completion_fails_is_not_serving_even_when_the_endpoint_answers():
+    # The endpoint's completion went to gang0: only gang1's own completion shows it is dead.
+    report = assess_two(head(IPS), head(GANG1_IPS, completion=500))
+    assert report["exitCode"] == 1
+    assert report["problems"] == [
+        "gang1 is not serving (unit active, /health 200, a completion on gang1-head got HTTP 500 (boom))"
+    ]
+
+
+def test_no_gang_serving_is_down():
+    report = assess_two(head(IPS, health=0, completion=0), head(GANG1_IPS, completion=503), endpoint=502)
+    assert report["exitCode"] == 2
+    assert [p.split(" ")[0] for p in report["problems"][:2]] == ["gang0", "gang1"]
+
+
+def test_a_gang_missing_a_worker_is_degraded_naming_the_gang_and_the_node():
+    report = assess_two(head(IPS), head(GANG1_IPS, alive=GANG1_IPS[:2]))
+    assert report["exitCode"] == 1
+    assert report["problems"] == [
+        "gang1 is degraded: gang1-worker-2 (10.0.1.3) is not in the Ray cluster; Ray has 8 of 12 GPUs"
+    ]
+    assert [g["verdict"] for g in report["gangs"]] == ["serving", "degraded"]
+
+
+def test_a_silent_head_makes_its_gang_unknown_and_the_pool_degraded():
+    report = assess_two(head(IPS), head(GANG1_IPS, answered=False))
+    assert report["exitCode"] == 1 and report["gangs"][1]["verdict"] == "unknown"
+    assert report["problems"] == ["gang1 is unknown: the head did not answer: ssh: connect timed out"]
+
+
+def test_nothing_answering_is_unknown():
+    report = assess_two(head(answered=False), head(answered=False), endpoint=0)
+    assert report["exitCode"] == 3
+
+
+def test_a_drained_gang_is_shown_not_counted_as_a_fault():
+    report = assess_two(head(IPS), head(GANG1_IPS, health=0, completion=0), pool=in_pool("in-pool", "drained"))
+    assert (report["exitCode"], report["problems"]) == (0, [])
+    assert report["pool"]["drained"] == ["gang1"]
+    assert report["notes"] and report["notes"][0].startswith("gang1 is drained")
+
+
+def test_only_drained_gangs_serving_is_down():
+    report = assess_two(
+        head(IPS), head(GANG1_IPS, health=0, completion=0), endpoint=502, pool=in_pool("drained", "in-pool")
+    )
+    assert report["exitCode"] == 2
+
+
+def test_a_gang_the_gateway_does_not_balance_to_is_named():
+    report = assess_two(head(IPS), head(GANG1_IPS), pool=in_pool("in-pool"))
+    assert report["exitCode"] == 1
+    assert report["problems"] == ["gang1 is not in the gateway's pool: the gateway sends it no request"]
+
+
+# --- the gangs from the outputs ------------------------------------------------------------
+
+
+def test_outputs_without_gangs_are_one_gang_of_head_and_workers():
+    (gang,) = gangs_of(BASE_OUTPUTS)
+    assert gang.name == "gang0" and [(n.name, n.ip) for n in gang.nodes] == list(
+        zip(["head", "worker-1", "worker-2"], IPS, strict=True)
+    )
+
+
+def test_the_gangs_output_gives_every_gang_its_nodes_head_first():
+    gangs = gangs_of({**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)})
+    assert [g.name for g in gangs] == ["gang0", "gang1"]
+    assert [(n.name, n.ip) for n in gangs[1].nodes] == list(
+        zip(["gang1-head", "gang1-worker-1", "gang1-worker-2"], GANG1_IPS, strict=True)
+    )
+    assert gangs[1].head == Node(0, GANG1_IPS[0], 1)
+
+
+@pytest.mark.parametrize("gangs", [[], [{"name": "gang0", "nodes": []}], [{"name": "gang0"}], "gang0"])
+def test_a_gangs_output_of_another_shape_is_one_line_naming_the_file(tmp_path, gangs):
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({**BASE_OUTPUTS, "gangs": gangs}))
+    with pytest.raises(OutputsError, match=rf"^{outputs}: the gangs output "):
+        stack_outputs("t", str(outputs))
+
+
+# --- what is asked, and what is printed ----------------------------------------------------
+
+
+class AskedCluster(FakeCluster):
+    """Answers as the heads and the gateway would, recording who was asked what."""
+
+    def __init__(self, outputs, answers, pool_lines="", pool_code=0):
+        super().__init__(outputs)
+        self.answers, self.pool_answer, self.asked = answers, (pool_code, pool_lines), []
+
+    def ssh(self, node, command, timeout=60):
+        self.asked.append((node.ip, command, timeout))
+        facts = self.answers[node.ip]
+        return subprocess.CompletedProcess([], 0 if facts else 255, json.dumps(facts) if facts else "", "timed out")
+
+    def ssh_gateway(self, command, timeout=30):
+        self.asked.append(("gateway", command, timeout))
+        code, lines = self.pool_answer
+        return subprocess.CompletedProcess([], code, lines, "" if code == 0 else "usage: ...")
+
+    def completion(self, model, timeout=60):
+        return 200, 0.1, ""
+
+
+def test_the_snapshot_asks_every_gangs_own_head_and_the_gateways_pool():
+    answers = {IPS[0]: head(IPS)["facts"], GANG1_IPS[0]: None}
+    cluster = AskedCluster(
+        {**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)},
+        answers,
+        "gang0 10.0.0.1:8000 in-pool serving\ngang1 10.0.1.1:8000 drained not-serving\n",
+    )
+    taken = status.snapshot(cluster, SPEC)
+    facts_command = f"sudo {bootstrap.NODE_COMMAND} status-facts"
+    assert sorted(a[:2] for a in cluster.asked) == sorted(
+        [(IPS[0], facts_command), (GANG1_IPS[0], facts_command), ("gateway", f"sudo {bootstrap.GATEWAY_COMMAND} pool")]
+    )
+    assert [g["facts"] is not None for g in taken["gangs"]] == [True, False]
+    assert taken["gateway"]["view"]["gang1"] == {
+        "address": "10.0.1.1:8000",
+        "state": "drained",
+        "health": "not-serving",
+    }
+    report = status.assess(cluster, SPEC, taken)
+    assert report["gangs"][1]["verdict"] == "unknown" and report["pool"]["drained"] == ["gang1"]
+
+
+def test_a_gateway_without_a_pool_view_leaves_the_verdict_to_the_gangs():
+    cluster = AskedCluster(BASE_OUTPUTS, {IPS[0]: head(IPS)["facts"]}, pool_code=1)
+    report = status.assess(cluster, SPEC, status.snapshot(cluster, SPEC))
+    assert report["exitCode"] == 0 and report["pool"]["drained"] is None and report["pool"]["gatewayError"]
+
+
+def test_one_gang_prints_as_before_replicas():
+    text = status.render("t", status.assess(ONE_GANG, SPEC, snap(head(alive=IPS[:2]))), "https://x/v1")
+    assert "gang0" not in text and "pool " not in text
+    assert "  worker-2  10.0.0.3         MISSING  -" in text
+    assert "completion  HTTP 200 in 0.05 s on head (10.0.0.1)" in text
+    assert "endpoint    HTTP 200 in 0.10 s through https://x/v1" in text
+    assert "verdict     DEGRADED\n    - worker-2 (10.0.0.3) is not in the Ray cluster" in text
+
+
+def test_several_gangs_print_one_block_each_then_the_pool():
+    report = assess_two(head(IPS), head(GANG1_IPS, health=0, completion=0), pool=in_pool("in-pool", "drained"))
+    text = status.render("t", report, "https://x/v1")
+    headings = [block.splitlines()[0] for block in text.split("\n\n")]
+    assert "  gang0       SERVING, in-pool" in headings and "  gang1       DOWN, drained" in headings
+    assert text.index("gang1-head") > text.index("gang1       DOWN") > text.index("gang0       SERVING")
+    assert "  pool        1 of 2 gangs serving; drained: gang1" in text
+    assert text.rstrip().splitlines()[-2:] == ["  verdict     HEALTHY", f"    note: {report['notes'][0]}"]
+    json.dumps(report)  # --json prints it as it is
+
+
+# --- the head's own completion (ray-cluster-check, run by status-facts) ---------------------
+
+
+def load_ray_cluster_check():
+    loader = SourceFileLoader("ray_cluster_check", str(ROOT / "scripts" / "node" / "ray-cluster-check"))
+    module = module_from_spec(spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_the_heads_completion_is_one_token_with_the_key_from_the_environment(monkeypatch):
+    seen = []
+
+    class VLLM(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, self.headers["Authorization"], body))
+            self.send_response(200 if self.headers["Authorization"] == "Bearer test-key" else 401)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), VLLM)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    check = load_ray_cluster_check()
+    try:
+        monkeypatch.setenv("VLLM_API_KEY", "test-key")
+        answer = check.complete(url, "served-name", 5)
+        monkeypatch.delenv("VLLM_API_KEY")
+        refused = check.complete(url, "served-name", 5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answer["status"] == 200 and answer["error"] == "" and 0 <= answer["seconds"] < 5
+    assert refused["status"] == 401
+    assert seen[0] == (
+        "/v1/completions",
+        "Bearer test-key",
+        {"model": "served-name", "prompt": "Hello", "max_tokens": 1},
+    )
+    assert check.complete(url, "served-name", 5)["status"] == 0  # nothing listens any more
+
+
+def test_status_facts_asks_for_a_bounded_completion_of_the_served_model_key_not_in_argv(tmp_path):
+    from tests.test_bootstrap import parse_env
+    from tests.test_host_ports import node_host, run_node
+
+    calls, env = node_host(tmp_path, 0)
+    # The stand-in Python logs its arguments, then the key it finds in its environment.
+    python = tmp_path / "root/opt/vllm-cluster/venv/bin/python"
+    python.write_text(f'#!/bin/bash\necho "python $*" >>{calls}\necho "key ${{VLLM_API_KEY:-}}" >>{calls}\n')
+    result = run_node(tmp_path, env, "status-facts")
+    assert result.returncode == 0, result.stderr
+    argv, key = calls.read_text().splitlines()
+    served = parse_env((tmp_path / "root/etc/vllm-cluster/vllm.env").read_text())["SERVED_MODEL_NAME"]
+    assert f"--completion-model {served} --completion-timeout 30" in argv and "--status-json " in argv
+    assert "test-key" not in argv and key == "key test-key"

@@ -1,0 +1,202 @@
+"""Replicas end to end on the local fleet: two gangs of one node each (each its own Ray
+cluster and its own real vLLM engine) behind the one gateway. The gateway balances
+over both; a day-2 change rolls over the gangs one after the other while a steady
+stream of completions goes through the gateway, and none of them fails; a gang that
+is powered off is ejected (the pool degraded, the gang named) and returns after boot.
+
+Skipped, with the reason, where the machine cannot host the fleet; under CI
+(VLLM_CLUSTER_CI) that is a failure instead. The tests run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from fleet import in_ci, why_no_fleet
+from fleet_cluster import fleet_program, serving_cluster
+from replay import COMMAND, replay
+
+from components.bootstrap import GATEWAY_COMMAND
+from components.topology import gang_name
+
+NODES_PER_GANG = 1
+REPLICAS = 2
+
+_reason = why_no_fleet()
+if _reason and in_ci():
+    pytest.fail(f"CI cannot host the local fleet: {_reason}", pytrace=False)
+pytestmark = pytest.mark.skipif(_reason is not None, reason=f"no local fleet here: {_reason}")
+
+
+@pytest.fixture(scope="module")
+def gangs(tmp_path_factory):
+    with serving_cluster(tmp_path_factory.mktemp("replicas") / "fleet", NODES_PER_GANG, replicas=REPLICAS) as cluster:
+        yield cluster
+
+
+def gateway_shell(cluster, command: str, check: bool = True):
+    return cluster.fleet.ssh(cluster.fleet.gateway, command, check=check)
+
+
+def pool(cluster) -> dict[str, list[str]]:
+    """The gateway's own view: gang -> [address, pool state, health]."""
+    printed = gateway_shell(cluster, f"sudo {GATEWAY_COMMAND} pool").stdout
+    return {line.split()[0]: line.split()[1:] for line in printed.splitlines() if line.startswith("gang")}
+
+
+def served_requests(cluster, gang: int) -> float:
+    """Completions the gang's own engine finished (vLLM's counter on its head)."""
+    head = cluster.fleet.nodes[gang * NODES_PER_GANG]
+    metrics = cluster.node_shell(gang * NODES_PER_GANG, f"curl -s http://{head.ip}:8000/metrics").stdout
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:request_success_total") and 'finished_reason="' in line
+    )
+
+
+def status(cluster) -> tuple[int, dict]:
+    result = cluster.operator("status", "--json")
+    return result.returncode, json.loads(result.stdout)
+
+
+@dataclass
+class Load:
+    """A bounded, steady stream of completions through the gateway, as clients send them."""
+
+    cluster: object
+    clients: int = 2
+    sent: int = 0
+    failed: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _client(self) -> None:
+        while not self._stop.is_set():
+            try:
+                code, body = self.cluster.request(
+                    "/v1/completions",
+                    {"model": self.cluster.served_model, "prompt": "Hello", "max_tokens": 4},
+                    timeout=120,
+                )
+                error = None if code == 200 else f"HTTP {code}: {str(body)[:200]}"
+            except OSError as failure:
+                error = f"{type(failure).__name__}: {failure}"
+            with self._lock:
+                self.sent += 1
+                if error:
+                    self.failed.append(error)
+            time.sleep(0.1)
+
+    def __enter__(self) -> "Load":
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+
+def test_the_gateway_balances_over_both_gangs(gangs):
+    assert {name: state[1:] for name, state in pool(gangs).items()} == {
+        gang_name(g): ["in-pool", "serving"] for g in range(REPLICAS)
+    }
+    before = [served_requests(gangs, g) for g in range(REPLICAS)]
+    with Load(gangs, clients=2) as load:
+        time.sleep(20)
+    assert load.failed == [] and load.sent >= 10, (load.sent, load.failed[:3])
+    served = [served_requests(gangs, g) - before[g] for g in range(REPLICAS)]
+    # Least connections over two gangs: each serves a real share.
+    assert min(served) >= load.sent / 5, (served, load.sent)
+
+
+def test_status_shows_each_gang_and_a_healthy_pool(gangs):
+    code, report = status(gangs)
+    assert code == 0 and report["verdict"] == "healthy", report["problems"]
+    assert [(g["name"], g["verdict"]) for g in report["gangs"]] == [("gang0", "serving"), ("gang1", "serving")]
+    for gang in report["gangs"]:
+        assert gang["completion"]["status"] == 200 and gang["metrics"], gang
+
+
+def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_other(gangs):
+    updated = fleet_program(NODES_PER_GANG, gangs.key_store, replicas=REPLICAS, maxModelLen=2048)
+    old = {c.name: c.inputs for c in gangs.run.of_type(COMMAND)}
+    changed = {c.name for c in updated.of_type(COMMAND) if old.get(c.name) != c.inputs}
+    assert changed == {
+        f"vllm-{name}"
+        for name in (
+            "gang0-drain",
+            "gang1-drain",
+            "vllm",
+            "gang1-vllm",
+            "gang0-return",
+            "gang1-return",
+            "readiness",
+            "gang1-readiness",
+        )
+    }
+    engines = [gangs.unit_property(g * NODES_PER_GANG, "vllm.service", "MainPID") for g in range(REPLICAS)]
+    since = gateway_shell(gangs, "date +%s").stdout.strip()
+    with Load(gangs, clients=2) as load:
+        time.sleep(5)
+        outcomes = replay(updated, only=changed)  # what `pulumi up` would run
+        time.sleep(5)
+    print(f"rolling update: {load.sent} requests sent through the gateway, {len(load.failed)} failed")
+    assert load.failed == [], f"{len(load.failed)} of {load.sent} failed: {load.failed[:5]}"
+    assert load.sent >= 30, load.sent
+    gangs.run = updated
+    # Both engines restarted with the new setting...
+    for g in range(REPLICAS):
+        index = g * NODES_PER_GANG
+        assert gangs.unit_property(index, "vllm.service", "MainPID") != engines[g]
+        assert "--max-model-len 2048" in gangs.node_shell(index, "sudo cat /etc/vllm-cluster/vllm.env").stdout
+    # ...one after the other: gang 1 was drained only once gang 0 served again.
+    first, second = outcomes["vllm-vllm"], outcomes["vllm-gang1-vllm"]
+    assert first.finished <= outcomes["vllm-gang0-return"].finished <= outcomes["vllm-gang1-drain"].finished
+    assert first.finished <= second.started
+    journal = gateway_shell(
+        gangs, f"sudo journalctl -t vllm-cluster-gateway --since @{since} -o cat --no-pager"
+    ).stdout.splitlines()
+    order = [
+        (step, gang)
+        for line in journal
+        for step, says in (("drained", "out of the API pool"), ("returned", "back in the API pool"))
+        for gang in ("gang0", "gang1")
+        if line.startswith(f"{'drain' if step == 'drained' else 'return'} {gang}: {says}")
+    ]
+    assert order == [("drained", "gang0"), ("returned", "gang0"), ("drained", "gang1"), ("returned", "gang1")], journal
+
+
+def test_a_powered_off_gang_is_ejected_named_and_returns_after_boot(gangs):
+    lost = gangs.fleet.nodes[1 * NODES_PER_GANG]  # gang 1's head
+    gangs.fleet.power_off(lost)
+    try:
+        # Clients see no failure: what could not reach gang 1 is sent to gang 0.
+        with Load(gangs, clients=2) as load:
+            time.sleep(15)
+        assert load.failed == [] and load.sent >= 5, (load.sent, load.failed[:3])
+        code, report = status(gangs)
+        assert code == 1 and report["verdict"] == "degraded", report
+        assert any("gang1" in problem for problem in report["problems"]), report["problems"]
+        assert not any("gang0" in problem for problem in report["problems"]), report["problems"]
+    finally:
+        gangs.fleet.boot(lost)
+    # After its boot the gang starts Ray and vLLM by itself and the gateway sends to it again.
+    deadline = time.monotonic() + 420
+    while True:
+        code, report = status(gangs)
+        if code == 0:
+            break
+        assert time.monotonic() < deadline, f"gang1 did not serve again within 420 s of its boot: {report['problems']}"
+        time.sleep(10)
+    before = served_requests(gangs, 1)
+    with Load(gangs, clients=2) as load:
+        time.sleep(15)
+    assert load.failed == [] and served_requests(gangs, 1) > before, (load.sent, load.failed[:3])
