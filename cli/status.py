@@ -12,7 +12,8 @@ Exit 0 healthy (every gang serves whole); 1 degraded (something serves, but a ga
 does not, lacks a node or GPU, or the endpoint's completion fails: what is wrong is
 named); 2 down (no gang serves); 3 unknown (the tool could not look: no outputs, no
 answer from any head, and no completion either). A gang drained from the gateway's
-pool (a planned restart) is shown as drained, not counted as a fault.
+pool makes the pool degraded, named: during a roll that is the truth (it serves with
+less), and a roll that failed leaves it so until an operator returns it.
 """
 
 from __future__ import annotations
@@ -163,12 +164,15 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
     ]
     drained = {g["name"] for g in gangs if (g["pool"] or {}).get("state") == DRAINED}
     completion = snap["completion"]
-    problems, notes = [], []
+    problems = []
     for gang in gangs:
         if gang["name"] in drained:
-            # Out of the pool on purpose (a planned restart): shown, not a fault.
-            notes.append(
-                f"{gang['name']} is drained: out of the gateway's pool" + "".join(f"; {p}" for p in gang["problems"])
+            # Out of the pool: the pool serves with less, whether a roll is under way or
+            # one failed and left it so (which only an operator notices). Say which.
+            problems.append(
+                f"{gang['name']} is drained: out of the gateway's pool (a rolling change under way, or one that "
+                f"failed: once it serves, sudo {bootstrap.GATEWAY_COMMAND} return --gang {gang['name']} on the "
+                "gateway)" + "".join(f"; {p}" for p in gang["problems"])
             )
         elif gang["problems"]:
             problems += gang["problems"] if len(gangs) == 1 else [_gang_problem(gang)]
@@ -191,9 +195,8 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         "verdict": VERDICTS[verdict],
         "exitCode": verdict,
         "problems": problems,
-        "notes": notes,
         "pool": {
-            "serving": [g["name"] for g in gangs if g["serving"]],
+            "serving": [g["name"] for g in serving_in_pool],
             "notServing": [g["name"] for g in gangs if not g["serving"]],
             "drained": None if view is None else sorted(drained),
             "gatewayError": snap["gateway"]["error"],
@@ -259,7 +262,6 @@ def render(stack: str, report: dict, endpoint: str) -> str:
         f"  verdict     {report['verdict'].upper()}",
     ]
     lines += [f"    - {problem}" for problem in report["problems"]]
-    lines += [f"    note: {note}" for note in report["notes"]]
     return "\n".join(lines)
 
 

@@ -51,6 +51,9 @@ CLUSTER_READY_TIMEOUT_SECONDS = 900
 # start-vllm's own bound beyond the engine's start timeout: vllm.service's wait for the
 # cluster (30 min) and a margin (scripts/node/vllm-cluster-node cmd_start_vllm).
 START_VLLM_MARGIN_SECONDS = 1800 + 300
+# What a gang's setup may take before its Ray starts: installing a new lock from the
+# wheelhouse (sizing: minutes), staging a new model onto the cache (gang 0's turn).
+GANG_SETUP_ALLOWANCE_SECONDS = 3600
 # From launch to a node that accepts logins: boot, /run/nologin, cloud-init's start.
 LOGIN_TIMEOUT_SECONDS = 1200
 READINESS_TIMEOUT_SECONDS = 900
@@ -269,14 +272,31 @@ class ClusterServices(pulumi.ComponentResource):
 
     def _restarts(self, args: ServicesArgs, gang: ServingGang) -> list:
         """Every input whose change restarts the gang's Ray or vLLM: its drain and its
-        return to the pool run again with any of them."""
+        return to the pool run again with any of them. The secrets too: install-secrets
+        restarts Ray for a new Ray token (and vLLM with it) and vLLM for a new API key."""
         return [
             *self._environment(args),
             args.node_boot.vllm_version,
             gang.vllm_settings,
             pulumi.Output.secret(args.api_key),
+            pulumi.Output.secret(args.ray_token),
             *gang.node_ips,
         ]
+
+    @staticmethod
+    def _drain_line(args: ServicesArgs, gang: ServingGang) -> str:
+        """The gateway command that takes the gang out of the pool. A serving gang waits
+        for the rolling lease, which the gang before it holds until it serves again: the
+        wait covers one gang's whole turn (setup, Ray, preflight, vLLM's start)."""
+        wait = (
+            GANG_SETUP_ALLOWANCE_SECONDS
+            + CLUSTER_READY_TIMEOUT_SECONDS
+            + args.engine_ready_timeout_seconds
+            + START_VLLM_MARGIN_SECONDS
+        )
+        return (
+            f"sudo {GATEWAY_COMMAND} drain --gang {gang.name} --timeout {args.api_read_timeout_seconds} --wait {wait}"
+        )
 
     # --- the steps ------------------------------------------------------------------------
 
@@ -330,18 +350,15 @@ class ClusterServices(pulumi.ComponentResource):
     def _drain(
         self, args: ServicesArgs, gang: ServingGang, after: list[command.remote.Command]
     ) -> command.remote.Command:
-        """Take the gang out of the gateway's pool before anything of it restarts. A
-        serving gang waits for the rolling lease, which the gang before it holds until
-        it serves again. Each drain waits for the previous gang's drain, so the gangs
-        take the lease in order: gang 0 first, whose chain stages the model that every
-        gang's preflight waits for (a later gang holding the lease first would wait on
-        gang 0, which would wait for the lease). The wait covers the restarts before it."""
-        per_gang = CLUSTER_READY_TIMEOUT_SECONDS + args.engine_ready_timeout_seconds + START_VLLM_MARGIN_SECONDS
-        wait = per_gang * (len(args.gangs) - 1)
+        """Take the gang out of the gateway's pool before anything of it restarts. Each
+        drain waits for the previous gang's drain, so the gangs take the rolling lease in
+        order: gang 0 first, whose chain stages the model that every gang's preflight
+        waits for (a later gang holding the lease first would wait on gang 0, which
+        would wait for the lease)."""
         return self._run(
             f"{gang.name}-drain",
             self._on_gateway(),
-            f"sudo {GATEWAY_COMMAND} drain --gang {gang.name} --timeout {args.api_read_timeout_seconds} --wait {wait}",
+            self._drain_line(args, gang),
             after=after,
             triggers=self._restarts(args, gang),
         )
@@ -485,7 +502,9 @@ class ClusterServices(pulumi.ComponentResource):
                     self._on_gateway(),
                     f"sudo {GATEWAY_COMMAND} return --gang {gang.name}",
                     after=[serve],
-                    triggers=self._restarts(args, gang),
+                    # Whenever the drain ran again, so does the return: a drain whose
+                    # line alone changed (a new read timeout) must not leave the gang out.
+                    triggers=[*self._restarts(args, gang), self._drain_line(args, gang)],
                 )
             ]
         return self._run(

@@ -686,14 +686,29 @@ def _check_replicas(reader: _Reader) -> int | None:
         )
         return None
     if replicas is not None and replicas > 1 and reader.string("placementGroupName") is not None:
+        if reader.string("capacityReservationId") is not None:
+            # A reservation made in a cluster placement group serves only that group: the
+            # other gangs' groups could not launch into it.
+            fix = (
+                f"pulumi config set {NAMESPACE}:replicas 1 (a reservation in a placement group serves that one "
+                "group), or reserve capacity outside a placement group and remove placementGroupName"
+            )
+        else:
+            fix = (
+                f"pulumi config rm {NAMESPACE}:placementGroupName (the stack then makes one group per gang), "
+                f"or pulumi config set {NAMESPACE}:replicas 1"
+            )
         reader.fail(
             "replicas",
             f"is {replicas}, but placementGroupName names one existing group, and each gang needs a cluster "
-            "placement group of its own (a failure of one group's capacity must not take every gang). "
-            f"Fix: pulumi config rm {NAMESPACE}:placementGroupName (the stack then makes one group per gang), "
-            f"or pulumi config set {NAMESPACE}:replicas 1",
+            f"placement group of its own (a failure of one group's capacity must not take every gang). Fix: {fix}",
         )
         return None
+    if replicas is not None and replicas > 1 and reader.string("capacityReservationId") is not None:
+        reader.warn(
+            f"{replicas} replicas of {reader.integer('nodes') or 1} node(s) launch into capacityReservationId: the "
+            "reservation must hold every gang's nodes (nodes x replicas instances); this cannot be checked offline."
+        )
     return replicas
 
 

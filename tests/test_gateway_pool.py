@@ -392,17 +392,33 @@ def test_configure_needs_the_gangs_and_keeps_the_last_good_site_and_pool_when_ng
     assert gateway.complete() == (200, "gang0")
 
 
-def test_a_gang_no_longer_listed_loses_its_mark_and_its_lease(gateway, gangs):
+def test_a_gang_no_longer_listed_loses_its_mark_and_its_lease_and_a_new_one_enters_drained(gateway, gangs):
     gang0, gang1 = gangs
     assert_ran(gateway.configure(gang0, gang1))
     assert_ran(gateway.drain(gang1))
     assert gateway.pool()["gang1"][1:] == ["drained", "serving", "roll-lease"]
-    assert_ran(gateway.configure(gang0))
-    assert gateway.pool() == {"gang0": [gang0.address, "in-pool", "serving"]}
-    assert_ran(gateway.configure(gang0, gang1))
-    assert gateway.pool()["gang1"] == [gang1.address, "in-pool", "serving"]
+    # gang1 replaced by a gang2 whose head does not serve yet (a later replica).
+    gang2 = Gang("gang2", "127.0.0.4")
+    assert_ran(gateway.configure(gang0, gang2))
     journal = gateway.journal.read_text()
     assert "forgot gang1's drained mark" in journal and "released gang1's roll lease" in journal
+    assert "configure: gang2 enters the pool drained" in journal
+    assert gateway.pool() == {
+        "gang0": [gang0.address, "in-pool", "serving"],
+        "gang2": [gang2.address, "drained", "not-serving"],
+    }
+    assert [gateway.complete()[1] for _ in range(3)] == ["gang0"] * 3
+
+
+def test_one_gang_clears_any_mark_and_lease_a_failed_roll_left(gateway, gangs):
+    """A stack of one replica never drains: a roll that failed before the stack went down
+    to one gang must not keep its only gang out of the pool."""
+    gang0, gang1 = gangs
+    assert_ran(gateway.configure(gang0, gang1))
+    assert_ran(gateway.drain(gang0))
+    assert_ran(gateway.configure(gang0))
+    assert gateway.pool() == {"gang0": [gang0.address, "in-pool", "serving"]}
+    assert gateway.complete() == (200, "gang0")
 
 
 # --- drain and return ------------------------------------------------------------------------
@@ -512,10 +528,10 @@ def test_two_drains_at_once_take_one_gang_out(gateway, gangs):
     assert f"release it: sudo vllm-cluster-gateway return --gang {holder}" in refused
 
 
-def test_a_drain_goes_on_alone_after_waiting_for_another_gang_to_serve(gateway, gangs):
-    """The gangs roll in a fixed order: a broken gang 1 comes after gang 0, so gang 0's
-    drain waits (up to --wait, at most two minutes) for it, then goes on with a warning
-    instead of stalling the roll that may fix gang 1."""
+def test_a_drain_with_no_other_gang_serving_waits_then_keeps_the_gang_in_the_pool(gateway, gangs):
+    """Taking out the last serving gang would leave no server, restart or not: after
+    waiting (up to --wait, at most a minute) for another gang to serve, the drain takes
+    the lease (the roll stays in order) and leaves the gang in the pool."""
     gang0, gang1 = gangs
     assert_ran(gateway.configure(gang0, gang1))
     gang1.healthy = False
@@ -525,9 +541,9 @@ def test_a_drain_goes_on_alone_after_waiting_for_another_gang_to_serve(gateway, 
     assert 2 <= time.monotonic() - started < 10
     assert f"gang1 (no 200 from http://{gang1.address}/health)" in result.stderr
     assert "without gang0 the API would have no server" in result.stderr
-    journal = gateway.journal.read_text()
-    assert "WARNING: no other gang serves" in journal and "the API has no server until gang0 returns" in journal
-    assert gateway.pool()["gang0"] == [gang0.address, "drained", "serving", "roll-lease"]
+    assert "drain gang0: stays in the API pool (NOT drained: no other gang serves" in gateway.journal.read_text()
+    assert gateway.pool()["gang0"] == [gang0.address, "in-pool", "serving", "roll-lease"]
+    assert gateway.complete() == (200, "gang0")
 
 
 def test_the_only_gang_is_never_drained_while_it_serves(gateway, gangs):
@@ -539,18 +555,36 @@ def test_the_only_gang_is_never_drained_while_it_serves(gateway, gangs):
     assert gateway.complete() == (200, "gang0")
 
 
-def test_a_gang_that_does_not_serve_is_drained_without_the_lease(gateway, gangs):
+def test_a_gang_that_does_not_serve_is_drained_without_the_lease_when_no_gang_serves(gateway, gangs):
+    """The first `pulumi up`: no gang serves yet, so no drain waits and every gang starts at once."""
     gang0, gang1 = gangs
     assert_ran(gateway.configure(gang0, gang1))
-    assert_ran(gateway.drain(gang0))
-    gang1.healthy = False
-    result = gateway.drain(gang1, wait=0)
-    assert_ran(result)
-    assert "no roll lease needed" in result.stderr
+    gang0.healthy = gang1.healthy = False
+    for gang in gangs:
+        result = gateway.drain(gang, wait=0)
+        assert_ran(result)
+        assert "no roll lease needed" in result.stderr
     assert gateway.pool() == {
-        "gang0": [gang0.address, "drained", "serving", "roll-lease"],
+        "gang0": [gang0.address, "drained", "not-serving"],
         "gang1": [gang1.address, "drained", "not-serving"],
     }
+
+
+def test_a_broken_gang_takes_the_lease_while_another_serves_so_the_next_waits_for_its_return(gateway, gangs):
+    """gang0 broken, gang1 serving: gang0's drain takes the lease, so gang1 is not taken
+    out until gang0 serves again and returns (the roll would otherwise leave no server)."""
+    gang0, gang1 = gangs
+    assert_ran(gateway.configure(gang0, gang1))
+    gang0.healthy = False
+    assert_ran(gateway.drain(gang0, wait=0))
+    assert gateway.pool()["gang0"] == [gang0.address, "drained", "not-serving", "roll-lease"]
+    waiting = gateway.drain(gang1, wait=2)
+    assert waiting.returncode == 1 and "gang0 holds the roll lease" in waiting.stderr
+    assert gateway.pool()["gang1"][1] == "in-pool"
+    gang0.healthy = True
+    assert_ran(gateway.give_back(gang0))
+    assert_ran(gateway.drain(gang1, wait=0))
+    assert gateway.pool()["gang1"][1:] == ["drained", "serving", "roll-lease"]
 
 
 def test_a_drain_run_again_goes_on_and_return_restores_the_gang(gateway, gangs):

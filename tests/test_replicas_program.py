@@ -7,7 +7,7 @@ import hashlib
 import json
 
 import pytest
-from pulumi_mocks import ROOT, engine_urns, run_stack, stack_names
+from pulumi_mocks import ROOT, engine_urns, run_stack, stack_names, unsecret
 
 STACKS = stack_names()
 GOLDEN = ROOT / "tests" / "golden"
@@ -177,8 +177,9 @@ def test_a_gang_is_drained_before_anything_of_it_restarts_and_returns_once_it_se
             assert depends_on(run, command(run, f"setup-{prefix}{node}"), drain.name)
         assert depends_on(run, back, f"vllm-{prefix}vllm")
         assert depends_on(run, command(run, f"{prefix}readiness"), back.name)
-        # What restarts the gang's Ray or vLLM drains it again, and returns it.
-        assert drain.inputs["triggers"] == back.inputs["triggers"]
+        # What restarts the gang's Ray or vLLM drains it again, and returns it; so does
+        # any change of the drain's own line.
+        assert unsecret(back.inputs["triggers"]) == [*unsecret(drain.inputs["triggers"]), drain.inputs["create"]]
     # The gangs take the rolling lease in order: gang 0's chain stages the model.
     assert depends_on(run, command(run, "gang1-drain"), "vllm-gang0-drain")
 
@@ -214,3 +215,46 @@ def test_bad_replicas_are_refused_before_any_resource(overrides, key):
     run = run_stack("prod", overrides)
     assert run.error is not None and f"vllm-cluster:{key} = " in str(run.error)
     assert "Fix:" in str(run.error) and run.resources == []
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"gpuMemoryUtilization": "0.8"},
+        {"apiReadTimeoutSeconds": 900},
+        {"replicas": 3},
+        {"model": "Qwen/Qwen2.5-7B-Instruct"},
+        {"maxModelLen": 8192},
+    ],
+)
+def test_whenever_a_gang_is_drained_again_it_is_returned_again(two_gangs, overrides):
+    """A drain that runs without its return would leave the gang out of the pool for
+    good (and the next gang waiting for the lease)."""
+    changed = run_stack("prod", {"replicas": 2, **overrides})
+    assert changed.error is None, changed.error
+    before = {r.name: r.inputs for r in two_gangs.of_type(COMMAND)}
+    rerun = {r.name for r in changed.of_type(COMMAND) if before.get(r.name) != r.inputs}
+    for gang in ("gang0", "gang1", "gang2"):
+        if f"vllm-{gang}-drain" in rerun:
+            assert f"vllm-{gang}-return" in rerun, (gang, sorted(rerun))
+    assert rerun & {"vllm-gang0-drain", "vllm-gang1-drain", "vllm-gang2-drain"} or overrides.get("replicas")
+
+
+# A reservation serves one zone: the stack names it (prod's region is us-east-1).
+RESERVATION = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1a"}
+
+
+def test_a_reservation_in_a_named_group_cannot_hold_several_gangs():
+    run = run_stack(
+        "prod",
+        {"replicas": 2, "placementGroupName": "reserved-group", **RESERVATION},
+    )
+    assert run.error is not None and run.resources == []
+    assert 'vllm-cluster:replicas = "2"' in str(run.error) and "1 problem(s)" in str(run.error)
+    assert "replicas 1 (a reservation in a placement group serves that one group)" in str(run.error)
+
+
+def test_replicas_in_a_reservation_warn_that_it_must_hold_every_gang():
+    run = run_stack("prod", {"replicas": 2, **RESERVATION})
+    assert run.error is None, run.error
+    assert any("nodes x replicas instances" in warning for warning in run.warnings), run.warnings

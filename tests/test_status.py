@@ -210,11 +210,14 @@ def test_nothing_answering_is_unknown():
     assert report["exitCode"] == 3
 
 
-def test_a_drained_gang_is_shown_not_counted_as_a_fault():
-    report = assess_two(head(IPS), head(GANG1_IPS, health=0, completion=0), pool=in_pool("in-pool", "drained"))
-    assert (report["exitCode"], report["problems"]) == (0, [])
-    assert report["pool"]["drained"] == ["gang1"]
-    assert report["notes"] and report["notes"][0].startswith("gang1 is drained")
+def test_a_drained_gang_makes_the_pool_degraded_and_says_how_to_return_it():
+    """Drained during a roll, or left drained by one that failed: the pool serves with
+    less either way, and only an operator can tell which."""
+    report = assess_two(head(IPS), head(GANG1_IPS), pool=in_pool("in-pool", "drained"))
+    assert report["exitCode"] == 1 and report["pool"]["drained"] == ["gang1"]
+    assert report["pool"]["serving"] == ["gang0"]
+    assert len(report["problems"]) == 1 and report["problems"][0].startswith("gang1 is drained")
+    assert "return --gang gang1" in report["problems"][0]
 
 
 def test_only_drained_gangs_serving_is_down():
@@ -325,7 +328,7 @@ def test_several_gangs_print_one_block_each_then_the_pool():
     assert "  gang0       SERVING, in-pool" in headings and "  gang1       DOWN, drained" in headings
     assert text.index("gang1-head") > text.index("gang1       DOWN") > text.index("gang0       SERVING")
     assert "  pool        1 of 2 gangs serving; drained: gang1" in text
-    assert text.rstrip().splitlines()[-2:] == ["  verdict     HEALTHY", f"    note: {report['notes'][0]}"]
+    assert text.rstrip().splitlines()[-2:] == ["  verdict     DEGRADED", f"    - {report['problems'][0]}"]
     json.dumps(report)  # --json prints it as it is
 
 
