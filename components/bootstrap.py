@@ -363,14 +363,6 @@ GATEWAY_CONNECT_TIMEOUT_SECONDS = 3
 # read timeout is not run again elsewhere (never longer than the read timeout).
 GATEWAY_RETRY_TRIES = 3
 GATEWAY_RETRY_WINDOW_SECONDS = 15
-# `drain --timeout`: how long a drain waits for the requests in flight on the gang it took
-# out of the pool (then it goes on, with a warning). nginx's read timeout bounds a
-# non-streamed generation; a stack that set apiReadTimeoutSeconds may pass that instead.
-GATEWAY_DRAIN_TIMEOUT_SECONDS = DEFAULT_API_READ_TIMEOUT_SECONDS
-# `drain --wait`: how long a serving gang's drain waits for the roll lease (another gang's
-# restart to end with its `return`) and for another gang to serve: a whole restart of one
-# gang, model load included.
-GATEWAY_ROLL_WAIT_SECONDS = 3600
 
 
 def gateway_gangs(head_ips: dict[str, str]) -> str:

@@ -33,7 +33,7 @@ from typing import Sequence
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap, image, ports
+from components import bootstrap, image
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
@@ -323,9 +323,7 @@ class ClusterServices(pulumi.ComponentResource):
             )
         )
         pool = pulumi.Output.all(*[gang.node_ips[0] for gang in args.gangs]).apply(
-            lambda heads: ",".join(
-                f"{gang.name}={ip}:{ports.VLLM_API}" for gang, ip in zip(args.gangs, heads, strict=True)
-            )
+            lambda heads: bootstrap.gateway_gangs({gang.name: ip for gang, ip in zip(args.gangs, heads, strict=True)})
         )
         proxy = self._run(
             "gateway-proxy",
