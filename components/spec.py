@@ -676,16 +676,20 @@ def _check_nodes(reader: _Reader) -> int | None:
     return nodes
 
 
-def _check_replicas(reader: _Reader) -> int | None:
+def _check_replicas(reader: _Reader, nodes: int | None) -> int | None:
     replicas = reader.integer("replicas")
-    if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
+    if replicas is None:
+        return None
+    if not 1 <= replicas <= MAX_REPLICAS:
         reader.fail(
             "replicas",
             f"must be between 1 and {MAX_REPLICAS}: each replica is a gang of `nodes` GPU nodes serving its own "
             f"copy of the model. Fix: pulumi config set {NAMESPACE}:replicas 2",
         )
         return None
-    if replicas is not None and replicas > 1 and reader.string("placementGroupName") is not None:
+    if replicas == 1:
+        return replicas
+    if reader.string("placementGroupName") is not None:
         if reader.string("capacityReservationId") is not None:
             # A reservation made in a cluster placement group serves only that group: the
             # other gangs' groups could not launch into it.
@@ -704,9 +708,9 @@ def _check_replicas(reader: _Reader) -> int | None:
             f"placement group of its own (a failure of one group's capacity must not take every gang). Fix: {fix}",
         )
         return None
-    if replicas is not None and replicas > 1 and reader.string("capacityReservationId") is not None:
+    if reader.string("capacityReservationId") is not None:
         reader.warn(
-            f"{replicas} replicas of {reader.integer('nodes') or 1} node(s) launch into capacityReservationId: the "
+            f"{replicas} replicas of {nodes or 1} node(s) launch into capacityReservationId: the "
             "reservation must hold every gang's nodes (nodes x replicas instances); this cannot be checked offline."
         )
     return replicas
@@ -783,7 +787,7 @@ def _check_efa(reader: _Reader, instance: InstanceType, nodes: int) -> bool:
 def _check_cluster_shape(reader: _Reader) -> ClusterShape:
     instance = _check_instance_type(reader)
     nodes = _check_nodes(reader)
-    replicas = _check_replicas(reader)
+    replicas = _check_replicas(reader, nodes)
     tp, pp = _check_parallel_sizes(reader)
     if instance is None or nodes is None:
         # Nothing to lay the ranks over; the instance type or node count is already a problem.
