@@ -6,7 +6,9 @@ For the pool: a real small completion through the endpoint with its latency, and
 gateway's view of which gangs it sends requests to (a drained gang is out of it).
 
 A gang serves when its own completion succeeds: it is serving, degraded (serving
-but a node or GPU is missing), down (not serving) or unknown (its head did not answer).
+but a node or GPU is missing, or so saturated that its completion waited out the
+timeout while the engine made tokens for others), down (not serving) or unknown (its
+head did not answer).
 
 Exit 0 healthy (every gang serves whole); 1 degraded (something serves, but a gang
 does not, lacks a node or GPU, or the endpoint's completion fails: what is wrong is
@@ -113,7 +115,17 @@ def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None) -> dict
                 problems.append(f"Ray has {gpus:g} of {gpus_expected} GPUs")
         # A head whose status-facts predates its own completion: /health has to do.
         serves = completion["status"] == 200 if completion else vllm["health"] == 200
-        if not serves:
+        if _saturated(completion):
+            # Its completion waited behind a full batch the engine is working through:
+            # busy, not dead (the watchdog leaves such a server alone too).
+            metrics = (facts or {}).get("metrics") or {}
+            problems.insert(
+                0,
+                f"vLLM is saturated: a completion on {gang.head.name} got no answer within "
+                f"{completion['seconds']:.0f} s while the engine made {completion['tokens_while_waiting']:g} tokens "
+                f"for other requests ({metrics.get('running', 0):g} running, {metrics.get('waiting', 0):g} waiting)",
+            )
+        elif not serves:
             not_serving = f"unit {vllm['unit'] or 'unknown'}, /health {vllm['health'] or 'no answer'}"
             if completion:
                 error = f" ({completion['error']})" if completion["error"] else ""
@@ -143,6 +155,11 @@ def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None) -> dict
         "completion": completion,
         "metrics": (facts or {}).get("metrics"),
     }
+
+
+def _saturated(completion: dict | None) -> bool:
+    """The head's completion got no answer in time while the engine made tokens."""
+    return bool(completion) and completion["status"] == 0 and completion.get("tokens_while_waiting", 0) > 0
 
 
 def _gang_problem(gang: dict) -> str:

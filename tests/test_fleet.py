@@ -608,6 +608,14 @@ def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
         wait_for_waiting_requests(cluster, LOAD_STREAMS - 3)
         since = time.time()
         deadline = time.monotonic() + 480
+        # status, meanwhile (within the watchdog's two runs): the head's completion may
+        # wait out its 30 s behind the batch, but a busy server is not down.
+        seen = cluster.operator("status", "--json")
+        report = json.loads(seen.stdout)
+        gang = report["gangs"][0]
+        assert seen.returncode != 2 and gang["serving"], seen.stdout
+        if gang["completion"]["status"] != 200:
+            assert any(p.startswith("vLLM is saturated") for p in gang["problems"]), gang
         while True:
             lines = watchdog_lines(cluster, since)
             assert cluster.unit_property(0, "vllm.service", "MainPID") == pid, (

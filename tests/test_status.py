@@ -63,15 +63,29 @@ ONE_GANG = FakeCluster()
 TWO_GANGS = FakeCluster({**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)})
 
 
-def head(ips=IPS, alive=None, health=200, completion=200, answered=True, ray_error=None, old_head=False):
-    """One gang's head's status-facts answer."""
+def head(
+    ips=IPS,
+    alive=None,
+    health=200,
+    completion=200,
+    answered=True,
+    ray_error=None,
+    old_head=False,
+    tokens_while_waiting=None,
+    running=0,
+    waiting=0,
+):
+    """One gang's head's status-facts answer; `tokens_while_waiting`, when given, is what
+    the engine generated for others while the head's completion waited."""
     facts = {
         "alive": {ip: 4.0 for ip in (ips if alive is None else alive)},
         "vllm_unit": "active" if health else "failed",
         "health": health,
         "completion": {"status": completion, "seconds": 0.05, "error": "" if completion == 200 else "boom"},
-        "metrics": {"running": 0, "waiting": 0, "kv_cache_usage": 0.1, "tokens_per_second": 5},
+        "metrics": {"running": running, "waiting": waiting, "kv_cache_usage": 0.1, "tokens_per_second": 5},
     }
+    if tokens_while_waiting is not None:
+        facts["completion"] |= {"seconds": 30.0, "error": "timed out", "tokens_while_waiting": tokens_while_waiting}
     if ray_error:
         facts = {**facts, "alive": {}, "ray_error": ray_error}
     if old_head:  # status-facts from before the per-gang completion
@@ -140,6 +154,41 @@ def test_a_head_from_before_its_own_completion_is_judged_by_health():
     assert verdict(old_head=True) == (0, [])
     code, problems = verdict(old_head=True, health=0, endpoint=0)
     assert code == 2 and problems[0].startswith("vLLM is not serving")
+
+
+def test_a_saturated_engine_whose_completion_waits_out_the_timeout_is_degraded_not_down():
+    """Under load the head's 1-token completion can wait behind a full batch longer than
+    status waits for it, while the engine makes tokens for everyone else: that gang
+    serves (slowly). Calling it down would send an operator to restart a busy server,
+    which drops every request in flight (the watchdog judges it busy the same way)."""
+    code, problems = verdict(completion=0, tokens_while_waiting=240, running=2, waiting=14, endpoint=0)
+    assert code == 1, problems
+    assert not any(p.startswith("vLLM is not serving") for p in problems), problems
+    saturated = [p for p in problems if p.startswith("vLLM is saturated")]
+    assert saturated == [
+        "vLLM is saturated: a completion on head got no answer within 30 s while the engine made 240 tokens "
+        "for other requests (2 running, 14 waiting)"
+    ]
+
+
+def test_no_answer_and_no_token_made_meanwhile_is_down():
+    code, problems = verdict(completion=0, tokens_while_waiting=0, running=2, endpoint=0)
+    assert code == 2 and problems[0].startswith("vLLM is not serving"), problems
+
+
+def test_an_error_answer_is_down_whatever_the_engine_made_meanwhile():
+    code, problems = verdict(completion=500, tokens_while_waiting=240, endpoint=500)
+    assert code == 2 and problems[0].startswith("vLLM is not serving"), problems
+
+
+def test_a_saturated_gang_of_two_keeps_the_pool_degraded_and_is_named():
+    report = assess_two(head(), head(GANG1_IPS, completion=0, tokens_while_waiting=90, waiting=3))
+    assert report["exitCode"] == 1
+    assert report["pool"]["serving"] == ["gang0", "gang1"]
+    assert [p for p in report["problems"] if p.startswith("gang1")] == [
+        "gang1 is degraded: vLLM is saturated: a completion on gang1-head got no answer within 30 s while the "
+        "engine made 90 tokens for other requests (0 running, 3 waiting)"
+    ]
 
 
 @pytest.mark.parametrize("answered", [False, True])
@@ -392,3 +441,54 @@ def test_status_facts_asks_for_a_bounded_completion_of_the_served_model_key_not_
     served = parse_env((tmp_path / "root/etc/vllm-cluster/vllm.env").read_text())["SERVED_MODEL_NAME"]
     assert f"--completion-model {served} --completion-timeout 30" in argv and "--status-json " in argv
     assert "test-key" not in argv and key == "key test-key"
+
+
+def test_the_head_counts_the_tokens_its_engine_made_while_its_completion_waited():
+    """A vLLM that holds the head's completion past its timeout while its token counter
+    climbs (a full batch running for others): the facts carry the count, for the
+    verdict above. One that answers carries none."""
+    made = {"tokens": 1000.0}
+    hold, release = threading.Event(), threading.Event()
+
+    class BusyVLLM(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/metrics":
+                made["tokens"] += 7  # the batch in flight moves on between samples
+                self.answer(f'vllm:generation_tokens_total{{engine="0"}} {made["tokens"]}\n'.encode())
+            else:
+                self.answer(b"")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if hold.is_set():
+                made["tokens"] += 50
+                release.wait(3)  # longer than the completion may take
+            self.answer(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), BusyVLLM)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    check = load_ray_cluster_check()
+    try:
+        answered = check.status("127.0.0.1:1", {}, url, "served-name", completion_timeout=1)
+        hold.set()
+        busy = check.status("127.0.0.1:1", {}, url, "served-name", completion_timeout=1)
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    assert answered["completion"]["status"] == 200 and "tokens_while_waiting" not in answered["completion"]
+    assert busy["completion"]["status"] == 0
+    assert busy["completion"]["tokens_while_waiting"] >= 50
