@@ -658,3 +658,20 @@ def test_the_last_gang_in_the_pool_is_not_taken_out_by_one_failure(gateway, gang
         assert gateway.complete() == (200, "gang1")
     finally:
         late.stop()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("return", "--gang"),
+        ("drain", "--gang", "gang0", "--timeout"),
+        ("configure", "--gangs"),
+        ("wait-login", "--host", "10.0.0.5", "--user"),
+    ],
+)
+def test_an_option_without_its_value_is_named_not_a_silent_exit(gateway, args):
+    """status tells an operator to type `return --gang NAME`: one typed without the
+    name gets told which option lacks its value."""
+    result = gateway.run(*args)
+    assert result.returncode != 0
+    assert f"{args[0]}: {args[-1]} needs a value" in result.stderr, result.stderr
