@@ -70,7 +70,7 @@ for warning in spec.warnings:
     pulumi.log.warn(warning)
 
 name = "vllm"
-credentials = Credentials(name, CredentialsArgs(api_key=spec.api_key))
+credentials = Credentials(name, CredentialsArgs(api_key=spec.api_key, replicas=spec.replicas))
 network = Network(
     name,
     NetworkArgs(
@@ -149,6 +149,7 @@ for gang in nodes.gangs:
             node_ips=gang_ips,
             instances=gang.instances,
             vllm_settings=vllm_settings(spec, gang_ips, gang.index),
+            ray_token=credentials.ray_tokens[gang.index],
         )
     )
 services = ClusterServices(
@@ -169,7 +170,6 @@ services = ClusterServices(
         api_rate_limit_per_second=spec.api_rate_limit_per_second,
         login_probe_private_key=credentials.login_probe_private_key,
         node_boot=node_boot,
-        ray_token=credentials.ray_token,
         api_key=credentials.api_key,
         hf_token=spec.hf_token,
         model=spec.model,
@@ -213,6 +213,7 @@ pulumi.export(
 )
 pulumi.export("sshPrivateKey", credentials.ssh_private_key)
 pulumi.export("apiKey", credentials.api_key)
+# Gang 0's Ray token: the dashboard's (dashboardUrl). Each gang has its own; a node holds its gang's.
 pulumi.export("rayToken", credentials.ray_token)
 pulumi.export("tlsCertificate", certificate.certificate_pem)
 pulumi.export("tlsFingerprint", certificate.fingerprint)

@@ -6,8 +6,9 @@ when the stack sets apiKey):
   is also exported (sshPrivateKey) for admins.
 - API key: the stack's apiKey, or 48 random letters and digits. vLLM on the head
   checks it (VLLM_API_KEY) as the clients' Bearer token; only the head receives it.
-- Ray token: 48 random letters and digits that every Ray node and client presents
-  (Ray's token authentication); every node receives it.
+- Ray token: 48 random letters and digits that every Ray node and client of a gang
+  presents (Ray's token authentication); each gang has its own (a gang is its own Ray
+  cluster), and every node of the gang receives it.
 - login probe: an Ed25519 key whose public half the nodes authorize only to print
   one word (user data, vllm-cluster-first-boot); the gateway holds the private half,
   so it can tell when a booting node accepts logins without the stack's SSH key.
@@ -29,6 +30,7 @@ import pulumi_tls as tls
 
 from components.spec import Secret
 from components.tagging import tags
+from components.topology import gang_prefix
 
 API_KEY_LENGTH = 48
 RAY_TOKEN_LENGTH = 48
@@ -38,6 +40,8 @@ RAY_TOKEN_LENGTH = 48
 class CredentialsArgs:
     # The stack's apiKey when the user set one; None to generate it.
     api_key: Secret | None
+    # Serving gangs: one Ray token each.
+    replicas: int = 1
 
 
 class Credentials(pulumi.ComponentResource):
@@ -45,6 +49,7 @@ class Credentials(pulumi.ComponentResource):
     key_pair_name: pulumi.Output[str]
     api_key: pulumi.Output[str]
     ray_token: pulumi.Output[str]
+    ray_tokens: list[pulumi.Output[str]]
     login_probe_private_key: pulumi.Output[str]
     login_probe_public_key: pulumi.Output[str]
 
@@ -70,10 +75,19 @@ class Credentials(pulumi.ComponentResource):
             generated = random.RandomPassword(f"{name}-api-key", length=API_KEY_LENGTH, special=False, opts=child)
             self.api_key = pulumi.Output.secret(generated.result)
 
-        # Ray token authentication: every node and every client presents this token to
-        # the GCS and the dashboard (the Jobs API runs code: CVE-2023-48022).
-        ray_token = random.RandomPassword(f"{name}-ray-token", length=RAY_TOKEN_LENGTH, special=False, opts=child)
-        self.ray_token = pulumi.Output.secret(ray_token.result)
+        # Ray token authentication: every node and every client presents its gang's
+        # token to the GCS and the dashboard (the Jobs API runs code: CVE-2023-48022).
+        # One a gang: a node started against another gang's head cannot join it.
+        # Gang 0's keeps its name, so a stack of one replica keeps its token.
+        self.ray_tokens = [
+            pulumi.Output.secret(
+                random.RandomPassword(
+                    f"{name}-{gang_prefix(gang)}ray-token", length=RAY_TOKEN_LENGTH, special=False, opts=child
+                ).result
+            )
+            for gang in range(args.replicas)
+        ]
+        self.ray_token = self.ray_tokens[0]
 
         probe = tls.PrivateKey(f"{name}-login-probe", algorithm="ED25519", opts=child)
         self.login_probe_private_key = pulumi.Output.secret(probe.private_key_openssh)
@@ -86,6 +100,7 @@ class Credentials(pulumi.ComponentResource):
                 "keyPairName": self.key_pair_name,
                 "apiKey": self.api_key,
                 "rayToken": self.ray_token,
+                "rayTokens": self.ray_tokens,
                 "loginProbePrivateKey": self.login_probe_private_key,
                 "loginProbePublicKey": self.login_probe_public_key,
             }

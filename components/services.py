@@ -72,6 +72,8 @@ class ServingGang:
     # The instances: a command starts after its host exists.
     instances: Sequence[pulumi.Resource]
     vllm_settings: pulumi.Input[str]
+    # The gang's own Ray token (components/credentials.py): its nodes and nothing else.
+    ray_token: pulumi.Output[str]
 
     @property
     def name(self) -> str:
@@ -111,7 +113,6 @@ class ServicesArgs:
 
     # The node bootstrap: what each node was told at boot (setup sends it again) and its secrets.
     node_boot: NodeBootArgs
-    ray_token: pulumi.Output[str]
     api_key: pulumi.Output[str]
     hf_token: Secret | None
 
@@ -279,7 +280,7 @@ class ClusterServices(pulumi.ComponentResource):
             args.node_boot.vllm_version,
             gang.vllm_settings,
             pulumi.Output.secret(args.api_key),
-            pulumi.Output.secret(args.ray_token),
+            pulumi.Output.secret(gang.ray_token),
             *gang.node_ips,
         ]
 
@@ -397,7 +398,7 @@ class ClusterServices(pulumi.ComponentResource):
                 after=[instance, accepts_logins, *([drained] if drained is not None else [])],
             )
             lines = pulumi.Output.secret(
-                pulumi.Output.all(args.ray_token, args.api_key).apply(
+                pulumi.Output.all(gang.ray_token, args.api_key).apply(
                     lambda values, is_head=(index == 0): node_secrets(values[0], values[1], hf_token, is_head)
                 )
             )

@@ -167,6 +167,29 @@ def test_each_gang_is_its_own_ray_cluster_with_its_own_vllm(two_gangs):
     assert depends_on(run, command(run, "preflight-gang1-head"), "vllm-model")
 
 
+def ray_token_given(run, node: str) -> str:
+    """The Ray token a node's install-secrets receives on its (secret) stdin."""
+    stdin = unsecret(command(run, f"secrets-{node}").inputs["stdin"])
+    return next(line.split("=", 1)[1] for line in stdin.splitlines() if line.startswith("RAY_AUTH_TOKEN="))
+
+
+def test_each_gang_has_its_own_ray_token(two_gangs):
+    """A gang is its own Ray cluster: a node of one gang started against another gang's
+    head (a wrong IP, a stale node) must not join it, nor may a client holding one
+    gang's token reach another gang's GCS or Jobs API."""
+    run = two_gangs
+    gang0 = {ray_token_given(run, node) for node in ("head", "worker-1")}
+    gang1 = {ray_token_given(run, node) for node in ("gang1-head", "gang1-worker-1")}
+    assert len(gang0) == len(gang1) == 1, (gang0, gang1)  # one token within a gang
+    assert gang0 != gang1
+    # rayToken stays gang 0's: the dashboard's (dashboardUrl is gang 0's head).
+    assert gang0 == {unsecret(run.outputs["rayToken"])}
+    # A gang's token restarts that gang: its drain's triggers carry its own, not the other's.
+    for gang, own, other in (("gang0", gang0, gang1), ("gang1", gang1, gang0)):
+        triggers = unsecret(command(run, f"{gang}-drain").inputs["triggers"])
+        assert own <= {unsecret(t) for t in triggers} and not other & {unsecret(t) for t in triggers}, gang
+
+
 def test_a_gang_is_drained_before_anything_of_it_restarts_and_returns_once_it_serves(two_gangs):
     run = two_gangs
     for gang, prefix in (("gang0", ""), ("gang1", "gang1-")):
