@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -262,6 +263,9 @@ def gateway(tmp_path):
     script, library = GATEWAY_SCRIPT.read_text(), LIBRARY.read_text()
     for path in moved:
         script, library = script.replace(path, f"{root}{path}"), library.replace(path, f"{root}{path}")
+    # A reload nginx does not take fails after 3 s here, not 30.
+    assert "readonly RELOAD_SETTLE_SECONDS=30\n" in script
+    script = script.replace("readonly RELOAD_SETTLE_SECONDS=30\n", "readonly RELOAD_SETTLE_SECONDS=3\n")
     for text in (script, library):
         code = [line.replace(f"{root}/", "ROOT:") for line in text.splitlines() if not line.lstrip().startswith("#")]
         left = [line for line in code if re.search(r"(?<![\w.])/(etc|opt|var|run|srv|usr/local)/", line)]
@@ -426,10 +430,25 @@ def test_the_new_pool_takes_the_very_next_request_once_the_gateway_command_retur
     assert_ran(gateway.configure(gang0, gang1))
     for _ in range(5):
         for gang in gangs:
-            result = gateway.configure(gang)
-            assert_ran(result)
-            assert "still takes connections" not in result.stderr
+            assert_ran(gateway.configure(gang))
             assert gateway.complete() == (200, gang.name)
+
+
+def test_a_reload_nginx_does_not_take_fails_the_command_and_says_so(gateway, gangs):
+    """A master that does not act on the reload (here: stopped) keeps the old pool. The
+    command must not report a pool nginx does not use: a drain would then wait on a
+    gang that still gets requests, and a return would claim a gang is back."""
+    gang0, gang1 = gangs
+    assert_ran(gateway.configure(gang0, gang1))
+    master = int((gateway.root / "run/nginx.pid").read_text())
+    os.kill(master, signal.SIGSTOP)
+    try:
+        result = gateway.configure(gang0)
+    finally:
+        os.kill(master, signal.SIGCONT)
+    assert result.returncode != 0
+    assert "nginx did not take the new configuration: after 3 s worker" in result.stderr, result.stderr
+    assert "of the old one still takes connections" in result.stderr
 
 
 # --- drain and return ------------------------------------------------------------------------
