@@ -59,8 +59,10 @@ bench-cpu-floor: $(VENV)/.installed
 # bootstrap and the real vLLM engine (tools/local_target.py). Needs root,
 # systemd-nspawn and debootstrap. `make local-down` removes everything it made.
 LOCAL_NODES ?= 2
+# Gangs of LOCAL_NODES hosts behind the gateway (the stack's replicas).
+LOCAL_REPLICAS ?= 1
 local: $(VENV)/.installed
-	$(VENV)/bin/python tools/local_target.py up --nodes $(LOCAL_NODES)
+	$(VENV)/bin/python tools/local_target.py up --nodes $(LOCAL_NODES) --replicas $(LOCAL_REPLICAS)
 
 local-down: $(VENV)/.installed
 	$(VENV)/bin/python tools/local_target.py down

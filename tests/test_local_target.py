@@ -40,3 +40,36 @@ def test_local_down_with_nothing_running_removes_nothing(tmp_path):
     result = subprocess.run([*TOOL, "down"], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0 and "nothing to remove" in result.stdout
     assert not (tmp_path / "local").exists()
+
+
+def test_bad_replicas_are_refused_naming_the_key_before_anything_is_made(tmp_path):
+    sys.path[:0] = [str(ROOT / "tests")]
+    from fleet import why_no_fleet
+
+    if why_no_fleet():
+        pytest.skip(f"the local target cannot run here: {why_no_fleet()}")
+    env = {**os.environ, "VLLM_CLUSTER_LOCAL_DIR": str(tmp_path / "local")}
+    result = subprocess.run([*TOOL, "up", "--replicas", "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "LOCAL_REPLICAS=0" in result.stderr and "vllm-cluster:replicas" in result.stderr
+    assert "Fix:" in result.stderr and "booting" not in result.stdout
+    assert not (tmp_path / "local").exists()
+
+
+def test_several_gangs_are_listed_with_their_nodes_and_one_gang_adds_nothing():
+    sys.path[:0] = [str(ROOT / "tools")]
+    import local_target
+
+    def gang(name, *nodes):
+        return {"name": name, "nodes": [{"name": n, "ip": ip} for n, ip in nodes]}
+
+    two = {"gangs": [gang("gang0", ("head", "10.99.128.1")), gang("gang1", ("gang1-head", "10.99.128.2"))]}
+    assert local_target.gang_lines(two) == [
+        "Gangs behind the gateway (each its own Ray cluster and vLLM):",
+        "  gang0          head 10.99.128.1",
+        "  gang1          gang1-head 10.99.128.2",
+    ]
+    assert (
+        local_target.gang_lines({"gangs": [gang("gang0", ("head", "10.99.128.1"), ("worker-1", "10.99.128.2"))]}) == []
+    )
+    assert local_target.gang_lines({}) == []

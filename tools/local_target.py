@@ -1,6 +1,8 @@
 """The local target: the whole system serving on this machine, before any GPU is paid for.
 
     make local         boot the local hosts, bring the cluster up, print how to reach it
+    make local LOCAL_REPLICAS=2 LOCAL_NODES=1
+                       two gangs behind the gateway (replicas), to see the pool and a roll
     make local-down    remove everything `make local` made
 
 `make local` runs the real program (under Pulumi's mock engine, since there is no
@@ -32,7 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fleet import Fleet, adopt, process_state, why_no_fleet  # noqa: E402
-from fleet_cluster import FakeHub, start_cluster, stop_cluster  # noqa: E402
+from fleet_cluster import FakeHub, fleet_config, start_cluster, stop_cluster  # noqa: E402
+
+from components.spec import SpecError, load_spec  # noqa: E402
 
 STATE_DIR = Path(os.environ.get("VLLM_CLUSTER_LOCAL_DIR", "/var/lib/vllm-cluster-local"))
 NEEDS = (
@@ -53,7 +57,7 @@ def certificate_file(state_dir: Path) -> Path:
     return state_dir / "tls-certificate.pem"
 
 
-def up(nodes: int, state_dir: Path = STATE_DIR) -> int:
+def up(nodes: int, state_dir: Path = STATE_DIR, replicas: int = 1) -> int:
     reason = why_no_fleet()
     if reason:
         print(f"make local: this machine cannot host the local target: {reason}.\n{NEEDS}", file=sys.stderr)
@@ -65,14 +69,26 @@ def up(nodes: int, state_dir: Path = STATE_DIR) -> int:
             file=sys.stderr,
         )
         return 1
+    # replicas only when not one: the stack of one gang declares what it did before replicas.
+    overrides = {"replicas": replicas} if replicas != 1 else {}
+    try:
+        load_spec(fleet_config(nodes, **overrides), stack="local")
+    except SpecError as error:
+        print(
+            f"make local: the local stack's config is refused "
+            f"(LOCAL_NODES={nodes}, LOCAL_REPLICAS={replicas}):\n{error}",
+            file=sys.stderr,
+        )
+        return 2
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    gangs = f" ({replicas} gangs of {nodes})" if replicas > 1 else ""
     print(
-        f"make local: booting a gateway and {nodes} GPU-node hosts and running the stack's bootstrap "
-        "(a few minutes; the first run also builds the hosts' image and the engine's virtualenv) ...",
+        f"make local: booting a gateway and {nodes * replicas} GPU-node hosts{gangs} and running the stack's "
+        "bootstrap (a few minutes; the first run also builds the hosts' image and the engine's virtualenv) ...",
         flush=True,
     )
     started = time.monotonic()
-    cluster = start_cluster(state_dir / "fleet", nodes)
+    cluster = start_cluster(state_dir / "fleet", nodes, **overrides)
     try:
         cluster.wait_for_completion(timeout=300)
         print(detach(cluster, state_dir, time.monotonic() - started))
@@ -112,13 +128,27 @@ def detach(cluster, state_dir: Path, seconds: float) -> str:
             "From this machine:",
             f"  {curl}",
             f"  OPENAI_BASE_URL={endpoint} OPENAI_API_KEY={key} SSL_CERT_FILE={certificate} <your OpenAI client>",
-            "Health of the gang (Ray, vLLM, a real completion, metrics):",
+            *gang_lines(outputs),
+            "Health of each gang and of the gateway's pool (Ray, vLLM, a real completion, metrics):",
             f"  scripts/vllm-cluster status {' '.join(operator_args)}",
             "Remove everything: make local-down",
             "The stack's outputs, as `pulumi stack output --json --show-secrets` prints them:",
             str(outputs_file(state_dir)),
         ]
     )
+
+
+def gang_lines(outputs: dict) -> list[str]:
+    """With several gangs, a line each (its nodes and IPs, head first) and how to roll or
+    drain them; nothing with one, whose nodes the stack's other outputs name."""
+    gangs = outputs.get("gangs") or []
+    if len(gangs) < 2:
+        return []
+    lines = ["Gangs behind the gateway (each its own Ray cluster and vLLM):"]
+    for gang in gangs:
+        nodes = ", ".join(f"{node['name']} {node['ip']}" for node in gang["nodes"])
+        lines.append(f"  {gang['name']:14s} {nodes}")
+    return lines
 
 
 def down(state_dir: Path = STATE_DIR) -> int:
@@ -145,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser("up", help="boot the local hosts and bring the cluster up")
-    start.add_argument("--nodes", type=int, default=2, help="GPU-node hosts (pipeline stages); default 2")
+    start.add_argument("--nodes", type=int, default=2, help="GPU-node hosts per gang (pipeline stages); default 2")
+    start.add_argument(
+        "--replicas", type=int, default=1, help="gangs of --nodes hosts behind the gateway (the stack's replicas)"
+    )
     commands.add_parser("down", help="remove everything `up` made")
     args = parser.parse_args(argv)
-    return up(args.nodes) if args.command == "up" else down()
+    return up(args.nodes, replicas=args.replicas) if args.command == "up" else down()
 
 
 if __name__ == "__main__":
