@@ -2,7 +2,7 @@
 
     make local         boot the local hosts, bring the cluster up, print how to reach it
     make local LOCAL_REPLICAS=2 LOCAL_NODES=1
-                       two gangs behind the gateway (replicas), to see the pool and a roll
+                       two gangs behind the gateway (replicas): the pool balancing over them
     make local-down    remove everything `make local` made
 
 `make local` runs the real program (under Pulumi's mock engine, since there is no
@@ -139,8 +139,8 @@ def detach(cluster, state_dir: Path, seconds: float) -> str:
 
 
 def gang_lines(outputs: dict) -> list[str]:
-    """With several gangs, a line each (its nodes and IPs, head first) and how to roll or
-    drain them; nothing with one, whose nodes the stack's other outputs name."""
+    """With several gangs, a heading and a line each (its nodes and IPs, head first);
+    nothing with one, whose nodes the stack's other outputs name."""
     gangs = outputs.get("gangs") or []
     if len(gangs) < 2:
         return []
