@@ -10,6 +10,7 @@ scripts/gateway; the user data only carries them to the host and runs them.
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import re
 from dataclasses import dataclass
@@ -51,7 +52,9 @@ NGINX_SITE = "/etc/nginx/conf.d/vllm-cluster.conf"
 # (aws/efs-utils #303, #312).
 EFS_UTILS_VERSION = "v1.36.0"
 
-# EC2 refuses user data above 16 KiB (before base64).
+# EC2 refuses user data above 16 KiB "in raw form, before it is base64-encoded"
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-add-user-data.html):
+# for gzipped user data, the gzip bytes.
 USER_DATA_LIMIT_BYTES = 16 * 1024
 
 # The gateway's API limits: a request body large enough for long chat histories; the
@@ -261,6 +264,13 @@ def node_setup_script(boot: NodeBoot) -> str:
         _file(CLUSTER_ENV, cluster_env(boot), "0600"),
     ]
     return _script("GPU node setup", files, f"{NODE_COMMAND} setup")
+
+
+def compress_user_data(text: str) -> str:
+    """gzip (with a fixed timestamp, so the same script gives the same bytes) and base64,
+    for an instance's userDataBase64: EC2 counts the gzip bytes against its 16 KiB, and
+    cloud-init unpacks gzip by itself."""
+    return base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
 
 
 def gateway_user_data() -> str:

@@ -16,8 +16,6 @@ from NodeBootArgs; ClusterServices renders the setup script from the same value.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
 from dataclasses import dataclass
 from typing import Sequence
@@ -26,6 +24,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import bootstrap, image
+from components.bootstrap import compress_user_data
 from components.tagging import renamed_from, tags
 from components.topology import InterfaceSlot, gang_name, gang_prefix, node_name, node_role
 
@@ -131,11 +130,6 @@ def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
         ]
         owners = [image.DLAMI_OWNER]
     return aws.ec2.get_ami_output(most_recent=True, owners=owners, filters=filters, opts=opts)
-
-
-def compress_user_data(text: str) -> str:
-    """gzip (with a fixed timestamp, so the same script gives the same bytes) and base64."""
-    return base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
 
 
 def efs_client_policy(file_system_arn: str) -> str:

@@ -1,7 +1,8 @@
 """The gateway: a small instance in the public subnet with an Elastic IP, the one
 host reachable from outside. It terminates TLS for the API and the dashboard and
 is the SSH jump host to the GPU nodes. Its user data installs nginx and the gateway
-command; the certificate and the proxy site come from ClusterServices' commands."""
+command (gzipped: the script is over EC2's 16 KiB as text); the certificate and the
+proxy site come from ClusterServices' commands."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Sequence
 import pulumi
 import pulumi_aws as aws
 
+from components.bootstrap import compress_user_data
 from components.tagging import renamed_from, tags
 
 CANONICAL_OWNER = "099720109477"
@@ -33,7 +35,8 @@ class GatewayArgs:
     subnet_id: pulumi.Input[str]
     gateway_group_id: pulumi.Input[str]
     key_pair_name: pulumi.Input[str]
-    user_data: pulumi.Input[str] | None = None
+    # The first-boot script as text (bootstrap.gateway_user_data); the instance gets it gzipped.
+    user_data: str | None = None
     # Routes and security group rules that must exist before the gateway boots.
     boot_after: Sequence[pulumi.Resource] = ()
 
@@ -69,13 +72,19 @@ class Gateway(pulumi.ComponentResource):
             associate_public_ip_address=True,
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
             root_block_device={"volume_type": "gp3", "volume_size": GATEWAY_ROOT_GIB, "encrypted": True},
-            user_data=args.user_data,
+            # EC2 takes 16 KiB of user data "in raw form, before it is base64-encoded"
+            # (EC2 User Guide, instancedata-add-user-data); the gateway script is about
+            # 31 KiB as text and about 11 KiB gzipped. cloud-init unpacks gzip by itself.
+            user_data_base64=compress_user_data(args.user_data) if args.user_data is not None else None,
             tags=tags(f"{name}-gateway-host", **{"vllm-cluster:role": "gateway"}),
             # A newer Ubuntu image must not replace the gateway (and its TLS setup) on an
             # unrelated `pulumi up`; security updates come from unattended-upgrades.
             # Changed user data reaches the running gateway through its setup command.
             opts=renamed_from(
-                f"{name}-host", parent=self, ignore_changes=["ami", "userData"], depends_on=list(args.boot_after)
+                f"{name}-host",
+                parent=self,
+                ignore_changes=["ami", "userData", "userDataBase64"],
+                depends_on=list(args.boot_after),
             ),
         )
         address = aws.ec2.Eip(
