@@ -143,7 +143,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               default=False),
     ConfigKey("placementGroupName", "string",
               "Existing cluster placement group for the GPU nodes, such as the one a capacity reservation was "
-              "made in. Empty: the stack creates one when nodes > 1 or EFA is on.",
+              "made in. Empty: the stack creates one per gang when nodes > 1 or EFA is on, none when the nodes "
+              "launch into capacityReservationId (the reservation places them).",
               default="", auto=True),
     ConfigKey("rootVolumeGiB", "integer",
               "Size of each GPU node's encrypted gp3 root volume in GiB.", default=DEFAULT_ROOT_VOLUME_GIB),

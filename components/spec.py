@@ -165,8 +165,19 @@ class ClusterSpec:
 
     @property
     def creates_placement_group(self) -> bool:
-        """The stack makes its own group unless the config names an existing one."""
-        return self.needs_placement_group and self.placement_group_name is None
+        """The stack makes its own group unless the config names an existing one or the
+        nodes launch into reserved capacity.
+
+        A reservation decides where its instances run. Instances in a Capacity Block "are
+        automatically placed close together inside Amazon EC2 UltraClusters"
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-capacity-blocks.html), and a
+        reservation made in a cluster placement group serves only instances launched into
+        that group (placementGroupName). A group of the stack's own is a placement constraint
+        outside the reservation: AWS ParallelCluster's PlacementGroupCapacityReservationValidator
+        (aws/aws-parallelcluster, cli/src/pcluster/validators/ec2_validators.py) warns that it
+        causes insufficient capacity errors "even if the capacity reservation has remaining
+        capacity"."""
+        return self.needs_placement_group and self.placement_group_name is None and self.capacity_reservation_id is None
 
 
 @dataclass(frozen=True)
