@@ -166,16 +166,20 @@ def test_the_duplicate_finders_see_a_copied_helper(tmp_path):
 # --- the first boot, with the library the user data writes beside it ------------------
 
 
-def test_first_boot_authorizes_the_login_probe_once_using_the_library(tmp_path):
+def first_boot(tmp_path: Path, probe_key: str | None = None):
     """vllm-cluster-first-boot as the user data runs it, moved under a scratch root:
-    getent and chown are stand-ins, so the login user's home is a scratch directory."""
+    getent and chown are stand-ins, so the login user's home is a scratch directory.
+    Returns (run, home, stand-ins): run() runs it once."""
     from components import bootstrap
     from tests.test_bootstrap import boot
 
     root = tmp_path / "root"
-    (root / "etc/vllm-cluster").mkdir(parents=True)
-    (root / "opt/vllm-cluster/lib").mkdir(parents=True)
-    (root / "etc/vllm-cluster/cluster.env").write_text(bootstrap.cluster_env(boot(1)))
+    (root / "etc/vllm-cluster").mkdir(parents=True, exist_ok=True)
+    (root / "opt/vllm-cluster/lib").mkdir(parents=True, exist_ok=True)
+    env_text = bootstrap.cluster_env(boot(1))
+    if probe_key is not None:
+        env_text = env_text.replace(boot(1).login_probe_key.strip(), probe_key)
+    (root / "etc/vllm-cluster/cluster.env").write_text(env_text)
     (root / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").write_text(LIBRARY.read_text())
     script = tmp_path / "first-boot"
     script.write_text(
@@ -184,20 +188,52 @@ def test_first_boot_authorizes_the_login_probe_once_using_the_library(tmp_path):
         .replace("/etc/vllm-cluster", f"{root}/etc/vllm-cluster")
     )
     home, stand_ins = tmp_path / "home", tmp_path / "bin"
-    stand_ins.mkdir()
+    stand_ins.mkdir(exist_ok=True)
     (stand_ins / "getent").write_text(f'#!/bin/sh\n[ "$2" = ubuntu ] && echo "ubuntu:x:1000:1000::{home}:/bin/bash"\n')
     (stand_ins / "chown").write_text("#!/bin/sh\nexit 0\n")
     for stand_in in stand_ins.iterdir():
         stand_in.chmod(0o755)
     env = {"PATH": f"{stand_ins}:/usr/bin:/bin"}
+    return (lambda: subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)), home, stand_ins
+
+
+def probe_line(key: str) -> str:
+    from components import bootstrap
+
+    return f'restrict,command="echo {bootstrap.LOGIN_READY_WORD}" {key} vllm-cluster-login-probe'
+
+
+def test_first_boot_authorizes_the_login_probe_once_using_the_library(tmp_path):
+    from tests.test_bootstrap import boot
+
+    run, home, stand_ins = first_boot(tmp_path)
     for _ in range(2):
-        result = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+        result = run()
         assert result.returncode == 0, result.stderr
         assert "[worker-1] vllm-cluster-first-boot: login probe authorized for ubuntu" in result.stderr
     keys = (home / ".ssh" / "authorized_keys").read_text().splitlines()
-    assert keys == [
-        f'restrict,command="echo {bootstrap.LOGIN_READY_WORD}" {boot(1).login_probe_key} vllm-cluster-login-probe'
-    ]
+    assert keys == [probe_line(boot(1).login_probe_key)]
     (stand_ins / "getent").write_text("#!/bin/sh\nexit 2\n")
-    refused = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    refused = run()
     assert refused.returncode == 1 and "no user ubuntu on this node" in refused.stderr
+
+
+def test_a_rotated_login_probe_key_replaces_the_old_one_and_every_other_line_stays(tmp_path):
+    """The old probe key must stop working once the stack sends a new one (issue 19,
+    point 8): its line goes, the admin's own keys and comments stay as they were."""
+    from tests.test_bootstrap import boot
+
+    old = boot(1).login_probe_key.strip()
+    new = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHrotatedrotatedrotatedrotatedrota02"
+    run, home, _ = first_boot(tmp_path)
+    assert run().returncode == 0
+    keys = home / ".ssh" / "authorized_keys"
+    admin = ["# the admin's own keys", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIadmin admin@laptop", ""]
+    keys.write_text(keys.read_text() + "\n".join(admin) + "\n" + "ssh-rsa AAAAB3last no-newline-at-end")
+    run, _, _ = first_boot(tmp_path, probe_key=new)
+    result = run()
+    assert result.returncode == 0, result.stderr
+    assert keys.read_text().splitlines() == [*admin, "ssh-rsa AAAAB3last no-newline-at-end", probe_line(new)]
+    assert old not in keys.read_text()
+    assert keys.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in keys.parent.iterdir()) == ["authorized_keys"]
