@@ -82,7 +82,12 @@ network = Network(
 )
 security = SecurityGroups(
     name,
-    SecurityArgs(vpc_id=network.vpc_id, api_allowed_cidrs=spec.api_allowed_cidrs, admin_cidrs=spec.admin_cidrs),
+    SecurityArgs(
+        vpc_id=network.vpc_id,
+        api_allowed_cidrs=spec.api_allowed_cidrs,
+        admin_cidrs=spec.admin_cidrs,
+        replicas=spec.replicas,
+    ),
 )
 storage = ModelStorage(
     name,
@@ -118,7 +123,7 @@ nodes = GpuNodes(
         placement_group_name=spec.placement_group_name,
         create_placement_group=spec.creates_placement_group,
         subnet_id=network.private_subnet_id,
-        cluster_group_id=security.cluster_group_id,
+        cluster_group_ids=security.cluster_group_ids,
         nodes_group_id=security.nodes_group_id,
         key_pair_name=credentials.key_pair_name,
         model_cache_arn=storage.file_system_arn,

@@ -103,7 +103,8 @@ class GpuNodesArgs:
     # Whether the stack makes its own cluster placement group (several nodes or EFA, none named).
     create_placement_group: bool
     subnet_id: pulumi.Input[str]
-    cluster_group_id: pulumi.Input[str]
+    # Each gang's own cluster group (EFA, Ray, NCCL within the gang only), gang 0 first.
+    cluster_group_ids: Sequence[pulumi.Input[str]]
     nodes_group_id: pulumi.Input[str]
     key_pair_name: pulumi.Input[str]
     model_cache_arn: pulumi.Input[str]
@@ -278,7 +279,8 @@ class GpuNodes(pulumi.ComponentResource):
         )
 
     @staticmethod
-    def _interfaces(args: GpuNodesArgs) -> list[dict]:
+    def _interfaces(args: GpuNodesArgs, gang: int) -> list[dict]:
+        cluster_group_id = args.cluster_group_ids[gang]
         interfaces = []
         for slot in args.interfaces:
             interface = {
@@ -287,11 +289,9 @@ class GpuNodes(pulumi.ComponentResource):
                 "interface_type": slot.interface_type,
                 "subnet_id": args.subnet_id,
                 "delete_on_termination": "true",
-                # Every interface is in the EFA group; only the primary, which carries
-                # the node's IP, also admits the gateway.
-                "security_groups": (
-                    [args.cluster_group_id, args.nodes_group_id] if slot.is_primary else [args.cluster_group_id]
-                ),
+                # Every interface is in its gang's EFA group; only the primary, which
+                # carries the node's IP, also admits the gateway.
+                "security_groups": ([cluster_group_id, args.nodes_group_id] if slot.is_primary else [cluster_group_id]),
             }
             if slot.is_primary:
                 interface["associate_public_ip_address"] = "false"
@@ -333,7 +333,7 @@ class GpuNodes(pulumi.ComponentResource):
                     },
                 }
             ],
-            network_interfaces=self._interfaces(args),
+            network_interfaces=self._interfaces(args, gang),
             placement={"group_name": placement_group_name} if placement_group_name is not None else None,
             # GPU capacity (p5 above all) usually comes from a reservation or a Capacity Block.
             capacity_reservation_specification=(

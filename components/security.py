@@ -4,10 +4,13 @@
   SSH and the dashboard proxy from adminCidrs only.
 - nodes: on every GPU node's primary interface. Admits the gateway only on the
   ports it proxies and on SSH (the gateway is the SSH jump host).
-- cluster: on every interface of every GPU node, EFA ones included. All traffic
-  to and from itself, inbound and outbound: EFA drops traffic without both rules,
-  and Ray and vLLM use random ports between nodes.
-- efs: the model cache's mount target. NFS from the cluster group only.
+- cluster: one per gang (replica), on every interface of that gang's GPU nodes,
+  EFA ones included. All traffic to and from itself, inbound and outbound: EFA
+  drops traffic without both rules, and Ray and vLLM use random ports between
+  nodes. A group of its own per gang: the self rule admits anything, so a shared
+  group would let a node of one gang reach another gang's vLLM port (past the
+  gateway's route allowlist), its NCCL and its Ray ports. EFA only needs the gang.
+- efs: the model cache's mount target. NFS from the gangs' cluster groups only.
 
 Rules are separate resources (not inline) so each carries its own description
 and a change to one rule does not rewrite the group.
@@ -23,6 +26,7 @@ import pulumi_aws as aws
 
 from components import ports
 from components.tagging import renamed_from, tags
+from components.topology import gang_prefix
 
 ALL_TRAFFIC = "-1"
 ALL_PORTS = None
@@ -33,6 +37,8 @@ class SecurityArgs:
     vpc_id: pulumi.Input[str]
     api_allowed_cidrs: tuple[str, ...]
     admin_cidrs: tuple[str, ...]
+    # Gangs: each gets a cluster group of its own.
+    replicas: int = 1
 
 
 def _cidr_args(cidr: str) -> dict[str, str]:
@@ -47,7 +53,9 @@ def _slug(cidr: str) -> str:
 class SecurityGroups(pulumi.ComponentResource):
     gateway_group_id: pulumi.Output[str]
     nodes_group_id: pulumi.Output[str]
+    # Gang 0's cluster group, and every gang's (gang 0 first).
     cluster_group_id: pulumi.Output[str]
+    cluster_group_ids: list[pulumi.Output[str]]
     efs_group_id: pulumi.Output[str]
     # Every rule; instances wait for them, since a group without its rules has no egress.
     rules: list[pulumi.Resource]
@@ -62,22 +70,34 @@ class SecurityGroups(pulumi.ComponentResource):
             "gateway", args.vpc_id, "vllm-cluster gateway: TLS API for clients, SSH and dashboard for admins"
         )
         nodes = self._group("nodes", args.vpc_id, "vllm-cluster GPU nodes: reachable from the gateway only")
-        cluster = self._group("cluster", args.vpc_id, "vllm-cluster GPU nodes among themselves: EFA, Ray, NCCL")
+        # Gang 0's group keeps the name and description it had before replicas: a
+        # group's description is fixed at creation, and a new one would replace it.
+        clusters = [
+            self._group(
+                f"{gang_prefix(gang)}cluster",
+                args.vpc_id,
+                "vllm-cluster GPU nodes among themselves: EFA, Ray, NCCL" + (f" (gang {gang} only)" if gang else ""),
+            )
+            for gang in range(args.replicas)
+        ]
         efs = self._group("efs", args.vpc_id, "vllm-cluster model cache (EFS mount target)")
         self._gateway_rules(gateway, nodes, args)
         self._nodes_rules(nodes, gateway, efs)
-        self._cluster_rules(cluster)
-        self._efs_rules(efs, cluster)
+        for gang, cluster in enumerate(clusters):
+            self._cluster_rules(cluster, gang_prefix(gang))
+            self._efs_rules(efs, cluster, gang_prefix(gang))
 
         self.gateway_group_id = gateway.id
         self.nodes_group_id = nodes.id
-        self.cluster_group_id = cluster.id
+        self.cluster_group_ids = [cluster.id for cluster in clusters]
+        self.cluster_group_id = self.cluster_group_ids[0]
         self.efs_group_id = efs.id
         self.register_outputs(
             {
                 "gatewayGroupId": self.gateway_group_id,
                 "nodesGroupId": self.nodes_group_id,
                 "clusterGroupId": self.cluster_group_id,
+                "clusterGroupIds": self.cluster_group_ids,
                 "efsGroupId": self.efs_group_id,
             }
         )
@@ -173,38 +193,49 @@ class SecurityGroups(pulumi.ComponentResource):
         )
         self._egress("nodes-nfs-out", nodes, ports.NFS, group=efs, why="Mount the EFS model cache (NFS over TLS)")
 
-    def _cluster_rules(self, cluster) -> None:
-        """The EFA rule, both directions, to and from itself."""
+    def _cluster_rules(self, cluster, prefix: str) -> None:
+        """The EFA rule, both directions, to and from itself (the gang's own group)."""
         self._ingress(
-            "cluster-self-in",
+            f"{prefix}cluster-self-in",
             cluster,
             ALL_PORTS,
             group=cluster,
             why="EFA requires all traffic from this group itself; Ray and NCCL use random ports between nodes",
         )
         self._egress(
-            "cluster-self-out",
+            f"{prefix}cluster-self-out",
             cluster,
             ALL_PORTS,
             group=cluster,
             why="EFA requires all traffic to this group itself; Ray and NCCL use random ports between nodes",
         )
 
-    def _efs_rules(self, efs, cluster) -> None:
-        """NFS from the cluster only."""
+    def _efs_rules(self, efs, cluster, prefix: str) -> None:
+        """NFS from a gang's cluster group only."""
         self._ingress(
-            "efs-nfs-from-cluster", efs, ports.NFS, group=cluster, why="NFS to the model cache, from the GPU nodes only"
+            f"efs-nfs-from-{prefix}cluster",
+            efs,
+            ports.NFS,
+            group=cluster,
+            why="NFS to the model cache, from the GPU nodes only",
         )
 
     def _group(self, role: str, vpc_id: pulumi.Input[str], description: str) -> aws.ec2.SecurityGroup:
         # No inline rules: the provider then also removes AWS's default allow-all egress.
         # The description is fixed at creation: changing it replaces the group.
+        # Groups that existed before the renaming (issue 12) carry their old name as an
+        # alias; a later gang's group never had another name.
+        had_older_name = role in ("gateway", "nodes", "cluster", "efs")
         return aws.ec2.SecurityGroup(
             f"{self._name}-{role}-sg",
             vpc_id=vpc_id,
             description=description,
             tags=tags(f"{self._name}-{role}-sg"),
-            opts=renamed_from(f"{self._name}-{role}", parent=self),
+            opts=(
+                renamed_from(f"{self._name}-{role}", parent=self)
+                if had_older_name
+                else pulumi.ResourceOptions(parent=self)
+            ),
         )
 
     def _ingress(self, rule: str, target, port: int | None, why: str, cidr: str | None = None, group=None) -> None:
