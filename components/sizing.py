@@ -165,6 +165,54 @@ class ModelSize:
         return self.weight_bytes * largest / self.layers / tp
 
 
+# vllm serve flags that change what the GPUs hold in ways this arithmetic does not model:
+# quantized weights, weights offloaded to CPU memory, a KV cache of a set size, an
+# overridden config (rope scaling lengthens the context vLLM derives). With any of them the
+# spec cannot tell whether vLLM would start, so it warns instead of refusing.
+UNMODELLED_MEMORY_FLAGS = {
+    "--quantization": "weights quantized at load",
+    "-q": "weights quantized at load",
+    "--cpu-offload-gb": "weights partly in CPU memory",
+    "--kv-cache-memory-bytes": "a KV cache of a set size",
+    "--hf-overrides": "the model's config overridden",
+    "--rope-scaling": "the context lengthened by rope scaling",
+    "--speculative-config": "a draft model beside the served one",
+}
+
+
+def flag_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The value of `flag` among vllm serve's words (`--flag value` or `--flag=value`)."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def unmodelled_memory_flags(args: tuple[str, ...] | list[str]) -> list[str]:
+    """The flags of UNMODELLED_MEMORY_FLAGS among `args`, in their order."""
+    found = []
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in UNMODELLED_MEMORY_FLAGS and flag not in found:
+            found.append(flag)
+    return found
+
+
+def served_size(model_name: str, extra_args: tuple[str, ...] | list[str]) -> ModelSize | None:
+    """What vLLM loads for a model of the table with these serve args: the weights in the
+    --dtype they name (the model's own without one), the KV cache in fp8 with
+    --kv-cache-dtype fp8*. None for a model outside the table."""
+    info = models.lookup(model_name)
+    if info is None:
+        return None
+    model = ModelSize.of(info, model_name, None, flag_value(extra_args, "--dtype"))
+    if (flag_value(extra_args, "--kv-cache-dtype") or "").startswith("fp8"):
+        model = ModelSize(**{**model.__dict__, "kv_cache_dtype": "fp8"})
+    return model
+
+
 @dataclass(frozen=True)
 class Fit:
     weights_gb: float

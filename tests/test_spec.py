@@ -63,7 +63,8 @@ def test_pulumi_yaml_not_set_defaults_mean_derive():
 
 
 def test_single_small_node_has_no_efa_and_no_placement_group():
-    spec = spec_of(instanceType="g6.xlarge", nodes=1)
+    # A model one L4 holds: the 70B of GOOD does not fit it (tests/test_engine_refusals.py).
+    spec = spec_of(model="Qwen/Qwen2.5-1.5B-Instruct", instanceType="g6.xlarge", nodes=1)
     assert (spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.efa) == (1, 1, False)
     assert not spec.needs_placement_group
 
