@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import subprocess
 import sys
+import time
 import zipfile
 from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
@@ -204,3 +206,287 @@ def test_a_lock_with_a_line_that_is_not_a_hashed_pin_is_refused_by_name(tmp_path
         text=True,
     )
     assert result.returncode != 0 and "not a hash-pinned requirement: 'numpy>=2'" in result.stderr
+
+
+# --- a node's install from the shared wheelhouse (issue 19, points 5, 6 and 8) -------
+#
+# The wheelhouse is on the model cache, which every node of every gang can write. A node
+# trusts only its own lock and its own disk: it copies each wheel to a local, root-only
+# stage, hashing the very bytes it copies; it writes what pip reads on local disk; it
+# installs from the stage. Every long step prints a line at least every interval, and a
+# fill prunes the wheels of locks older than the current one and the previous one.
+
+
+def fake_pip(tmp_path: Path, index: Path, *, sleep: float = 0, attack: Path | None = None) -> Path:
+    """A pip that serves `download -r FILE --dest DIR` from the wheels in `index`,
+    records what it was asked (pip.log) and, with `attack`, first does what a
+    compromised node could do at that moment: rewrite every file under the wheelhouse."""
+    script = tmp_path / "pip"
+    script.write_text(f"""#!{sys.executable}
+import pathlib, shutil, sys, time
+args = sys.argv[1:]
+attack = {str(attack) if attack else None!r}
+if attack:
+    for path in pathlib.Path(attack).rglob("*"):
+        if path.is_file() and not path.name.endswith(".whl"):
+            path.write_text("--no-binary :all:\\nevil==6.6.6\\n")
+requirements = pathlib.Path(args[args.index("-r") + 1])
+dest = pathlib.Path(args[args.index("--dest") + 1])
+text = requirements.read_text()
+with open({str(tmp_path / "pip.log")!r}, "a") as log:
+    log.write(f"-r {{requirements}}\\n{{text}}")
+time.sleep({sleep})
+for line in text.splitlines():
+    name, version = line.split()[0].split("==")
+    for wheel in pathlib.Path({str(index)!r}).glob(f"{{name}}-{{version}}-*.whl"):
+        shutil.copy(wheel, dest / wheel.name)
+""")
+    script.chmod(0o755)
+    return script
+
+
+def node_env(*args, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, str(NODE_ENV), *map(str, args)], capture_output=True, text=True, **kwargs)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def stage(lock: Path, house: Path, local: Path) -> int:
+    return int(node_env("stage", "--lock", lock, "--wheelhouse", house, "--stage", local).stdout)
+
+
+def fill_from(lock: Path, house: Path, local: Path, pip: Path, *extra, check: bool = True):
+    return node_env("fill", "--lock", lock, "--wheelhouse", house, "--stage", local, "--pip", pip, *extra, check=check)
+
+
+@pytest.fixture
+def index(tmp_path, two_packages):
+    """What the package index serves: the locked wheels."""
+    alpha, beta, _ = two_packages
+    folder = tmp_path / "index"
+    folder.mkdir()
+    for path in (alpha, beta):
+        (folder / path.name).write_bytes(path.read_bytes())
+    return folder
+
+
+def test_a_node_fills_an_empty_wheelhouse_and_stages_checked_copies_on_its_own_disk(tmp_path, two_packages, index):
+    alpha, beta, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    assert stage(lock, house, local) == 2
+    fill_from(lock, house, local, fake_pip(tmp_path, index))
+    assert stage(lock, house, local) == 0
+    for path in (alpha, beta):
+        assert (local / path.name).read_bytes() == (house / path.name).read_bytes() == path.read_bytes()
+    assert local.stat().st_mode & 0o777 == 0o700
+    # A second node finds everything on the cache and downloads nothing.
+    other = tmp_path / "other" / "wheels"
+    assert stage(lock, house, other) == 0 and sorted(p.name for p in other.glob("*.whl")) == [alpha.name, beta.name]
+
+
+def test_the_list_pip_downloads_from_is_on_local_disk_whatever_the_cache_holds(tmp_path, two_packages, index):
+    """A node that rewrites the shared cache while another fills it cannot add pip options
+    (--no-binary, another index, its own hashes) to what the filler downloads."""
+    _, _, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    (house / ".incoming").mkdir(parents=True)
+    (house / ".incoming" / "missing.txt").write_text("--no-binary :all:\nevil==6.6.6\n")
+    fill_from(lock, house, local, fake_pip(tmp_path, index, attack=house))
+    log = (tmp_path / "pip.log").read_text()
+    asked = Path(log.splitlines()[0].removeprefix("-r "))
+    assert not asked.resolve().is_relative_to(house.resolve())
+    assert "evil" not in log and "--no-binary" not in log
+    assert sorted(line.split("==")[0] for line in log.splitlines()[1:]) == ["alpha", "beta"]
+    assert stage(lock, house, local) == 0
+
+
+def test_a_wheel_planted_on_the_cache_is_never_staged_and_the_filler_replaces_it(tmp_path, two_packages, index):
+    alpha, _, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    house.mkdir(parents=True)
+    planted = wheel(tmp_path, "alpha", "1.0", body="import os  # planted by another node\n")
+    (house / alpha.name).write_bytes(planted.read_bytes())
+    assert stage(lock, house, local) == 2
+    assert not (local / alpha.name).exists()
+    fill_from(lock, house, local, fake_pip(tmp_path, index))
+    assert (house / alpha.name).read_bytes() == (local / alpha.name).read_bytes() == alpha.read_bytes()
+
+
+def test_a_wheel_swapped_on_the_cache_after_its_hash_was_taken_is_not_what_gets_staged(
+    tmp_path, two_packages, monkeypatch
+):
+    """The hash is of the bytes the stage keeps: a swap between the check and the copy
+    (or between the check and the install) changes nothing on the node."""
+    alpha, beta, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    house.mkdir(parents=True)
+    for path in (alpha, beta):
+        (house / path.name).write_bytes(path.read_bytes())
+    planted = wheel(tmp_path, "alpha", "1.0", body="import os  # planted by another node\n").read_bytes()
+    module = load_node_env()
+    monkeypatch.setattr(module, "hashlib", swapping_hashlib(house / alpha.name, planted))
+    module.main(["stage", "--lock", str(lock), "--wheelhouse", str(house), "--stage", str(local)])
+    assert (house / alpha.name).read_bytes() == planted  # the swap happened
+    assert (local / alpha.name).read_bytes() == alpha.read_bytes()
+
+
+def swapping_hashlib(victim: Path, planted: bytes):
+    """hashlib, except that a digest's hexdigest() first replaces `victim` with
+    `planted`: another node's write landing just after the hash was taken."""
+
+    class Digest:
+        def __init__(self, data=b""):
+            self.real = hashlib.sha256(data)
+
+        def update(self, data):
+            self.real.update(data)
+
+        def hexdigest(self):
+            if victim.exists():
+                victim.write_bytes(planted)
+            return self.real.hexdigest()
+
+    class Module:
+        sha256 = Digest
+
+    return Module
+
+
+def test_the_installer_unzipped_is_the_one_whose_hash_was_checked(tmp_path, monkeypatch):
+    import platform
+
+    house = tmp_path / "house"
+    house.mkdir()
+    uv_wheel = fake_uv_wheel(house, "0.13.9", platform.machine())
+    lock = tmp_path / "lock.txt"
+    lock.write_text(lock_text(uv_wheel))
+    forged = io.BytesIO()
+    with zipfile.ZipFile(forged, "w") as archive:
+        archive.writestr("uv-0.13.9.data/scripts/uv", "#!/bin/sh\necho forged\n")
+    forged = forged.getvalue()
+    module = load_node_env()
+    monkeypatch.setattr(module, "hashlib", swapping_hashlib(uv_wheel, forged))
+    dest = tmp_path / "bin" / "uv"
+    module.main(["extract-uv", "--lock", str(lock), "--wheelhouse", str(house), "--dest", str(dest)])
+    assert uv_wheel.read_bytes() == forged  # the swap happened
+    assert subprocess.run([str(dest)], capture_output=True, text=True).stdout == "uv 0.13.9\n"
+
+
+def test_a_staged_copy_changed_on_local_disk_is_checked_again_and_replaced(tmp_path, two_packages, index):
+    alpha, _, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    fill_from(lock, house, local, fake_pip(tmp_path, index))
+    (local / alpha.name).write_bytes(b"truncated by a full disk")
+    assert stage(lock, house, local) == 0
+    assert (local / alpha.name).read_bytes() == alpha.read_bytes()
+
+
+def timed_lines(command: list[str]) -> tuple[int, list[tuple[float, str]]]:
+    """Run `command`; (status, [(seconds since start, stderr line)])."""
+    start = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = [(time.monotonic() - start, line.rstrip()) for line in process.stderr]
+    return process.wait(), lines + [(time.monotonic() - start, "<end>")]
+
+
+def longest_silence(lines: list[tuple[float, str]]) -> float:
+    times = [0.0] + [at for at, _ in lines]
+    return max(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+
+
+def test_waiting_on_another_nodes_wheelhouse_lock_says_so_every_interval(tmp_path, two_packages, index):
+    import fcntl
+
+    _, _, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    house.mkdir(parents=True)
+    with open(house / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        command = [sys.executable, str(NODE_ENV), "fill", "--lock", str(lock), "--wheelhouse", str(house)]
+        command += ["--stage", str(local), "--pip", str(fake_pip(tmp_path, index)), "--wait", "3"]
+        status, lines = timed_lines(command + ["--progress-every", "0.5"])
+    assert status == 1
+    assert sum("waiting for" in line and str(house / ".lock") in line for _, line in lines) >= 4
+    assert "held by another node for 3 s" in lines[-2][1]
+    assert longest_silence(lines) < 1.0
+
+
+def test_a_slow_download_prints_progress_every_interval(tmp_path, two_packages, index):
+    _, _, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    command = [sys.executable, str(NODE_ENV), "fill", "--lock", str(lock), "--wheelhouse", str(house)]
+    command += ["--stage", str(local), "--pip", str(fake_pip(tmp_path, index, sleep=3)), "--progress-every", "0.5"]
+    status, lines = timed_lines(command)
+    assert status == 0, lines
+    assert sum("downloading 2 locked wheels" in line for _, line in lines) >= 4
+    assert longest_silence(lines) < 1.0
+
+
+def test_the_install_is_offline_from_the_stage_and_a_slow_one_prints_progress(tmp_path, two_packages, index):
+    import platform
+
+    alpha, beta, lock = two_packages
+    # The lock's uv: a wheel whose uv runs the real one, slowly.
+    slow_uv = io.BytesIO()
+    with zipfile.ZipFile(slow_uv, "w") as archive:
+        archive.writestr("uv-0.13.9.data/scripts/uv", f'#!/bin/sh\nsleep 1\nexec {uv()} "$@"\n')
+        archive.writestr("uv-0.13.9.dist-info/METADATA", "Metadata-Version: 2.1\nName: uv\nVersion: 0.13.9\n")
+        archive.writestr("uv-0.13.9.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: py3-none-any\n")
+        archive.writestr("uv-0.13.9.dist-info/RECORD", "")
+    uv_wheel = index / f"uv-0.13.9-py3-none-manylinux_2_17_{platform.machine()}.whl"
+    uv_wheel.write_bytes(slow_uv.getvalue())
+    lock.write_text(lock_text(alpha, beta, uv_wheel))
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    fill_from(lock, house, local, fake_pip(tmp_path, index))
+    # Another node plants a wheel on the cache after the stage: the install never reads it.
+    (house / alpha.name).write_bytes(b"planted")
+    venv = tmp_path / "venv"
+    command = [sys.executable, str(NODE_ENV), "install", "--lock", str(lock), "--stage", str(local)]
+    command += ["--uv", str(tmp_path / "bin" / "uv"), "--uv-cache", str(tmp_path / "uv-cache"), "--venv", str(venv)]
+    command += ["--python", sys.executable, "--progress-every", "0.4"]
+    status, lines = timed_lines(command)
+    assert status == 0, "\n".join(line for _, line in lines)
+    assert any("installing" in line for _, line in lines) and longest_silence(lines) < 0.8
+    python = venv / "bin" / "python"
+    result = subprocess.run([str(python), "-I", str(NODE_ENV), "check", "--lock", str(lock)], capture_output=True)
+    assert result.returncode == 0, result.stderr
+    where = [str(python), "-c", "import alpha; print(alpha.__file__)"]
+    installed = subprocess.run(where, capture_output=True, text=True)
+    assert Path(installed.stdout.strip()).read_text() == "VERSION = '1.0'\n"
+
+
+def use(lock: Path, house: Path, local: Path, pip: Path, *, at: float):
+    """A node installing `lock` at time `at` (its fill records the use)."""
+    fill_from(lock, house, local, pip)
+    for record in (house / ".locks").glob("*"):
+        if record.read_text() == lock.read_text():
+            os.utime(record, (at, at))
+
+
+def test_a_fill_prunes_every_lock_but_the_current_and_the_last_one_used_before_it(tmp_path):
+    """Keep the previous lock's wheels (a rollback, a gang not yet replaced), prune the
+    rest; "previous" is the other lock used last, not the one filled last."""
+    index = tmp_path / "index"
+    index.mkdir()
+    wheels = {}
+    for version in ("1", "2", "3", "4"):
+        wheels[version] = wheel(tmp_path, "app", f"{version}.0")
+        (index / wheels[version].name).write_bytes(wheels[version].read_bytes())
+    common = wheel(tmp_path, "common", "1.0")
+    (index / common.name).write_bytes(common.read_bytes())
+    pip = fake_pip(tmp_path, index)
+    house = tmp_path / "cache" / "wheelhouse"
+    locks = {}
+    for version in wheels:
+        locks[version] = tmp_path / f"lock-{version}.txt"
+        locks[version].write_text(lock_text(wheels[version], common))
+    use(locks["1"], house, tmp_path / "n1", pip, at=1000)
+    use(locks["2"], house, tmp_path / "n2", pip, at=2000)
+    assert {p.name for p in house.glob("*.whl")} == {wheels["1"].name, wheels["2"].name, common.name}
+    use(locks["1"], house, tmp_path / "n3", pip, at=3000)  # a rollback: lock 1 is used again
+    use(locks["3"], house, tmp_path / "n4", pip, at=4000)
+    assert {p.name for p in house.glob("*.whl")} == {wheels["1"].name, wheels["3"].name, common.name}
+    assert len(list((house / ".locks").iterdir())) == 2
+    use(locks["4"], house, tmp_path / "n5", pip, at=5000)
+    assert {p.name for p in house.glob("*.whl")} == {wheels["3"].name, wheels["4"].name, common.name}
