@@ -545,17 +545,23 @@ def test_a_second_drain_waits_for_the_first_gangs_return(gateway, gangs):
 
 
 def test_two_drains_at_once_take_one_gang_out(gateway, gangs):
+    """Whichever drain comes first, one gang is out at the end. gang0 first: gang1's
+    waits for its lease and gives up. gang1 first: gang0's, earlier in the order, takes
+    the lease from it (as from a failed roll's) and gang1 serves again."""
     assert_ran(gateway.configure(*gangs))
     drains = [gateway.start("drain", "--gang", gang.name, "--timeout", "5", "--wait", "2") for gang in gangs]
     results = [(process.wait(timeout=30), process.stderr.read()) for process in drains]
-    assert sorted(code for code, _ in results) == [0, 1], results
     states = gateway.pool()
-    assert sorted(state[1] for state in states.values()) == ["drained", "in-pool"]
+    assert sorted(state[1] for state in states.values()) == ["drained", "in-pool"], (states, results)
     holder = next(name for name, state in states.items() if state[1] == "drained")
     assert states[holder][-1] == "roll-lease"
-    refused = next(stderr for code, stderr in results if code)
-    assert f"{holder} holds the roll lease" in refused
-    assert f"release it: sudo vllm-cluster-gateway return --gang {holder}" in refused
+    if holder == "gang0" and results[1][0] == 0:
+        assert "released gang1's roll lease" in gateway.journal.read_text()
+    else:
+        assert sorted(code for code, _ in results) == [0, 1], results
+        refused = next(stderr for code, stderr in results if code)
+        assert f"{holder} holds the roll lease" in refused
+        assert f"release it: sudo vllm-cluster-gateway return --gang {holder}" in refused
 
 
 def test_a_drain_with_no_other_gang_serving_waits_then_keeps_the_gang_in_the_pool(gateway, gangs):
@@ -694,3 +700,113 @@ def test_an_option_without_its_value_is_named_not_a_silent_exit(gateway, args):
     result = gateway.run(*args)
     assert result.returncode != 0
     assert f"{args[0]}: {args[-1]} needs a value" in result.stderr, result.stderr
+
+
+# --- a replaced gang: the old head serves until the new one does ---------------------------
+
+
+def test_a_replaced_gang_keeps_serving_at_its_old_head_until_its_return_at_the_new_one(gateway, gangs):
+    """A launch-template change replaces the nodes: the stack's configure runs as soon as
+    the new heads have addresses, long before they serve. The old heads, which Pulumi
+    deletes only at the end, keep the pool; the gang's drain takes nothing out and no
+    lease; its return, after start-vllm's completion on the new head, switches."""
+    gang0, gang1 = gangs
+    assert_ran(gateway.configure(gang0, gang1))
+    new1 = Gang("gang1", "127.0.0.4")  # not started: the new head does not serve yet
+    configured = gateway.configure(gang0, new1)
+    assert_ran(configured)
+    assert "gang1 keeps serving at" in configured.stderr, configured.stderr
+    assert gateway.pool() == {
+        "gang0": [gang0.address, "in-pool", "serving"],
+        "gang1": [gang1.address, "in-pool", "serving"],
+    }
+    drained = gateway.run("drain", "--gang", "gang1", "--address", new1.address, "--timeout", "5", "--wait", "5")
+    assert_ran(drained)
+    assert "replaced" in drained.stderr, drained.stderr
+    assert gateway.pool()["gang1"] == [gang1.address, "in-pool", "serving"]  # no lease, not drained
+    assert {gateway.complete()[1] for _ in range(6)} == {"gang0", "gang1"}
+    assert gang1.completions > 0
+    # The other gang's own roll is not held up by the replacement.
+    assert_ran(gateway.drain(gang0))
+    assert_ran(gateway.give_back(gang0))
+
+    new1.start()
+    try:
+        before = gang1.completions
+        assert_ran(gateway.run("return", "--gang", "gang1", "--address", new1.address))
+        assert gateway.pool() == {
+            "gang0": [gang0.address, "in-pool", "serving"],
+            "gang1": [new1.address, "in-pool", "serving"],
+        }
+        assert gateway.servers() == {
+            gang0.address: f"server {gang0.address} max_fails=1 fail_timeout=10s;",
+            new1.address: f"server {new1.address} max_fails=1 fail_timeout=10s;",
+        }
+        for _ in range(6):
+            gateway.complete()
+        assert gang1.completions == before and new1.completions > 0
+        # The stack's next configure names the new head: nothing moves.
+        again = gateway.configure(gang0, new1)
+        assert_ran(again)
+        assert "unchanged" in again.stderr
+    finally:
+        new1.stop()
+
+
+def test_one_gang_moves_to_its_new_head_only_once_that_serves(gateway, gangs):
+    """One replica: the stack configures the pool after the gang's vLLM (start-vllm's
+    completion on the new head), so configure itself switches; run before it (by hand,
+    say), it keeps the old head that still serves."""
+    gang0, _ = gangs
+    assert_ran(gateway.configure(gang0))
+    new0 = Gang("gang0", "127.0.0.4")
+    early = gateway.configure(new0)
+    assert_ran(early)
+    assert gateway.pool() == {"gang0": [gang0.address, "in-pool", "serving"]}
+    assert gateway.complete() == (200, "gang0")
+    new0.start()
+    try:
+        moved = gateway.configure(new0)
+        assert_ran(moved)
+        assert gateway.pool() == {"gang0": [new0.address, "in-pool", "serving"]}
+        before = gang0.completions
+        assert gateway.complete() == (200, "gang0") and new0.completions == 1 and gang0.completions == before
+    finally:
+        new0.stop()
+
+
+def test_a_replaced_gang_whose_old_head_is_gone_moves_at_once_and_enters_drained(gateway, gangs):
+    """Reserved capacity replaces delete-first: the old head is gone before the new one
+    has an address. Nothing to keep: the gang moves, drained until its return."""
+    gang0, gang1 = gangs
+    assert_ran(gateway.configure(gang0, gang1))
+    gang1.stop()
+    new1 = Gang("gang1", "127.0.0.4")
+    assert_ran(gateway.configure(gang0, new1))
+    assert gateway.pool() == {
+        "gang0": [gang0.address, "in-pool", "serving"],
+        "gang1": [new1.address, "drained", "not-serving"],
+    }
+    assert [gateway.complete()[1] for _ in range(3)] == ["gang0"] * 3
+
+
+def test_a_lease_left_by_a_later_gang_is_released_when_an_earlier_gang_drains(gateway, gangs):
+    """A `pulumi up` that failed in gang1's turn left gang1's lease. The next roll drains
+    gang0 first and gang1's drain waits for gang0's: gang0 waiting for gang1's lease would
+    wait out its whole --wait (about two hours) and fail. The later gang's lease goes;
+    gang1 (it serves) is back in the pool, so gang0 goes out while gang1 serves."""
+    gang0, gang1 = gangs
+    assert_ran(gateway.configure(gang0, gang1))
+    assert_ran(gateway.drain(gang1))
+    assert gateway.pool()["gang1"][1:] == ["drained", "serving", "roll-lease"]
+    result = gateway.drain(gang0, wait=4)
+    assert_ran(result)
+    assert "released gang1's roll lease" in gateway.journal.read_text()
+    assert gateway.pool() == {
+        "gang0": [gang0.address, "drained", "serving", "roll-lease"],
+        "gang1": [gang1.address, "in-pool", "serving"],
+    }
+    assert [gateway.complete()[1] for _ in range(3)] == ["gang1"] * 3
+    # An earlier gang's lease still holds a later gang back.
+    waiting = gateway.drain(gang1, wait=2)
+    assert waiting.returncode == 1 and "gang0 holds the roll lease" in waiting.stderr
