@@ -15,8 +15,16 @@ from components.gateway import Gateway, GatewayArgs
 from components.network import Network, NetworkArgs
 from components.security import SecurityArgs, SecurityGroups
 from components.services import SSH_USER, ClusterServices, ServicesArgs, ServingGang, vllm_settings
-from components.spec import CONFIG_KEYS, NAMESPACE, SpecError, existing_vpc_problems, load_spec
-from components.storage import ModelStorage, ModelStorageArgs
+from components.spec import (
+    CONFIG_KEYS,
+    NAMESPACE,
+    ExistingMountTarget,
+    SpecError,
+    existing_vpc_problems,
+    load_spec,
+    model_cache_problems,
+)
+from components.storage import ExistingFileSystem, ModelStorage, ModelStorageArgs
 from components.topology import efa_interface_count, interface_layout, node_name, topology_summary
 
 
@@ -66,6 +74,52 @@ def check_existing_vpc() -> None:
 
 check_existing_vpc()
 
+
+def stack_vpc_and_zone() -> tuple[str | None, str]:
+    """The VPC (None: the one the stack creates) and zone the nodes run in, as plain values:
+    the private subnet's, else availabilityZone, else the first zone that offers the type
+    (components/network.py picks it the same way)."""
+    if spec.existing_network is not None:
+        subnet = aws.ec2.get_subnet(id=spec.existing_network.private_subnet_id)
+        return spec.existing_network.vpc_id, subnet.availability_zone
+    if spec.availability_zone is not None:
+        return None, spec.availability_zone
+    offerings = aws.ec2.get_instance_type_offerings(
+        location_type="availability-zone", filters=[{"name": "instance-type", "values": [spec.instance_type]}]
+    )
+    return None, sorted(offerings.locations)[0] if offerings.locations else ""
+
+
+def check_model_cache() -> ExistingFileSystem | None:
+    """modelCacheFileSystemId: the file system and its mount targets, looked up before any
+    resource is declared; one the stack's mount target could not join fails as a bad config
+    does. EFS names each mount target's network interface "EFS mount target for fs-... (fsmt-...)"
+    (the CreateNetworkInterface event in the EFS User Guide's CloudTrail page,
+    https://docs.aws.amazon.com/efs/latest/ug/logging-using-cloudtrail.html): pulumi-aws's
+    getMountTarget answers only for a file system with exactly one, so they are found by it."""
+    file_system_id = spec.model_cache_file_system_id
+    if file_system_id is None:
+        return None
+    file_system = aws.efs.get_file_system(file_system_id=file_system_id)
+    interfaces = aws.ec2.get_network_interfaces(
+        filters=[{"name": "description", "values": [f"EFS mount target for {file_system_id} (*"]}]
+    )
+    mount_targets = []
+    for interface_id in sorted(interfaces.ids):
+        interface = aws.ec2.get_network_interface(id=interface_id)
+        mount_target_id = interface.description.rsplit("(", 1)[-1].rstrip(")")
+        mount_targets.append(ExistingMountTarget(mount_target_id, interface.vpc_id, interface.availability_zone))
+    vpc_id, zone = stack_vpc_and_zone()
+    problems = model_cache_problems(
+        file_system_id, file_system.availability_zone_name or None, mount_targets, vpc_id, zone
+    )
+    if problems:
+        raise pulumi.RunError(str(SpecError(problems)))
+    return ExistingFileSystem(file_system_id, file_system.arn, file_system.dns_name)
+
+
+existing_model_cache = check_model_cache()
+
 for warning in spec.warnings:
     pulumi.log.warn(warning)
 
@@ -95,6 +149,7 @@ storage = ModelStorage(
         subnet_id=network.private_subnet_id,
         efs_group_id=security.efs_group_id,
         retain_on_destroy=spec.retain_model_cache,
+        existing=existing_model_cache,
     ),
 )
 # What every node is told at boot, and again by its setup command.

@@ -136,9 +136,14 @@ class MockCloud(pulumi.runtime.Mocks):
         real_crypto: bool = False,
         key_store: dict | None = None,
         existing_vpc: Mapping[str, Any] | None = None,
+        model_cache: Mapping[str, Any] | None = None,
     ):
         self.instance_ips = dict(instance_ips or {})
         self.existing_vpc = dict(existing_vpc or {})
+        # What the lookups of an existing model cache (modelCacheFileSystemId) answer: by default
+        # a Regional file system with no mount target (a cache kept by a destroyed stack); a test
+        # sets "availabilityZoneName" (One Zone) or "mountTargets" ([{vpcId, availabilityZone}]).
+        self.model_cache = dict(model_cache or {})
         # Real key material by resource name, kept across runs that share the dict (a
         # second `pulumi up` keeps the stack's keys).
         self.key_store = key_store if key_store is not None else {}
@@ -267,7 +272,37 @@ class MockCloud(pulumi.runtime.Mocks):
                 "vpcId": "vpc-existing",
                 "cidrBlock": "172.31.128.0/20",
             }
+        if args.token == "aws:efs/getFileSystem:getFileSystem":
+            file_system_id = args.args.get("fileSystemId")
+            return {
+                "id": file_system_id,
+                "fileSystemId": file_system_id,
+                "arn": f"arn:aws:elasticfilesystem:us-east-1:123456789012:file-system/{file_system_id}",
+                "dnsName": f"{file_system_id}.efs.us-east-1.amazonaws.com",
+                "availabilityZoneName": self.model_cache.get("availabilityZoneName", ""),
+                "encrypted": True,
+                "performanceMode": "generalPurpose",
+                "throughputMode": "elastic",
+            }
+        if args.token == "aws:ec2/getNetworkInterfaces:getNetworkInterfaces":
+            return {"id": "us-east-1", "ids": [f"eni-mt{i:015x}" for i, _ in enumerate(self._mount_targets())]}
+        if args.token == "aws:ec2/getNetworkInterface:getNetworkInterface":
+            index = int(args.args["id"][len("eni-mt") :], 16)
+            target = self._mount_targets()[index]
+            return {
+                "id": args.args["id"],
+                "description": f"EFS mount target for {target['fileSystemId']} ({target['mountTargetId']})",
+                "vpcId": target["vpcId"],
+                "availabilityZone": target["availabilityZone"],
+                "subnetId": target.get("subnetId", "subnet-mounttarget"),
+            }
         raise NotImplementedError(f"the mock cloud does not answer {args.token}")
+
+    def _mount_targets(self) -> list[dict]:
+        return [
+            {"fileSystemId": "fs-cache", "mountTargetId": f"fsmt-0{i:016x}", **target}
+            for i, target in enumerate(self.model_cache.get("mountTargets", []))
+        ]
 
 
 # How the SDK marks a secret value on the wire (pulumi.runtime.rpc._special_secret_sig).
@@ -372,6 +407,7 @@ def run_program(
     real_crypto: bool = False,
     key_store: dict | None = None,
     existing_vpc: Mapping[str, Any] | None = None,
+    model_cache: Mapping[str, Any] | None = None,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -385,6 +421,7 @@ def run_program(
         real_crypto=real_crypto,
         key_store=key_store,
         existing_vpc=existing_vpc,
+        model_cache=model_cache,
     )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()

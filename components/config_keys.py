@@ -161,6 +161,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               default="", auto=True),
     ConfigKey("retainModelCache", "boolean",
               "Keep the EFS model cache (and the models on it) on pulumi destroy.", default=False),
+    ConfigKey("modelCacheFileSystemId", "string",
+              "Reuse this existing EFS file system (fs-...) as the model cache, such as one a destroyed stack kept "
+              "with retainModelCache: the stack adds its own mount target, access point and TLS-only policy and "
+              "never deletes the file system. It must have no mount target in another VPC or in the stack's zone. "
+              "Empty: a new file system.",
+              default="", auto=True),
     ConfigKey("gatewayInstanceType", "string",
               "Instance type of the gateway (no GPU).", default=DEFAULT_GATEWAY_INSTANCE_TYPE),
     ConfigKey("apiReadTimeoutSeconds", "integer",

@@ -134,6 +134,7 @@ class ClusterSpec:
     capacity_block: bool
     placement_group_name: str | None
     retain_model_cache: bool
+    model_cache_file_system_id: str | None
     gateway_instance_type: str
     tls: UserCertificate | None
     api_read_timeout_seconds: int
@@ -231,6 +232,7 @@ _AMI = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _VPC = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 _CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_FILE_SYSTEM = re.compile(r"^fs-[0-9a-f]{8,17}$")
 _EC2_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 # Hugging Face revisions: branch and tag names or a commit; also a directory name on the cache.
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){0,3}$")
@@ -325,6 +327,8 @@ class NodeStorage:
     ami_id: str | None
     root_volume_gib: int
     retain_model_cache: bool
+    # An existing file system to reuse as the model cache (modelCacheFileSystemId).
+    model_cache_file_system_id: str | None
 
 
 @dataclass(frozen=True)
@@ -1231,7 +1235,15 @@ def _check_node_storage(reader: _Reader) -> NodeStorage:
             f"must be from {MIN_ROOT_VOLUME_GIB} to {MAX_ROOT_VOLUME_GIB}: the Deep Learning AMI and the vLLM "
             f"virtualenv need about {MIN_ROOT_VOLUME_GIB} GiB",
         )
-    return NodeStorage(ami_id, root_volume_gib, bool(reader.boolean("retainModelCache")))
+    file_system_id = reader.string("modelCacheFileSystemId")
+    if file_system_id is not None and not _FILE_SYSTEM.match(file_system_id):
+        reader.fail(
+            "modelCacheFileSystemId",
+            "is not an EFS file system id such as fs-0123456789abcdef0. Fix: the id aws efs describe-file-systems "
+            "shows (a destroyed stack's kept cache: the command scripts/destroy printed)",
+        )
+        file_system_id = None
+    return NodeStorage(ami_id, root_volume_gib, bool(reader.boolean("retainModelCache")), file_system_id)
 
 
 def _check_api_read_timeout(reader: _Reader) -> int:
@@ -1375,3 +1387,69 @@ def existing_vpc_problems(vpc_id: str, dns_support: bool, dns_hostnames: bool) -
         for attribute, label, flag, enabled in missing
         if not enabled
     ]
+
+
+# EFS: "you can create mount targets for a file system in only one VPC, and there can be only
+# one mount target per Availability Zone"; a One Zone file system takes its one mount target only
+# in its own zone (aws efs create-mount-target,
+# https://docs.aws.amazon.com/cli/latest/reference/efs/create-mount-target.html).
+EFS_MOUNT_TARGETS_DOC = "https://docs.aws.amazon.com/efs/latest/ug/manage-fs-access-create-delete-mount-targets.html"
+
+
+@dataclass(frozen=True)
+class ExistingMountTarget:
+    mount_target_id: str
+    vpc_id: str
+    availability_zone: str
+
+
+def model_cache_problems(
+    file_system_id: str,
+    one_zone: str | None,
+    mount_targets: list[ExistingMountTarget],
+    stack_vpc_id: str | None,
+    stack_zone: str,
+) -> list[Problem]:
+    """What keeps an existing file system (modelCacheFileSystemId, looked up by the program)
+    from taking the stack's own mount target in the node subnet. `stack_vpc_id` is None for
+    a VPC the stack creates, in which no mount target can be yet."""
+    problems = []
+    shown = _show("modelCacheFileSystemId", file_system_id)
+    if one_zone is not None and one_zone != stack_zone:
+        problems.append(
+            Problem(
+                "modelCacheFileSystemId",
+                shown,
+                f"is a One Zone file system in {one_zone}, but the nodes run in {stack_zone}: EFS creates its mount "
+                f"target only in its own zone. Fix: pulumi config set {NAMESPACE}:availabilityZone {one_zone} "
+                f"(or the private subnet of that zone with vpcId), or pulumi config rm {NAMESPACE}:"
+                f"modelCacheFileSystemId for a new file system (see {EFS_MOUNT_TARGETS_DOC})",
+            )
+        )
+    elsewhere = [t for t in mount_targets if t.vpc_id != stack_vpc_id]
+    if elsewhere:
+        where = ", ".join(f"{t.mount_target_id} in {t.vpc_id}" for t in elsewhere)
+        vpc = stack_vpc_id or "the VPC this stack creates"
+        problems.append(
+            Problem(
+                "modelCacheFileSystemId",
+                shown,
+                f"has mount targets in another VPC ({where}), and EFS gives a file system mount targets in one VPC "
+                f"only: the stack's in {vpc} would be refused. Fix: aws efs delete-mount-target --mount-target-id "
+                f"{elsewhere[0].mount_target_id} for each (if nothing there uses it), or deploy into that VPC with "
+                f"vpcId (see {EFS_MOUNT_TARGETS_DOC})",
+            )
+        )
+    same_zone = [t for t in mount_targets if t.vpc_id == stack_vpc_id and t.availability_zone == stack_zone]
+    for target in same_zone:
+        problems.append(
+            Problem(
+                "modelCacheFileSystemId",
+                shown,
+                f"already has mount target {target.mount_target_id} in {stack_zone}, the nodes' zone, and EFS allows "
+                f"one mount target per zone: the stack's own would be refused. Fix: aws efs delete-mount-target "
+                f"--mount-target-id {target.mount_target_id} (if nothing else mounts through it), or another "
+                f"availabilityZone (see {EFS_MOUNT_TARGETS_DOC})",
+            )
+        )
+    return problems

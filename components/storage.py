@@ -11,6 +11,9 @@ same model path on all nodes).
   write as root onto the file system's root.
 - A file-system policy that refuses any access without TLS.
 - retainModelCache keeps the file system (and the models on it) on destroy.
+- modelCacheFileSystemId reuses an existing file system (a kept cache): the stack then
+  declares no FileSystem, only its own mount target, access point and policy on it, so
+  destroying the stack never deletes that file system.
 """
 
 from __future__ import annotations
@@ -30,11 +33,22 @@ MODEL_CACHE_GID = 1000
 MODEL_CACHE_DIRECTORY = "/models"
 
 
+@dataclass(frozen=True)
+class ExistingFileSystem:
+    """A file system the stack reuses (modelCacheFileSystemId), as the program looked it up."""
+
+    file_system_id: str
+    arn: str
+    dns_name: str
+
+
 @dataclass
 class ModelStorageArgs:
     subnet_id: pulumi.Input[str]
     efs_group_id: pulumi.Input[str]
     retain_on_destroy: bool
+    # None: the stack creates its own file system.
+    existing: ExistingFileSystem | None = None
 
 
 def file_system_policy(file_system_arn: str) -> str:
@@ -77,24 +91,31 @@ class ModelStorage(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ModelStorageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:ModelStorage", name, None, opts)
-        file_system = aws.efs.FileSystem(
-            f"{name}-model-cache",
-            encrypted=True,
-            throughput_mode="elastic",
-            performance_mode="generalPurpose",
-            tags=tags(f"{name}-model-cache"),
-            opts=renamed_from(f"{name}-fs", parent=self, retain_on_delete=args.retain_on_destroy),
-        )
+        if args.existing is None:
+            file_system = aws.efs.FileSystem(
+                f"{name}-model-cache",
+                encrypted=True,
+                throughput_mode="elastic",
+                performance_mode="generalPurpose",
+                tags=tags(f"{name}-model-cache"),
+                opts=renamed_from(f"{name}-fs", parent=self, retain_on_delete=args.retain_on_destroy),
+            )
+            file_system_id, file_system_arn, dns_name = file_system.id, file_system.arn, file_system.dns_name
+        else:
+            # Not the stack's: nothing here can delete it, whatever retainModelCache says.
+            file_system_id = pulumi.Output.from_input(args.existing.file_system_id)
+            file_system_arn = pulumi.Output.from_input(args.existing.arn)
+            dns_name = pulumi.Output.from_input(args.existing.dns_name)
         mount_target = aws.efs.MountTarget(
             f"{name}-model-cache-mount",
-            file_system_id=file_system.id,
+            file_system_id=file_system_id,
             subnet_id=args.subnet_id,
             security_groups=[args.efs_group_id],
             opts=renamed_from(f"{name}-mount", parent=self),
         )
         access_point = aws.efs.AccessPoint(
             f"{name}-model-cache-access-point",
-            file_system_id=file_system.id,
+            file_system_id=file_system_id,
             posix_user={"uid": MODEL_CACHE_UID, "gid": MODEL_CACHE_GID},
             root_directory={
                 "path": MODEL_CACHE_DIRECTORY,
@@ -109,14 +130,14 @@ class ModelStorage(pulumi.ComponentResource):
         )
         policy = aws.efs.FileSystemPolicy(
             f"{name}-model-cache-tls-only",
-            file_system_id=file_system.id,
-            policy=file_system.arn.apply(file_system_policy),
+            file_system_id=file_system_id,
+            policy=file_system_arn.apply(file_system_policy),
             opts=renamed_from(f"{name}-tls-only", parent=self),
         )
 
-        self.file_system_id = file_system.id
-        self.file_system_arn = file_system.arn
-        self.dns_name = file_system.dns_name
+        self.file_system_id = file_system_id
+        self.file_system_arn = file_system_arn
+        self.dns_name = dns_name
         self.access_point_id = access_point.id
         self.mount_target_id = mount_target.id
         self.ready = [mount_target, policy]

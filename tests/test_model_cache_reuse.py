@@ -1,0 +1,104 @@
+"""modelCacheFileSystemId: a stack reuses a kept model cache (retainModelCache on a
+destroyed stack) instead of creating an empty one, on what each resource really receives
+under the mock runtime; a file system the stack's mount target could not join (another
+VPC, a mount target in the nodes' zone, a One Zone file system elsewhere) is refused before
+any resource, naming the fix."""
+
+import pytest
+from pulumi_mocks import run_stack, stack_names
+
+from components.spec import SpecError, load_spec
+
+FS = "fs-0123456789abcdef0"
+FILE_SYSTEM = "aws:efs/fileSystem:FileSystem"
+MOUNT_TARGET = "aws:efs/mountTarget:MountTarget"
+ACCESS_POINT = "aws:efs/accessPoint:AccessPoint"
+POLICY = "aws:efs/fileSystemPolicy:FileSystemPolicy"
+EXISTING_NETWORK = {
+    "vpcId": "vpc-0123456789abcdef0",
+    "publicSubnetId": "subnet-0123456789abcdef0",
+    "privateSubnetId": "subnet-0fedcba9876543210",
+}
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_a_kept_cache_is_reused_with_the_stacks_own_mount_target_access_point_and_policy(stack):
+    run = run_stack(stack, {"modelCacheFileSystemId": FS})
+    assert run.error is None, run.error
+    assert run.of_type(FILE_SYSTEM) == []
+    for type_ in (MOUNT_TARGET, ACCESS_POINT, POLICY):
+        [resource] = run.of_type(type_)
+        assert resource.inputs["fileSystemId"] == FS, type_
+    assert (
+        FS in run.of_type(POLICY)[0].inputs["policy"]
+        and "aws:SecureTransport" in run.of_type(POLICY)[0].inputs["policy"]
+    )
+    assert run.outputs["modelCacheFileSystemId"] == FS
+    # The lookups ran before any resource: the file system and its mount targets.
+    tokens = [token for token, _ in run.invokes]
+    assert "aws:efs/getFileSystem:getFileSystem" in tokens
+
+
+def test_with_a_kept_cache_the_file_system_is_never_the_stacks_to_delete():
+    run = run_stack("h100", {"modelCacheFileSystemId": FS, "retainModelCache": False})
+    assert run.error is None and run.of_type(FILE_SYSTEM) == []
+
+
+def test_without_the_key_the_stack_creates_its_own_file_system():
+    run = run_stack("dev")
+    assert run.error is None
+    [file_system] = run.of_type(FILE_SYSTEM)
+    assert run.of_type(MOUNT_TARGET)[0].inputs["fileSystemId"] == run.id_of(file_system)
+
+
+@pytest.mark.parametrize("value", ["fs-123", "fsap-0123456789abcdef0", "fs-0123456789ABCDEF0", "fs-01234567;id"])
+def test_a_value_that_is_not_a_file_system_id_is_refused(value):
+    config = {
+        "model": "Qwen/Qwen2.5-1.5B-Instruct",
+        "instanceType": "g6.xlarge",
+        "apiAllowedCidrs": ["203.0.113.0/24"],
+        "adminCidrs": ["198.51.100.7/32"],
+        "modelCacheFileSystemId": value,
+    }
+    with pytest.raises(SpecError) as caught:
+        load_spec(config, stack="t")
+    assert caught.value.keys == ["modelCacheFileSystemId"] and "fs-0123456789abcdef0" in str(caught.value)
+
+
+def refused(stack, overrides, model_cache):
+    run = run_stack(stack, {"modelCacheFileSystemId": FS, **overrides}, model_cache=model_cache)
+    assert run.error is not None and type(run.error).__name__ == "RunError"
+    assert run.resources == []
+    assert f'vllm-cluster:modelCacheFileSystemId = "{FS}"' in str(run.error)
+    return str(run.error)
+
+
+def test_a_cache_with_mount_targets_in_another_vpc_is_refused_before_any_resource():
+    error = refused("dev", {}, {"mountTargets": [{"vpcId": "vpc-0aaaaaaaaaaaaaaaa", "availabilityZone": "us-east-1a"}]})
+    assert "vpc-0aaaaaaaaaaaaaaaa" in error and "aws efs delete-mount-target --mount-target-id fsmt-" in error
+
+
+def test_a_cache_with_a_mount_target_in_the_nodes_zone_is_refused_with_the_fix():
+    # An existing network: the private subnet's zone (the mock's getSubnet: us-east-1b).
+    error = refused(
+        "dev",
+        EXISTING_NETWORK,
+        {"mountTargets": [{"vpcId": EXISTING_NETWORK["vpcId"], "availabilityZone": "us-east-1b"}]},
+    )
+    assert "one mount target per zone" in error and "us-east-1b" in error
+    assert "aws efs delete-mount-target --mount-target-id fsmt-" in error
+
+
+def test_a_mount_target_in_another_zone_of_the_same_vpc_is_accepted():
+    run = run_stack(
+        "dev",
+        {"modelCacheFileSystemId": FS, **EXISTING_NETWORK},
+        model_cache={"mountTargets": [{"vpcId": EXISTING_NETWORK["vpcId"], "availabilityZone": "us-east-1c"}]},
+    )
+    assert run.error is None, run.error
+    assert run.of_type(MOUNT_TARGET)[0].inputs["fileSystemId"] == FS
+
+
+def test_a_one_zone_file_system_in_another_zone_is_refused_naming_its_zone():
+    error = refused("dev", {"availabilityZone": "us-east-1a"}, {"availabilityZoneName": "us-east-1c"})
+    assert "One Zone" in error and "availabilityZone us-east-1c" in error
