@@ -97,3 +97,57 @@ def test_scripts_are_shellcheck_clean():
     scripts = [DOUBLES / "pulumi", *shell_scripts]
     result = subprocess.run([shellcheck, "--severity=style", *map(str, scripts)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+KEPT = "fs-0123456789abcdef0"
+
+
+def _pulumi_answering(tmp_path, answers: dict[str, str]) -> Path:
+    """A Pulumi CLI double that records each call as tests/doubles/pulumi does and prints the
+    answer of `config get KEY` and `stack output NAME` from `answers` (fails for others)."""
+    bin_dir = tmp_path / "answering-bin"
+    bin_dir.mkdir()
+    (bin_dir / "answers.json").write_text(json.dumps(answers))
+    double = bin_dir / "pulumi"
+    double.write_text(
+        "#!/usr/bin/env bash\n"
+        'FAKE_ANSWERS="$(dirname "$0")/answers.json" exec python3 - "$@" <<\'PY\'\n'
+        "import json, os, sys\n"
+        "args = sys.argv[1:]\n"
+        "with open(os.environ['FAKE_PULUMI_LOG'], 'a') as log:\n"
+        "    log.write(json.dumps({'args': args}) + '\\n')\n"
+        "answers = json.load(open(os.environ['FAKE_ANSWERS']))\n"
+        "words = [a for a in args if not a.startswith('--') and a not in ('dev', 'prod', 'h100')]\n"
+        "if words[:2] in (['config', 'get'], ['stack', 'output']):\n"
+        "    if words[2] not in answers:\n"
+        "        sys.exit(1)\n"
+        "    print(answers[words[2]])\n"
+        "PY\n"
+    )
+    double.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {"vllm-cluster:retainModelCache": "true", "modelCacheFileSystemId": KEPT},
+        {"vllm-cluster:modelCacheFileSystemId": KEPT, "modelCacheFileSystemId": KEPT},
+    ],
+    ids=["retained", "reused"],
+)
+def test_destroy_with_the_cache_kept_prints_the_command_that_reuses_it(tmp_path, answers):
+    bin_dir = _pulumi_answering(tmp_path, answers)
+    result, calls = deploy(tmp_path, "prod", "--yes", script=DESTROY, PATH=f"{bin_dir}:/usr/bin:/bin")
+    assert result.returncode == 0, result.stderr
+    assert ["destroy", "--stack", "prod", "--yes"] in [c["args"] for c in calls]
+    assert "pulumi config set --stack prod vllm-cluster:modelCacheFileSystemId fs-0123456789abcdef0" in result.stdout
+
+
+def test_destroy_without_a_kept_cache_prints_no_reuse_command(tmp_path):
+    bin_dir = _pulumi_answering(
+        tmp_path, {"vllm-cluster:retainModelCache": "false", "modelCacheFileSystemId": "fs-0123456789abcdef0"}
+    )
+    result, _ = deploy(tmp_path, "dev", "--yes", script=DESTROY, PATH=f"{bin_dir}:/usr/bin:/bin")
+    assert result.returncode == 0, result.stderr
+    assert "modelCacheFileSystemId" not in result.stdout
