@@ -1,7 +1,9 @@
 """`vllm-cluster plan --stack NAME`: what a stack would create and whether it works,
 offline (no AWS, no Pulumi CLI). The resource list comes from running the real
 program under the mock runtime; the figures from components/sizing.py; the
-`vllm serve` arguments from the same function the bootstrap uses.
+`vllm serve` arguments from the same function the bootstrap uses. Every declared
+resource's inputs go through AWS's own rules (components/aws_contract.py): what EC2,
+IAM or EFS would refuse is shown as a problem of the stack before anything exists.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from cli.stack_file import read_stack
-from components import bootstrap, image, models, sizing
+from components import aws_contract, bootstrap, image, models, sizing
 from components.catalog import InstanceType
 from components.topology import node_name, topology_summary
 
@@ -112,6 +114,7 @@ def build_plan(
     terms = sizing.time_to_first_token(model, spec.nodes, model.params_b)
     topology = topology_summary(spec.nodes, spec.gpus_per_node, tp, pp)
     layers = sizing.stage_layers(model.layers, pp) if model.layers else None
+    contract = aws_contract.check(run.resources, run.id_of)
     smallest = None
     if not the_fit.fits:
         option = sizing.smallest_fit(model, spec.gpu_memory_utilization, spec.max_model_len)
@@ -145,7 +148,16 @@ def build_plan(
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
         "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
         "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
-        "warnings": sizing.warnings_for(model, instance, tp, the_fit) + list(spec.warnings),
+        # What AWS would refuse of the inputs as declared: `pulumi up` would fail there.
+        "problems": [str(finding) for finding in contract.errors],
+        "awsContract": {
+            "ok": contract.ok,
+            "errors": [dataclasses.asdict(finding) for finding in contract.errors],
+            "warnings": [dataclasses.asdict(finding) for finding in contract.warnings],
+        },
+        "warnings": sizing.warnings_for(model, instance, tp, the_fit)
+        + list(spec.warnings)
+        + [str(finding) for finding in contract.warnings],
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
         "secretsNotRead": secret_keys,
     }
@@ -267,6 +279,16 @@ def _time_to_first_token_lines(plan: dict[str, Any]) -> list[str]:
     return out
 
 
+def _problem_lines(plan: dict[str, Any]) -> list[str]:
+    """AWS's rules on every resource's inputs (components/aws_contract.py)."""
+    if not plan["problems"]:
+        return [f"AWS limits  all {plan['resourceCount']} resources' inputs within them (components/aws_contract.py)"]
+    return [
+        f"PROBLEMS  AWS would refuse {len(plan['problems'])} input(s): `pulumi up` fails there, "
+        "after the resources before it were created"
+    ] + [f"  - {problem}" for problem in plan["problems"]]
+
+
 def _warning_lines(plan: dict[str, Any]) -> list[str]:
     return ["Warnings"] + ([f"  - {w}" for w in plan["warnings"]] or ["  (none)"])
 
@@ -289,6 +311,7 @@ def _serve_lines(plan: dict[str, Any]) -> list[str]:
 def render(plan: dict[str, Any]) -> str:
     out = _summary_lines(plan)
     for section in (
+        _problem_lines,
         _resource_lines,
         _topology_lines,
         _fit_lines,

@@ -643,7 +643,7 @@ def eip_warnings(resources: list[tuple[Declared, dict]]) -> list[Finding]:
             "(stack)",
             "",
             "Elastic IPs",
-            f"{len(eips)} Elastic IPs ({', '.join(r.name for r in eips)})",
+            f"{len(eips)} Elastic IPs ({', '.join(sorted(r.name for r in eips))})",
             f"the default quota is {EIPS_PER_REGION} per region, before any the account already holds; "
             "ask for more under Service Quotas, Amazon EC2, 'EC2-VPC Elastic IPs'",
             EIP_SOURCE,

@@ -11,7 +11,8 @@ import pytest
 from pulumi_mocks import stack_config, stack_names
 
 from cli import plan
-from components import bootstrap, image
+from cli.stack_file import StackFileError
+from components import aws_contract, bootstrap, image
 from components.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +45,9 @@ def test_json_has_the_documented_fields():
     assert isinstance(document["warnings"], list)
     # The image the nodes boot, from components/image.py.
     assert document["image"] == {"name": image.DLAMI_DESCRIPTION, "python": "3.12"}
+    # AWS's rules on every resource's inputs (components/aws_contract.py): nothing refused.
+    assert document["problems"] == []
+    assert document["awsContract"] == {"ok": True, "errors": [], "warnings": []}
 
 
 def test_the_serve_args_are_the_bootstraps_own():
@@ -98,3 +102,37 @@ def test_replicas_multiply_the_gpu_cost_and_the_resources_but_not_the_gang(tmp_p
     assert two["resourceCount"] > one["resourceCount"]
     printed = plan.render(two)
     assert "2 replicas: 2 such gangs behind the gateway" in printed and "(4 x p4d.24xlarge)" in printed
+
+
+def test_what_aws_would_refuse_is_a_problem_of_the_stack_before_anything_exists(tmp_path):
+    """30 admin CIDRs are 60 inbound rules of the gateway's group, plus its API and
+    readiness rules: past EC2's 60. The plan names the group, the count, the quota and
+    AWS's page (or, once the spec refuses so many CIDRs, the stack file's key)."""
+    text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    admins = "".join(f"    - 198.51.100.{i}/32\n" for i in range(30))
+    stack_file = tmp_path / "Pulumi.dev.yaml"
+    stack_file.write_text(text.replace("    - 198.51.100.7/32\n", admins))
+    try:
+        document = plan.build_plan("dev", stack_file=str(stack_file))
+    except StackFileError as error:  # refused by the spec: also before anything exists
+        assert "adminCidrs" in str(error)
+        return
+    [problem] = document["problems"]
+    assert problem.startswith("vllm-gateway-sg (SecurityGroup) inbound IPv4 rules: 62 rules across the stack")
+    assert aws_contract.VPC_QUOTAS_SOURCE in problem
+    [error] = document["awsContract"]["errors"]
+    assert error["rule"] == "rules-per-group" and error["resource"] == "vllm-gateway-sg"
+    printed = plan.render(document)
+    assert "PROBLEMS  AWS would refuse 1 input(s)" in printed and f"  - {problem}" in printed
+
+
+def test_a_default_quota_the_stack_alone_exceeds_is_a_warning(monkeypatch):
+    """dev holds 2 Elastic IPs (gateway, NAT); against a quota of 1 the plan warns,
+    naming the quota and its source, and the stack has no problem for it."""
+    monkeypatch.setattr(aws_contract, "EIPS_PER_REGION", 1)
+    document = plan.build_plan("dev")
+    assert document["problems"] == [] and document["awsContract"]["ok"] is True
+    [warning] = [w for w in document["warnings"] if "Elastic IPs" in w]
+    assert "2 Elastic IPs (vllm-gateway-ip, vllm-nat-ip)" in warning
+    assert "default quota is 1 per region" in warning and aws_contract.EIP_SOURCE in warning
+    assert f"  - {warning}" in plan.render(document)
