@@ -472,3 +472,34 @@ def test_more_than_5_elastic_ips_is_a_warning_naming_the_quota(dev):
     [warning] = contract.warnings
     assert warning.rule == "eips-per-region" and "6 Elastic IPs" in warning.value
     assert "default quota is 5 per region" in warning.limit and warning.source == aws_contract.EIP_SOURCE
+
+
+def test_security_group_names_are_checked_given_or_auto_named(dev):
+    group = dev.named("vllm-gateway-sg", SECURITY_GROUP)
+    assert caught([changed(group, logical="g" * 247)], "name-length") == []  # + "-" and 7 hex: 255
+    [finding] = caught([changed(group, logical="g" * 248)], "name-length")
+    assert finding.input == "name (auto-named)" and finding.value == "256 characters"
+    assert caught([changed(group, name="sg-gateway")], "name-prefix")
+
+
+def test_inline_and_classic_rules_count_against_their_group(dev):
+    group = dev.named("vllm-gateway-sg", SECURITY_GROUP)
+    sixty = [{"protocol": "tcp", "fromPort": 443, "toPort": 443, "cidrBlocks": [f"10.0.{i}.0/24" for i in range(60)]}]
+    assert caught([changed(group, ingress=sixty)], "rules-per-group") == []
+    classic = changed(
+        dev.of_type(INGRESS)[0],
+        logical="classic-rule",
+        type="ingress",
+        securityGroupId=group.name,  # without ids, a group is known by its name
+        cidrBlocks=["10.1.0.0/24"],
+    )
+    classic.type = aws_contract.CLASSIC_RULE
+    [finding] = caught([changed(group, ingress=sixty), classic], "rules-per-group")
+    assert finding.resource == "vllm-gateway-sg" and finding.value == "61 rules across the stack"
+
+
+def test_more_than_5_groups_on_an_instance_are_caught(dev):
+    gateway = dev.named("vllm-gateway-host", INSTANCE)
+    assert caught([changed(gateway, vpcSecurityGroupIds=[f"sg-{i}" for i in range(5)])], "groups-per-interface") == []
+    [finding] = caught([changed(gateway, vpcSecurityGroupIds=[f"sg-{i}" for i in range(6)])], "groups-per-interface")
+    assert finding.input == "vpcSecurityGroupIds"
