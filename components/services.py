@@ -5,9 +5,21 @@
     -> secrets into root-only files -> Ray head -> every Ray worker, in parallel
     -> cluster ready (every node and GPU) -> model staged on the cache
     -> preflight (every node's facts, compared on the head) -> vLLM started
-    -> readiness: a real completion through the gateway.
+    -> the gang's head into the gateway's pool -> readiness: a real completion
+    through the gateway.
   The gateway: setup -> login probe key -> (waits for the nodes); certificate and
   key -> nginx site (the gang pool).
+
+Replacing nodes is blue/green. A launch-template change replaces every GPU node, and
+Pulumi creates the new instances first and deletes the old ones at the end of `pulumi
+up`: the old heads serve meanwhile. The pool keeps a gang at its old head until the new
+one has passed start-vllm's completion: with one gang the nginx site and pool are
+configured after vLLM started; with replicas the site is configured first (the drains
+need it) and keeps a replaced gang's old head (vllm-cluster-gateway configure), the
+gang's drain names its new head and takes nothing out, and its return after its vLLM
+switches the gang to the new head, one gang at a time. Readiness follows the switch.
+With reserved capacity the old node goes first (compute.py, replacement_notice): no
+blue/green there, and the preview says the service is down.
 
 With several replicas every gang (a head and its workers) goes through the node
 steps above on its own, and the model is staged once. A gang's steps start with
@@ -33,7 +45,7 @@ from typing import Sequence
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap, image
+from components import bootstrap, image, ports
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
@@ -170,8 +182,11 @@ def tls_bundle(private_key_pem: pulumi.Input[str], certificate_pem: pulumi.Input
 
 @dataclass
 class GatewayCommands:
-    proxy: command.remote.Command  # nginx serves the API and the dashboard with TLS
+    tls: command.remote.Command  # the certificate and key are in place
     login_probe: command.remote.Command  # the probe key is installed: the gateway can wait for nodes
+    # nginx serves the API and the dashboard with TLS. With replicas, declared before the
+    # gangs (their drains need the pool); with one gang, after its vLLM (see _serving).
+    proxy: command.remote.Command | None = None
 
 
 @dataclass
@@ -203,6 +218,10 @@ class ClusterServices(pulumi.ComponentResource):
         self._ssh_key = args.ssh_private_key
         self._gateway_dial = _dial(args.gateway_public_ip, args.ssh_private_key)
 
+        # A new gateway instance keeps its Elastic IP, so the commands that set it up
+        # would see no change of their inputs and leave the new host bare: they re-run
+        # with the instance.
+        self._gateway_triggers = [resource.id for resource in args.gateway]
         gateway = self._gateway_proxy(args)
         model = None
         drained = None
@@ -215,7 +234,7 @@ class ClusterServices(pulumi.ComponentResource):
             if model is None:
                 # Once for every gang: the model cache is shared.
                 model = self._stage_model(args, gang, nodes[0], ray)
-            reports.append(self._serving(args, gang, nodes[0], ray, model, gateway.proxy).stdout)
+            reports.append(self._serving(args, gang, nodes[0], ray, model, gateway).stdout)
         self.readiness = (
             reports[0]
             if len(reports) == 1
@@ -285,26 +304,40 @@ class ClusterServices(pulumi.ComponentResource):
         ]
 
     @staticmethod
-    def _drain_line(args: ServicesArgs, gang: ServingGang) -> str:
+    def _head_address(gang: ServingGang) -> pulumi.Output[str]:
+        """IP:PORT of the gang's head's vLLM, as the gateway's pool holds it."""
+        return pulumi.Output.from_input(gang.node_ips[0]).apply(lambda ip: f"{ip}:{ports.VLLM_API}")
+
+    def _drain_line(self, args: ServicesArgs, gang: ServingGang) -> pulumi.Output[str]:
         """The gateway command that takes the gang out of the pool. A serving gang waits
         for the rolling lease, which the gang before it holds until it serves again: the
-        wait covers one gang's whole turn (setup, Ray, preflight, vLLM's start)."""
+        wait covers one gang's whole turn (setup, Ray, preflight, vLLM's start). It names
+        the gang's head: at another address than the pool's (the gang replaced), the old
+        head keeps serving and nothing is taken out."""
         wait = (
             GANG_SETUP_ALLOWANCE_SECONDS
             + CLUSTER_READY_TIMEOUT_SECONDS
             + args.engine_ready_timeout_seconds
             + START_VLLM_MARGIN_SECONDS
         )
-        return (
-            f"sudo {GATEWAY_COMMAND} drain --gang {gang.name} --timeout {args.api_read_timeout_seconds} --wait {wait}"
+        return pulumi.Output.concat(
+            f"sudo {GATEWAY_COMMAND} drain --gang {gang.name} --address ",
+            self._head_address(gang),
+            f" --timeout {args.api_read_timeout_seconds} --wait {wait}",
         )
 
     # --- the steps ------------------------------------------------------------------------
 
     def _gateway_proxy(self, args: ServicesArgs) -> GatewayCommands:
-        """The gateway: nginx with TLS in front of the gangs' heads, and the login probe key."""
+        """The gateway: its setup, TLS and the login probe key; with replicas also nginx
+        in front of the gangs' heads (with one gang that waits for its vLLM: _pool)."""
         setup = self._run(
-            "gateway-setup", self._on_gateway(), "sudo bash -s", stdin=args.gateway_user_data, after=args.gateway
+            "gateway-setup",
+            self._on_gateway(),
+            "sudo bash -s",
+            stdin=args.gateway_user_data,
+            after=args.gateway,
+            triggers=self._gateway_triggers,
         )
         tls = self._run(
             "gateway-tls",
@@ -313,7 +346,29 @@ class ClusterServices(pulumi.ComponentResource):
             stdin=tls_bundle(args.tls_private_key_pem, args.tls_certificate_pem),
             after=[setup],
             secret=True,
+            triggers=self._gateway_triggers,
         )
+        # The gateway's login probe: pulumi-command retries a refused login on the same
+        # tunnelled connection, so a node still booting (/run/nologin) would fail its
+        # first command at once. The gateway waits for each node with this key first.
+        login_probe = self._run(
+            "gateway-login-probe",
+            self._on_gateway(),
+            f"sudo {GATEWAY_COMMAND} install-login-probe",
+            stdin=args.login_probe_private_key,
+            after=[setup],
+            secret=True,
+            triggers=self._gateway_triggers,
+        )
+        commands = GatewayCommands(tls=tls, login_probe=login_probe)
+        if args.rolling:
+            commands.proxy = self._pool(args, [tls])
+        return commands
+
+    def _pool(self, args: ServicesArgs, after: list[command.remote.Command]) -> command.remote.Command:
+        """nginx's site and the gangs' pool. configure keeps a replaced gang at its old
+        head while that serves and the new one does not (vllm-cluster-gateway), so it
+        may run before the new heads serve; with one gang it runs after its vLLM."""
         # The dashboard is gang 0's; the API balances over every gang's head.
         site = pulumi.Output.from_input(args.gangs[0].node_ips[0]).apply(
             lambda head_ip: bootstrap.nginx_site(
@@ -326,25 +381,14 @@ class ClusterServices(pulumi.ComponentResource):
         pool = pulumi.Output.all(*[gang.node_ips[0] for gang in args.gangs]).apply(
             lambda heads: bootstrap.gateway_gangs({gang.name: ip for gang, ip in zip(args.gangs, heads, strict=True)})
         )
-        proxy = self._run(
+        return self._run(
             "gateway-proxy",
             self._on_gateway(),
             pulumi.Output.concat(f"sudo {GATEWAY_COMMAND} configure --gangs ", pool),
             stdin=site,
-            after=[tls],
+            after=after,
+            triggers=self._gateway_triggers,
         )
-        # The gateway's login probe: pulumi-command retries a refused login on the same
-        # tunnelled connection, so a node still booting (/run/nologin) would fail its
-        # first command at once. The gateway waits for each node with this key first.
-        login_probe = self._run(
-            "gateway-login-probe",
-            self._on_gateway(),
-            f"sudo {GATEWAY_COMMAND} install-login-probe",
-            stdin=args.login_probe_private_key,
-            after=[setup],
-            secret=True,
-        )
-        return GatewayCommands(proxy=proxy, login_probe=login_probe)
 
     def _drain(
         self, args: ServicesArgs, gang: ServingGang, after: list[command.remote.Command]
@@ -471,10 +515,11 @@ class ClusterServices(pulumi.ComponentResource):
         head: NodeCommands,
         ray: RayCommands,
         model: command.remote.Command,
-        gateway_proxy: command.remote.Command,
+        gateway: GatewayCommands,
     ) -> command.remote.Command:
         """Preflight, vLLM (start-vllm returns once a completion on the gang's head
-        succeeded), the return to the pool (with replicas), then a real completion
+        succeeded), the gang's head into the pool (its return with replicas, the pool's
+        configure with one gang: the switch to a replaced head), then a real completion
         through the gateway: returns that last command, the readiness check."""
         on_head = self._on_node(gang.node_ips[0])
         # Restarted Ray nodes take vLLM's workers with them, and a new vLLM version
@@ -493,19 +538,23 @@ class ClusterServices(pulumi.ComponentResource):
             after=[model, ray.cluster_ready, preflight],
             triggers=vllm_restarts,
         )
-        served = [serve]
         if args.rolling:
-            served = [
-                self._run(
-                    f"{gang.name}-return",
-                    self._on_gateway(),
-                    f"sudo {GATEWAY_COMMAND} return --gang {gang.name}",
-                    after=[serve],
-                    # Whenever the drain ran again, so does the return: a drain whose
-                    # line alone changed (a new read timeout) must not leave the gang out.
-                    triggers=[*self._restarts(args, gang), self._drain_line(args, gang)],
-                )
-            ]
+            served = self._run(
+                f"{gang.name}-return",
+                self._on_gateway(),
+                pulumi.Output.concat(
+                    f"sudo {GATEWAY_COMMAND} return --gang {gang.name} --address ", self._head_address(gang)
+                ),
+                after=[serve],
+                # Whenever the drain ran again, so does the return: a drain whose
+                # line alone changed (a new read timeout) must not leave the gang out.
+                triggers=[*self._restarts(args, gang), self._drain_line(args, gang)],
+            )
+        else:
+            # The only gang: nothing drains, and the pool's configure runs once its vLLM
+            # served a completion (on the first `pulumi up` nothing serves anyway).
+            served = gateway.proxy = self._pool(args, [gateway.tls, serve])
+        proxy = gateway.proxy if args.rolling else served
         return self._run(
             gang.command("readiness"),
             on_head,
@@ -518,7 +567,7 @@ class ClusterServices(pulumi.ComponentResource):
             ),
             # A self-signed certificate is the trust anchor; a public one is checked by the system store.
             stdin=args.tls_certificate_pem if args.tls_self_signed else "",
-            after=[*served, gateway_proxy],
+            after=[served, proxy] if args.rolling else [serve, proxy],
             # Check again whenever vLLM may have restarted: new settings, key, version or Ray.
             triggers=[gang.vllm_settings, pulumi.Output.secret(args.api_key), *vllm_restarts],
         )

@@ -195,7 +195,7 @@ def test_a_gang_is_drained_before_anything_of_it_restarts_and_returns_once_it_se
     for gang, prefix in (("gang0", ""), ("gang1", "gang1-")):
         drain, back = command(run, f"{gang}-drain"), command(run, f"{gang}-return")
         assert f"drain --gang {gang} " in drain.inputs["create"]
-        assert back.inputs["create"].endswith(f"return --gang {gang}")
+        assert f"return --gang {gang} --address " in back.inputs["create"]
         for node in ("head", "worker-1"):
             assert depends_on(run, command(run, f"setup-{prefix}{node}"), drain.name)
         assert depends_on(run, back, f"vllm-{prefix}vllm")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pulumi_mocks import run_stack, stack_config, stack_names
 
-from components import bootstrap, node_env, versions
+from components import bootstrap, node_env, ports, versions
 from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS, SSH_USER
 
 COMMAND = "command:remote:Command"
@@ -94,7 +94,7 @@ def test_the_chain_cluster_ready_model_vllm_readiness(run):
     assert {"vllm-model"} <= depends_on(run, "vllm-preflight") and facts <= depends_on(run, "vllm-preflight")
     assert "vllm-preflight" in depends_on(run, "vllm-vllm")
     assert {"vllm-vllm", "vllm-gateway-proxy"} <= depends_on(run, "vllm-readiness")
-    assert ["vllm-gateway-setup", "vllm-gateway-tls"] == sorted(depends_on(run, "vllm-gateway-proxy"))
+    assert {"vllm-gateway-setup", "vllm-gateway-tls"} <= depends_on(run, "vllm-gateway-proxy")
 
 
 def test_every_command_waits_for_its_host(run):
@@ -445,3 +445,60 @@ def test_a_user_private_key_in_plain_text_is_refused_before_any_resource():
     assert result.error is not None and "tlsPrivateKey" in str(result.error)
     assert USER_KEY.splitlines()[1] not in str(result.error)
     assert result.resources == []
+
+
+# --- replacing nodes: blue/green through the gateway's pool ------------------------------
+
+
+def replaced(config: dict, instances: dict[str, str]) -> tuple[set[str], object]:
+    """The commands `pulumi up` runs again when the named instances are replaced (new
+    hosts at new private IPs, as a launch-template change does), and the new run."""
+    before = run_stack("prod", config)
+    after = run_stack("prod", config, instance_ips=instances)
+    assert before.error is None and after.error is None, (before.error, after.error)
+    return changed_commands(before, after), after
+
+
+def test_one_gangs_pool_moves_to_a_new_head_only_after_its_vllm_served_a_completion():
+    """One replica: configure (which sets the gang's address) waits for start-vllm, which
+    returns after a real completion on the head; until then the old head serves. The
+    readiness through the gateway comes after the switch."""
+    changed, run = replaced({}, {"vllm-head": "10.0.200.1", "vllm-worker-1": "10.0.200.2"})
+    assert "vllm-gateway-proxy" in changed and "vllm-readiness" in changed
+    proxy = commands(run)["vllm-gateway-proxy"]
+    assert f"--gangs gang0=10.0.200.1:{ports.VLLM_API}" in plain(proxy.inputs["create"])
+    assert {"vllm-vllm", "vllm-preflight", "vllm-cluster-ready"} <= depends_on(run, "vllm-gateway-proxy")
+    assert "vllm-gateway-proxy" in depends_on(run, "vllm-readiness")
+    # What the nodes' bootstrap waits for on the gateway does not wait for the pool.
+    assert "vllm-gateway-proxy" not in depends_on(run, "vllm-login-head")
+
+
+def test_with_replicas_a_replaced_gang_switches_at_its_return_after_its_own_completion():
+    """Two gangs, gang 1 replaced: configure runs early (the drains wait for it) and
+    keeps the old head; gang 1's drain names the new head (nothing to drain at the old
+    one), its return after its vLLM switches the pool to it, and readiness follows."""
+    head = "10.0.200.1"
+    changed, run = replaced({"replicas": 2}, {"vllm-gang1-head": head, "vllm-gang1-worker-1": "10.0.200.2"})
+    address = f"{head}:{ports.VLLM_API}"
+    named = commands(run)
+    assert f"--gang gang1 --address {address} " in plain(named["vllm-gang1-drain"].inputs["create"])
+    assert plain(named["vllm-gang1-return"].inputs["create"]).endswith(f"return --gang gang1 --address {address}")
+    assert {"vllm-gang1-drain", "vllm-gang1-return", "vllm-gang1-vllm", "vllm-gang1-readiness"} <= changed
+    # Gang 0 on its own hosts restarts nothing.
+    assert not {name for name in changed if name.startswith(("vllm-gang0", "vllm-vllm", "vllm-ray-head"))}
+    assert "vllm-gang1-vllm" in depends_on(run, "vllm-gang1-return")
+    assert "vllm-gang1-return" in depends_on(run, "vllm-gang1-readiness")
+    # Every gang's return names its own head: a return is the switch, also of gang 0.
+    gang0_head = plain(named["vllm-vllm"].inputs["connection"])["host"]
+    assert plain(named["vllm-gang0-return"].inputs["create"]).endswith(f"--address {gang0_head}:{ports.VLLM_API}")
+
+
+def test_a_replaced_gateway_is_set_up_again_at_the_same_address():
+    """The Elastic IP keeps the gateway's address when its instance is replaced: the
+    commands that set a gateway up would see no change of their inputs and leave the new
+    one bare (no TLS, no site, no pool). They re-run with the instance."""
+    run = run_stack("prod", {"replicas": 2})
+    gateway_id = run.id_of(run.named("vllm-gateway-host", "aws:ec2/instance:Instance"))
+    named = commands(run)
+    for name in ("vllm-gateway-setup", "vllm-gateway-tls", "vllm-gateway-proxy", "vllm-gateway-login-probe"):
+        assert gateway_id in [plain(t) for t in plain(named[name].inputs.get("triggers") or [])], name
