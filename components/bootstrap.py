@@ -18,7 +18,7 @@ from pathlib import Path
 
 from components import image, ports, sizing, versions
 from components.spec import DEFAULT_API_RATE_LIMIT_PER_SECOND, DEFAULT_API_READ_TIMEOUT_SECONDS, ClusterSpec
-from components.topology import node_name, node_role
+from components.topology import node_name, node_role, writes_wheelhouse
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPTS = ROOT / "scripts" / "node"
@@ -98,6 +98,8 @@ class NodeBoot:
     node_lock: str
     # The gang (replica) the node serves in: it names the node (topology.node_name).
     gang: int = 0
+    # The wheelhouse's access point (read-only for every node but its writer).
+    wheelhouse_access_point_id: str = ""
 
 
 def _python_requirement(boot: NodeBoot) -> dict[str, str]:
@@ -147,6 +149,9 @@ def cluster_env(boot: NodeBoot) -> str:
         "EFA_ENABLED": "true" if boot.efa else "false",
         "MODEL_CACHE_FILE_SYSTEM_ID": boot.file_system_id,
         "MODEL_CACHE_ACCESS_POINT_ID": boot.access_point_id,
+        "WHEELHOUSE_ACCESS_POINT_ID": boot.wheelhouse_access_point_id,
+        # The one node that fills the wheelhouse and may write it (topology.writes_wheelhouse).
+        "WHEELHOUSE_WRITER": "true" if writes_wheelhouse(boot.index, boot.gang) else "false",
         "MODEL_CACHE_DNS": boot.file_system_dns,
         "RAY_VERSION": boot.ray_version,
         "VLLM_VERSION": boot.vllm_version,

@@ -26,7 +26,7 @@ import pulumi_aws as aws
 from components import bootstrap, image
 from components.bootstrap import compress_user_data
 from components.tagging import renamed_from, tags
-from components.topology import InterfaceSlot, gang_name, gang_prefix, node_name, node_role
+from components.topology import InterfaceSlot, gang_name, gang_prefix, node_name, node_role, writes_wheelhouse
 
 
 @dataclass
@@ -41,6 +41,8 @@ class NodeBootArgs:
     efa: bool
     file_system_id: pulumi.Input[str]
     access_point_id: pulumi.Input[str]
+    # The wheelhouse's access point: every node mounts it read-only, its writer read-write.
+    wheelhouse_access_point_id: pulumi.Input[str]
     file_system_dns: pulumi.Input[str]
     ray_version: str
     vllm_version: str
@@ -62,6 +64,7 @@ def node_boot(
         boot.access_point_id,
         boot.file_system_dns,
         boot.login_probe_key,
+        boot.wheelhouse_access_point_id,
     ).apply(
         lambda values: bootstrap.NodeBoot(
             index=index,
@@ -75,6 +78,7 @@ def node_boot(
             ray_version=boot.ray_version,
             vllm_version=boot.vllm_version,
             login_probe_key=values[5],
+            wheelhouse_access_point_id=values[6],
             node_lock=boot.node_lock,
             gang=gang,
         )
@@ -108,6 +112,10 @@ class GpuNodesArgs:
     nodes_group_id: pulumi.Input[str]
     key_pair_name: pulumi.Input[str]
     model_cache_arn: pulumi.Input[str]
+    # The model tree's and the wheelhouse's access points (components/storage.py): every
+    # node writes the first; only gang 0's head, the wheelhouse writer, the second.
+    model_cache_access_point_arn: pulumi.Input[str]
+    wheelhouse_access_point_arn: pulumi.Input[str]
     boot: NodeBootArgs
     # Resources a node needs in place when it boots (routes, security group rules,
     # the EFS mount target): EC2 would otherwise start it before they exist.
@@ -133,18 +141,31 @@ def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
     return aws.ec2.get_ami_output(most_recent=True, owners=owners, filters=filters, opts=opts)
 
 
-def efs_client_policy(file_system_arn: str) -> str:
-    """Mount and write this one file system; nothing else on EFS."""
+def efs_client_policy(file_system_arn: str, writable_access_point_arns: Sequence[str]) -> str:
+    """Mount this one file system (read), and write it through these access points
+    only: a node's role writes the model tree, the wheelhouse writer's role the
+    wheelhouse too. EFS checks the access point a client mounted through against
+    elasticfilesystem:AccessPointArn
+    (https://docs.aws.amazon.com/efs/latest/ug/access-points-iam-policy.html)."""
     return json.dumps(
         {
             "Version": "2012-10-17",
             "Statement": [
                 {
-                    "Sid": "ModelCacheClient",
+                    "Sid": "ModelCacheMount",
                     "Effect": "Allow",
-                    "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+                    "Action": ["elasticfilesystem:ClientMount"],
                     "Resource": file_system_arn,
-                }
+                },
+                {
+                    "Sid": "ModelCacheWrite",
+                    "Effect": "Allow",
+                    "Action": ["elasticfilesystem:ClientWrite"],
+                    "Resource": file_system_arn,
+                    "Condition": {
+                        "StringEquals": {"elasticfilesystem:AccessPointArn": sorted(writable_access_point_arns)}
+                    },
+                },
             ],
         },
         sort_keys=True,
@@ -192,7 +213,11 @@ class GpuNodes(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GpuNodesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:GpuNodes", name, None, opts)
-        profile = self._instance_profile(name, args.model_cache_arn)
+        profile = self._instance_profile(name, "node", args, [args.model_cache_access_point_arn])
+        # Gang 0's head fills the wheelhouse (scripts/node/node-env); no other node may write it.
+        writer_profile = self._instance_profile(
+            name, "wheelhouse-writer", args, [args.model_cache_access_point_arn, args.wheelhouse_access_point_arn]
+        )
         if args.capacity_reservation_id is not None:
             pulumi.log.warn(replacement_notice(args.capacity_reservation_id), resource=self)
         templates = []
@@ -201,7 +226,9 @@ class GpuNodes(pulumi.ComponentResource):
             # Per gang: the placement group is part of the launch template.
             placement_group_name = self._placement_group(name, gang, args)
             template = self._launch_template(name, gang, args, profile, placement_group_name)
-            head = self._node(name, gang, 0, template, args, None)
+            head = self._node(
+                name, gang, 0, template, args, None, writer_profile if writes_wheelhouse(0, gang) else None
+            )
             workers = [
                 self._node(name, gang, index, template, args, head.private_ip) for index in range(1, args.node_count)
             ]
@@ -238,9 +265,20 @@ class GpuNodes(pulumi.ComponentResource):
         )
         return group.name
 
-    def _instance_profile(self, name: str, model_cache_arn: pulumi.Input[str]) -> aws.iam.InstanceProfile:
+    def _instance_profile(
+        self, name: str, kind: str, args: GpuNodesArgs, writable_access_points: list[pulumi.Input[str]]
+    ) -> aws.iam.InstanceProfile:
+        """A role and its instance profile: SSM core, mounting the model cache, and
+        writing it through `writable_access_points` only. `kind` "node" is every node's
+        (its resources keep the names they had before the renaming of issue 12);
+        "wheelhouse-writer" is gang 0's head's, which may also write the wheelhouse."""
+        is_node = kind == "node"
+
+        def options(old_name: str) -> pulumi.ResourceOptions:
+            return renamed_from(old_name, parent=self) if is_node else pulumi.ResourceOptions(parent=self)
+
         role = aws.iam.Role(
-            f"{name}-node-role",
+            f"{name}-{kind}-role",
             assume_role_policy=json.dumps(
                 {
                     "Version": "2012-10-17",
@@ -253,29 +291,35 @@ class GpuNodes(pulumi.ComponentResource):
                     ],
                 }
             ),
-            description="vllm-cluster GPU nodes: SSM Session Manager and the model cache, nothing else",
-            tags=tags(f"{name}-node-role"),
-            opts=renamed_from(f"{name}-role", parent=self),
+            description=(
+                "vllm-cluster GPU nodes: SSM Session Manager and the model cache, nothing else"
+                if is_node
+                else "vllm-cluster gang 0 head: SSM Session Manager, the model cache and writing its wheelhouse"
+            ),
+            tags=tags(f"{name}-{kind}-role"),
+            opts=options(f"{name}-role"),
         )
         partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
         # SSM core: Session Manager as a second way in when SSH is unreachable.
         aws.iam.RolePolicyAttachment(
-            f"{name}-node-role-ssm",
+            f"{name}-{kind}-role-ssm",
             role=role.name,
             policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/AmazonSSMManagedInstanceCore"),
-            opts=renamed_from(f"{name}-ssm", parent=self),
+            opts=options(f"{name}-ssm"),
         )
         aws.iam.RolePolicy(
-            f"{name}-node-role-model-cache",
+            f"{name}-{kind}-role-model-cache",
             role=role.id,
-            policy=pulumi.Output.from_input(model_cache_arn).apply(efs_client_policy),
-            opts=renamed_from(f"{name}-model-cache", parent=self),
+            policy=pulumi.Output.all(args.model_cache_arn, *writable_access_points).apply(
+                lambda arns: efs_client_policy(arns[0], arns[1:])
+            ),
+            opts=options(f"{name}-model-cache"),
         )
         return aws.iam.InstanceProfile(
-            f"{name}-node-instance-profile",
+            f"{name}-{kind}-instance-profile",
             role=role.name,
-            tags=tags(f"{name}-node-instance-profile"),
-            opts=renamed_from(f"{name}-profile", parent=self),
+            tags=tags(f"{name}-{kind}-instance-profile"),
+            opts=options(f"{name}-profile"),
         )
 
     @staticmethod
@@ -352,14 +396,24 @@ class GpuNodes(pulumi.ComponentResource):
         )
 
     def _node(
-        self, name: str, gang: int, index: int, template: aws.ec2.LaunchTemplate, args: GpuNodesArgs, head_ip
+        self,
+        name: str,
+        gang: int,
+        index: int,
+        template: aws.ec2.LaunchTemplate,
+        args: GpuNodesArgs,
+        head_ip,
+        profile: aws.iam.InstanceProfile | None = None,
     ) -> aws.ec2.Instance:
+        """One node from its gang's template; `profile` overrides the template's (an
+        instance's own iamInstanceProfile wins over its launch template's)."""
         role = node_role(index)
         user_data = node_boot(args.boot, index, head_ip, gang).apply(bootstrap.node_user_data)
         gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.replicas > 1 else {}
         return aws.ec2.Instance(
             f"{name}-{node_name(index, gang)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            iam_instance_profile=profile.name if profile is not None else None,
             # Gzipped: the script and units exceed EC2's 16 KiB user data limit as text;
             # cloud-init unpacks gzip by itself.
             user_data_base64=user_data.apply(compress_user_data),

@@ -8,8 +8,18 @@ same model path on all nodes).
   not tens of minutes.
 - One mount target, in the node subnet, admitting NFS only from the cluster group.
 - An access point that pins the POSIX owner and a directory, so the nodes never
-  write as root onto the file system's root.
-- A file-system policy that refuses any access without TLS.
+  write as root onto the file system's root: the model tree, which every node reads
+  and writes (the model's staging, preflight's facts).
+- A second access point for the wheelhouse (the nodes' locked wheels), a tree of its
+  own that the model tree's clients cannot reach. Every node may read it; only the
+  wheelhouse writer (gang 0's head, whose role alone may ClientWrite through it,
+  components/compute.py) may write it: a node that is compromised cannot plant or
+  swap the files the others install from.
+- A file-system policy that refuses any access without TLS, and lets clients in only
+  through these access points: the model tree to read and write, the wheelhouse to
+  read. EFS allows an action when either this policy or the client's role allows it
+  (https://docs.aws.amazon.com/efs/latest/ug/iam-access-control-nfs-efs.html), so
+  the roles' own policies are the only way to write the wheelhouse.
 - retainModelCache keeps the file system (and the models on it) on destroy.
 - modelCacheFileSystemId reuses an existing file system (a kept cache): the stack then
   declares no FileSystem, only its own mount target, access point and policy on it, so
@@ -31,6 +41,10 @@ from components.tagging import renamed_from, tags
 MODEL_CACHE_UID = 1000
 MODEL_CACHE_GID = 1000
 MODEL_CACHE_DIRECTORY = "/models"
+# Beside the model tree, not inside it: an access point confines its clients to its
+# root directory (https://docs.aws.amazon.com/efs/latest/ug/efs-access-points.html),
+# so the model tree's clients, who may write, never see the wheelhouse.
+WHEELHOUSE_DIRECTORY = "/wheelhouse"
 
 
 @dataclass(frozen=True)
@@ -51,9 +65,11 @@ class ModelStorageArgs:
     existing: ExistingFileSystem | None = None
 
 
-def file_system_policy(file_system_arn: str) -> str:
-    """Deny anything not over TLS; allow clients that come through a mount target
-    to mount and write (what EFS's own "enforce in-transit encryption" preset does)."""
+def file_system_policy(file_system_arn: str, models_access_point_arn: str, wheelhouse_access_point_arn: str) -> str:
+    """Deny anything not over TLS; let clients that come through a mount target read
+    and write the model tree, and read the wheelhouse, through their access points.
+    Nothing here allows writing the wheelhouse: only the writer's role does."""
+    through_mount_target = {"elasticfilesystem:AccessedViaMountTarget": "true"}
     return json.dumps(
         {
             "Version": "2012-10-17",
@@ -67,12 +83,26 @@ def file_system_policy(file_system_arn: str) -> str:
                     "Condition": {"Bool": {"aws:SecureTransport": "false"}},
                 },
                 {
-                    "Sid": "AllowMountThroughMountTarget",
+                    "Sid": "AllowModelTreeThroughMountTarget",
                     "Effect": "Allow",
                     "Principal": {"AWS": "*"},
                     "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
                     "Resource": file_system_arn,
-                    "Condition": {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}},
+                    "Condition": {
+                        "Bool": through_mount_target,
+                        "StringEquals": {"elasticfilesystem:AccessPointArn": models_access_point_arn},
+                    },
+                },
+                {
+                    "Sid": "AllowReadingTheWheelhouseThroughMountTarget",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": "*"},
+                    "Action": ["elasticfilesystem:ClientMount"],
+                    "Resource": file_system_arn,
+                    "Condition": {
+                        "Bool": through_mount_target,
+                        "StringEquals": {"elasticfilesystem:AccessPointArn": wheelhouse_access_point_arn},
+                    },
                 },
             ],
         },
@@ -85,6 +115,9 @@ class ModelStorage(pulumi.ComponentResource):
     file_system_arn: pulumi.Output[str]
     dns_name: pulumi.Output[str]
     access_point_id: pulumi.Output[str]
+    access_point_arn: pulumi.Output[str]
+    wheelhouse_access_point_id: pulumi.Output[str]
+    wheelhouse_access_point_arn: pulumi.Output[str]
     mount_target_id: pulumi.Output[str]
     # The nodes mount at boot: the mount target and the policy must exist first.
     ready: list[pulumi.Resource]
@@ -128,10 +161,27 @@ class ModelStorage(pulumi.ComponentResource):
             tags=tags(f"{name}-model-cache-access-point"),
             opts=renamed_from(f"{name}-models", parent=self),
         )
+        wheelhouse_access_point = aws.efs.AccessPoint(
+            f"{name}-wheelhouse-access-point",
+            file_system_id=file_system_id,
+            posix_user={"uid": MODEL_CACHE_UID, "gid": MODEL_CACHE_GID},
+            root_directory={
+                "path": WHEELHOUSE_DIRECTORY,
+                "creation_info": {
+                    "owner_uid": MODEL_CACHE_UID,
+                    "owner_gid": MODEL_CACHE_GID,
+                    "permissions": "0755",
+                },
+            },
+            tags=tags(f"{name}-wheelhouse-access-point"),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         policy = aws.efs.FileSystemPolicy(
             f"{name}-model-cache-tls-only",
             file_system_id=file_system_id,
-            policy=file_system_arn.apply(file_system_policy),
+            policy=pulumi.Output.all(file_system_arn, access_point.arn, wheelhouse_access_point.arn).apply(
+                lambda arns: file_system_policy(*arns)
+            ),
             opts=renamed_from(f"{name}-tls-only", parent=self),
         )
 
@@ -139,6 +189,9 @@ class ModelStorage(pulumi.ComponentResource):
         self.file_system_arn = file_system_arn
         self.dns_name = dns_name
         self.access_point_id = access_point.id
+        self.access_point_arn = access_point.arn
+        self.wheelhouse_access_point_id = wheelhouse_access_point.id
+        self.wheelhouse_access_point_arn = wheelhouse_access_point.arn
         self.mount_target_id = mount_target.id
         self.ready = [mount_target, policy]
         self.register_outputs(
@@ -147,6 +200,9 @@ class ModelStorage(pulumi.ComponentResource):
                 "fileSystemArn": self.file_system_arn,
                 "dnsName": self.dns_name,
                 "accessPointId": self.access_point_id,
+                "accessPointArn": self.access_point_arn,
+                "wheelhouseAccessPointId": self.wheelhouse_access_point_id,
+                "wheelhouseAccessPointArn": self.wheelhouse_access_point_arn,
                 "mountTargetId": self.mount_target_id,
             }
         )

@@ -45,6 +45,13 @@ def gang_prefix(gang: int) -> str:
     return "" if gang == 0 else f"{gang_name(gang)}-"
 
 
+def writes_wheelhouse(index: int, gang: int = 0) -> bool:
+    """The one node that fills the wheelhouse on the shared cache and may write it:
+    gang 0's head (its role, components/compute.py; its setup, scripts/node/node-env).
+    Every other node waits for it and reads."""
+    return index == 0 and gang == 0
+
+
 def node_name(index: int, gang: int = 0) -> str:
     """head, worker-1, worker-2, ... in gang 0; gang1-head, gang1-worker-1, ... in the
     others: stable names, unique in the stack, used for resource names too."""

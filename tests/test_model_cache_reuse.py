@@ -26,9 +26,11 @@ def test_a_kept_cache_is_reused_with_the_stacks_own_mount_target_access_point_an
     run = run_stack(stack, {"modelCacheFileSystemId": FS})
     assert run.error is None, run.error
     assert run.of_type(FILE_SYSTEM) == []
-    for type_ in (MOUNT_TARGET, ACCESS_POINT, POLICY):
-        [resource] = run.of_type(type_)
-        assert resource.inputs["fileSystemId"] == FS, type_
+    # One mount target and policy; the model tree's and the wheelhouse's access points.
+    for type_, count in ((MOUNT_TARGET, 1), (ACCESS_POINT, 2), (POLICY, 1)):
+        resources = run.of_type(type_)
+        assert len(resources) == count, type_
+        assert all(resource.inputs["fileSystemId"] == FS for resource in resources), type_
     assert (
         FS in run.of_type(POLICY)[0].inputs["policy"]
         and "aws:SecureTransport" in run.of_type(POLICY)[0].inputs["policy"]
