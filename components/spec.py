@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import catalog, node_env, sizing, versions
+from components import aws_contract, catalog, node_env, sizing, versions
 from components.catalog import InstanceType
 
 # CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
@@ -979,7 +979,34 @@ def _check_exposure(reader: _Reader) -> Exposure:
         world_fix="SSH and the Ray dashboard run arbitrary code (ShadowRay, CVE-2023-48022); "
         'list only your own network, e.g. "$(curl -s https://checkip.amazonaws.com)/32"',
     )
+    _check_gateway_rule_quota(reader, api_allowed_cidrs, admin_cidrs)
     return Exposure(api_allowed_cidrs, admin_cidrs, allow_public_api)
+
+
+def _check_gateway_rule_quota(
+    reader: _Reader, api_allowed_cidrs: tuple[str, ...], admin_cidrs: tuple[str, ...]
+) -> None:
+    """The gateway's group takes one inbound rule per API CIDR, two per admin CIDR (SSH
+    and the dashboard) and one for the nodes' readiness completion (components/security.py).
+    EC2 refuses a group's 61st inbound rule of a family (the default quota, IPv4 and IPv6
+    counted apart) in the middle of `pulumi up`; refuse such lists here instead. A rule
+    that names a group counts against both families (aws_contract's reading)."""
+    for version, family in ((4, "IPv4"), (6, "IPv6")):
+        api = sum(1 for cidr in api_allowed_cidrs if ipaddress.ip_network(cidr).version == version)
+        admin = sum(1 for cidr in admin_cidrs if ipaddress.ip_network(cidr).version == version)
+        rules = api + 2 * admin + 1
+        if rules <= aws_contract.RULES_PER_GROUP:
+            continue
+        key = "adminCidrs" if 2 * admin >= api else "apiAllowedCidrs"
+        reader.fail(
+            key,
+            f"with apiAllowedCidrs ({api} {family}) and adminCidrs ({admin} {family}) the gateway's security "
+            f"group needs {rules} inbound {family} rules (1 per API CIDR, 2 per admin CIDR for SSH and the "
+            f"dashboard, 1 for the nodes' readiness check); AWS refuses more than {aws_contract.RULES_PER_GROUP} "
+            f"per group and family by default ({aws_contract.VPC_QUOTAS_SOURCE}). Fix: merge neighbouring "
+            "CIDRs into wider ones (e.g. four /26 into one /24), or reach the admin paths through one VPN or "
+            "office CIDR",
+        )
 
 
 def _check_secret_token(reader: _Reader, key: str, min_length: int = 1) -> Secret | None:

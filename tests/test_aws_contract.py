@@ -122,19 +122,31 @@ def test_the_gateway_user_data_is_measured_as_ec2_decodes_it():
     assert len(raw) <= aws_contract.USER_DATA_LIMIT_BYTES
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product defect (components/spec.py, not this module's): adminCidrs and apiAllowedCidrs have no "
-    "length limit, and every admin CIDR is 2 inbound rules of the gateway's group, so 30 admin CIDRs make "
-    "62 inbound IPv4 rules on dev (with its API CIDR and the nodes' rule); EC2 refuses the 61st while the spec "
-    "lets the stack through",
-)
 def test_the_longest_cidr_lists_the_spec_accepts_fit_the_gateways_group():
-    admins = [f"198.51.100.{i}/32" for i in range(30)]
+    """29 admin CIDRs (2 rules each), the API CIDR and the nodes' rule are the gateway
+    group's 60 inbound IPv4 rules: accepted, and within AWS's quota."""
+    admins = [f"198.51.100.{i}/32" for i in range(29)]
     run = run_stack("dev", {"adminCidrs": admins})
-    if run.error is not None:  # the spec refused it: what the fix should do
-        return
+    assert run.error is None, run.error
     assert contract_of(run).errors == [], shown(contract_of(run).errors)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"adminCidrs": [f"198.51.100.{i}/32" for i in range(30)]},
+        {"apiAllowedCidrs": [f"203.0.113.{i}/32" for i in range(60)]},
+        {"adminCidrs": [f"2001:db8::{i:x}/128" for i in range(30)]},
+    ],
+)
+def test_cidr_lists_that_would_overflow_the_gateways_rule_quota_are_refused_before_any_resource(overrides):
+    """EC2 refuses the 61st inbound rule of a group (per family), after the rest of the
+    stack exists: the spec refuses such lists first, naming the keys and the quota."""
+    run = run_stack("dev", overrides)
+    assert run.error is not None and run.resources == []
+    message = str(run.error)
+    assert "60" in message and aws_contract.VPC_QUOTAS_SOURCE in message
+    assert all(f"vllm-cluster:{key}" in message for key in overrides)
 
 
 # --- Each rule, broken on purpose ----------------------------------------------------
