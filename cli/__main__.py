@@ -75,7 +75,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(
             json.dumps(document, indent=2) if args.json else planner.render(document), end="" if not args.json else "\n"
         )
-        return 0
+        # What AWS would refuse (components/aws_contract.py): `pulumi up` fails there.
+        return 1 if document["problems"] else 0
     if args.command == "preflight":
         from cli import preflight
 
