@@ -490,3 +490,57 @@ def test_a_fill_prunes_every_lock_but_the_current_and_the_last_one_used_before_i
     assert len(list((house / ".locks").iterdir())) == 2
     use(locks["4"], house, tmp_path / "n5", pip, at=5000)
     assert {p.name for p in house.glob("*.whl")} == {wheels["3"].name, wheels["4"].name, common.name}
+
+
+# --- a reader: every node but the wheelhouse's writer (gang 0's head) -------------------
+
+
+def tree_state(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every path under `folder` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+def test_a_reader_waits_for_the_writer_to_fill_the_wheelhouse_saying_so_and_never_writes_it(
+    tmp_path, two_packages, index
+):
+    """Only gang 0's head may write the wheelhouse (its access point is read-only for the
+    others): a node that finds it incomplete waits for the writer, prints a line every
+    interval, stages what the writer published, and writes nothing on the cache."""
+    import threading
+
+    alpha, beta, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    house.mkdir(parents=True)
+    (house / alpha.name).write_bytes(alpha.read_bytes())
+    before = tree_state(house)
+
+    def writer_publishes_late() -> None:
+        time.sleep(1.5)
+        (house / beta.name).write_bytes(beta.read_bytes())
+
+    late = threading.Thread(target=writer_publishes_late)
+    late.start()
+    command = [sys.executable, str(NODE_ENV), "stage", "--lock", str(lock), "--wheelhouse", str(house)]
+    command += ["--stage", str(local), "--wait-for-writer", "head", "--wait", "20", "--progress-every", "0.4"]
+    status, lines = timed_lines(command)
+    late.join()
+    assert status == 0, lines
+    assert sorted(p.name for p in local.glob("*.whl")) == sorted([alpha.name, beta.name])
+    assert sum("waiting for head" in line for _, line in lines) >= 2, lines
+    assert longest_silence(lines) < 1.0
+    after = tree_state(house)
+    assert after == {**before, beta.name: after[beta.name]}, "the reader wrote on the cache"
+
+
+def test_a_reader_whose_writer_never_fills_the_wheelhouse_fails_naming_it_and_the_fix(tmp_path, two_packages):
+    _, _, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    house.mkdir(parents=True)
+    result = node_env(
+        "stage", "--lock", lock, "--wheelhouse", house, "--stage", local,
+        "--wait-for-writer", "head", "--wait", "1", "--progress-every", "0.3", check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "2 locked packages" in result.stderr and "head" in result.stderr
+    assert "setup-head" in result.stderr  # the fix: the writer's own setup command, named
+    assert list(house.iterdir()) == []
