@@ -112,3 +112,33 @@ apt_update() {
 apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT_SECONDS" install -y -q "$@"
 }
+
+# Run "$@" (a command or a function, in this shell) while a reporter logs "$1: still
+# running after N s" every PROGRESS_SECONDS (30): a remote command that prints nothing
+# for minutes (a lock wait, a quiet download, a build) looks dead to whoever watches,
+# and a NAT or firewall with an idle timeout (350 s at an AWS NAT gateway) drops it.
+# The step's status is the function's: under `set -e` a failure ends the script as it
+# would without this wrapper. The reporter reads a pipe this shell holds: the end of
+# the step (or of the script, however it ends) closes it, so the reporter never
+# outlives the script and never keeps the session's stderr, and with it the remote
+# command, open. It closes fds 8 and 9 (the wheelhouse and setup locks): it holds no
+# lock of the script's.
+with_progress() {
+  local what=$1 reporter status
+  shift
+  exec {reporter}> >(
+    exec 8>&- 9>&- >/dev/null
+    interval=${PROGRESS_SECONDS:-30} started=$SECONDS
+    while :; do
+      read -r -t "$interval" && continue
+      # Past its time limit read fails with a status above 128; at the end of input, 1.
+      [ $? -gt 128 ] || exit 0
+      log "$what: still running after $((SECONDS - started)) s"
+    done
+  )
+  # Not `"$@" || status=$?`: that would turn `set -e` off inside the step.
+  "$@"
+  status=$?
+  exec {reporter}>&-
+  return "$status"
+}

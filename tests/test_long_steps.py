@@ -1,0 +1,106 @@
+"""Long steps on the hosts speak, and the hosts' sshd keeps idle sessions alive (issue 19,
+point 5): pulumi-command's SSH client sends no keepalives (provider/pkg/provider/remote/
+connection.go builds an ssh.ClientConfig without them) and sshd's ClientAliveInterval is
+0, so a NAT or firewall with an idle timeout drops a session that prints nothing. The
+library's with_progress (scripts/lib/vllm-cluster-lib.sh) and the node's
+ensure_sshd_keepalive (scripts/node/vllm-cluster-node), run by bash as the scripts run them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.test_host_library import NODE_SCRIPT, run_with_library, shell_functions
+
+
+def test_a_long_step_reports_progress_every_interval_and_keeps_its_status(tmp_path):
+    started = time.monotonic()
+    result = run_with_library(
+        'PROGRESS_SECONDS=1 with_progress "waiting for the test" sleep 3.5\n'
+        'with_progress "failing" false || echo "status $?"\n'
+        'with_progress "a function in this shell" eval "exec 7>/dev/null; answer=42"; echo "answer $answer"'
+    )
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if "waiting for the test" in line]
+    # One note a second while the step runs (three or four in 3.5 s), each saying how long.
+    assert 3 <= len(notes) <= 4 and all("still running after" in note for note in notes), result.stderr
+    assert "status 1" in result.stdout and "answer 42" in result.stdout
+    assert time.monotonic() - started < 6
+
+
+def test_a_failing_long_step_ends_the_script_and_its_reporter_at_once(tmp_path):
+    """Under set -e the step's failure ends the script; the reporter, which holds the
+    session's stderr, must not keep the remote command open after it."""
+    started = time.monotonic()
+    result = run_with_library('PROGRESS_SECONDS=1 with_progress "doomed" bash -c "sleep 1.5; exit 3"\necho not here')
+    assert result.returncode == 3 and "not here" not in result.stdout
+    assert time.monotonic() - started < 4, "the reporter outlived the script"
+
+
+def test_the_reporter_does_not_hold_the_setup_or_wheelhouse_lock(tmp_path):
+    """A lock the script holds on fd 8 or 9 is free once the script lets it go, also
+    while a reporter (forked with the script's descriptors) still runs."""
+    lock = tmp_path / "lock"
+    result = run_with_library(
+        f"exec 9>{lock}; flock 9\n"
+        f"release() {{ sleep 0.5; exec 9>&-; flock -n {lock} true && echo free; }}\n"
+        'PROGRESS_SECONDS=1 with_progress "holding" release'
+    )
+    assert result.returncode == 0 and "free" in result.stdout, result.stderr
+
+
+def node_function(name: str) -> str:
+    """One function of the node script, as its text."""
+    text = NODE_SCRIPT.read_text()
+    block = text[text.index(f"{name}() {{") :]
+    return block[: block.index("\n}\n") + 3]
+
+
+def keepalive_host(tmp_path: Path, active: bool = True) -> tuple[Path, dict[str, str]]:
+    """Stand-ins for sshd (validates; -T shows the drop-in's values) and systemctl
+    (ssh.service active or not), both logging their arguments."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    stand_ins = {
+        "sshd": f'echo "sshd $*" >>{calls}\n'
+        f'[ "$1" = -T ] && sed -n "s/^ClientAlive\\(Interval\\|CountMax\\) /clientalive\\L\\1 /p" '
+        f"{tmp_path}/sshd_config.d/*.conf\nexit 0\n",
+        "systemctl": f'echo "systemctl $*" >>{calls}\ncase "$*" in *is-active*) exit {0 if active else 3} ;; esac\n',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}")
+        (bin_dir / name).chmod(0o755)
+    return calls, {"PATH": f"{bin_dir}:/usr/bin:/bin", "SSHD_CONFIG_DIR": str(tmp_path / "sshd_config.d")}
+
+
+def test_sshd_sends_keepalives_and_is_reloaded_only_when_its_drop_in_changed(tmp_path):
+    calls, env = keepalive_host(tmp_path)
+    first = run_with_library(node_function("ensure_sshd_keepalive") + "ensure_sshd_keepalive", env=env)
+    assert first.returncode == 0, first.stderr
+    (drop_in,) = (tmp_path / "sshd_config.d").glob("*.conf")
+    text = drop_in.read_text()
+    assert "ClientAliveInterval 15\n" in text and "ClientAliveCountMax 8\n" in text
+    log = calls.read_text().splitlines()
+    # Checked before the reload (a bad file would keep sshd from starting again), then a
+    # reload: sshd re-reads its configuration; running sessions are not cut.
+    assert log.index("sshd -t") < log.index("systemctl reload ssh.service"), log
+    assert not any("restart" in line for line in log), log
+    calls.unlink()
+    again = run_with_library(node_function("ensure_sshd_keepalive") + "ensure_sshd_keepalive", env=env)
+    assert again.returncode == 0, again.stderr
+    assert not calls.exists() or "reload" not in calls.read_text(), "reloaded although nothing changed"
+
+
+def test_a_stopped_sshd_is_not_started_for_keepalives(tmp_path):
+    """Ubuntu 24.04 starts sshd from ssh.socket at the first connection: then it reads
+    the drop-in itself, and nothing is to reload."""
+    calls, env = keepalive_host(tmp_path, active=False)
+    result = run_with_library(node_function("ensure_sshd_keepalive") + "ensure_sshd_keepalive", env=env)
+    assert result.returncode == 0, result.stderr
+    assert not any(word in calls.read_text() for word in ("reload", "restart", "start ssh"))
+
+
+def test_the_node_setup_makes_sshd_send_keepalives_before_its_long_steps():
+    setup = shell_functions(NODE_SCRIPT)["cmd_setup"].splitlines()
+    assert "ensure_sshd_keepalive" in setup
+    assert setup.index("ensure_sshd_keepalive") < setup.index("install_software")
