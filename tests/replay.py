@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import base64
 import gzip
+import itertools
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pulumi_mocks import ProgramRun, unsecret
 from ssh_dial import DialLog, Endpoint, Session
@@ -39,6 +40,48 @@ class Step:
 
 
 @dataclass
+class OutputClock:
+    """When each line of a command's output arrived over its SSH session: a remote
+    command silent for longer than a NAT's or firewall's idle timeout loses its
+    connection (pulumi-command's client sends no keepalives). Fed by the session
+    (tests/ssh_dial.py `Session.run(on_output=...)`) with every chunk as it is read; a
+    line counts when its end arrives, each stream (stdout, stderr) on its own."""
+
+    opened: float | None = None  # when the command started (its session was open)
+    closed: float | None = None
+    lines: list[tuple[float, str, str]] = field(default_factory=list)  # (arrived, stream, text)
+    _partial: dict[str, tuple[float, bytes]] = field(default_factory=dict)
+
+    def receive(self, stream: str, chunk: bytes, at: float | None = None) -> None:
+        at = time.monotonic() if at is None else at
+        if self.opened is None:
+            self.opened = at
+        _, pending = self._partial.pop(stream, (at, b""))
+        *ended, rest = (pending + chunk).split(b"\n")
+        self.lines += [(at, stream, line.decode(errors="replace")) for line in ended]
+        if rest:
+            self._partial[stream] = (at, rest)
+
+    def close(self, at: float | None = None) -> None:
+        """The command ended: an unfinished last line counts from its last bytes."""
+        self.closed = time.monotonic() if at is None else at
+        for stream, (arrived, rest) in self._partial.items():
+            self.lines.append((arrived, stream, rest.decode(errors="replace")))
+        self._partial.clear()
+        self.lines.sort(key=lambda line: line[0])
+
+    def longest_silence(self) -> tuple[float, str | None]:
+        """(seconds, the line before it: None at the start) of the longest time without
+        a line, from the start to the end of the command."""
+        if self.opened is None:
+            return 0.0, None  # no session was opened (the dial failed)
+        marks = [(self.opened, None)] + [(at, text) for at, _, text in self.lines]
+        marks.append((self.closed if self.closed is not None else marks[-1][0], None))
+        gaps = [(later[0] - earlier[0], earlier[1]) for earlier, later in itertools.pairwise(marks)]
+        return max(gaps, key=lambda gap: gap[0])
+
+
+@dataclass
 class Outcome:
     step: Step
     returncode: int
@@ -47,6 +90,7 @@ class Outcome:
     started: float
     finished: float
     dial_log: DialLog
+    output: OutputClock = field(default_factory=OutputClock)
 
     @property
     def seconds(self) -> float:
@@ -113,15 +157,17 @@ def _endpoint(connection: dict) -> Endpoint:
 
 def run_step(step: Step, timeout: float, running: set | None = None) -> Outcome:
     started = time.monotonic()
-    session = Session()
+    session, clock = Session(), OutputClock()
     if running is not None:
         running.add(session)
     try:
-        result = session.run(step.target, step.proxy, step.create, step.stdin, timeout)
+        result = session.run(step.target, step.proxy, step.create, step.stdin, timeout, clock.receive)
     finally:
         if running is not None:
             running.discard(session)
-    return Outcome(step, result.returncode, result.stdout, result.stderr, started, time.monotonic(), result.dial_log)
+    finished = time.monotonic()
+    clock.close(at=finished)
+    return Outcome(step, result.returncode, result.stdout, result.stderr, started, finished, result.dial_log, clock)
 
 
 def replay(

@@ -165,7 +165,11 @@ class Session:
             for thing in self._closers:
                 thing.close()
 
-    def run(self, target: Endpoint, proxy: Endpoint | None, command: str, stdin: str, timeout: float) -> Result:
+    def run(
+        self, target: Endpoint, proxy: Endpoint | None, command: str, stdin: str, timeout: float, on_output=None
+    ) -> Result:
+        """`on_output(stream, chunk)`, when given, gets every chunk of output as it is
+        read ("stdout" or "stderr"), and an empty one when the command starts."""
         log = self.log
         try:
             transport, closers = dial(target, proxy, log)
@@ -176,15 +180,19 @@ class Session:
             if self.closed:
                 self.close()
         try:
-            return self._exec(transport, command, stdin, timeout, log)
+            return self._exec(transport, command, stdin, timeout, log, on_output)
         finally:
             for thing in closers:
                 thing.close()
 
     @staticmethod
-    def _exec(transport: paramiko.Transport, command: str, stdin: str, timeout: float, log: DialLog) -> Result:
+    def _exec(
+        transport: paramiko.Transport, command: str, stdin: str, timeout: float, log: DialLog, on_output=None
+    ) -> Result:
+        heard = on_output or (lambda stream, chunk: None)
         channel = transport.open_session(timeout=30)
         channel.exec_command(command)
+        heard("stdout", b"")
 
         def feed() -> None:
             try:
@@ -200,10 +208,14 @@ class Session:
         while True:
             busy = False
             if channel.recv_ready():
-                out.extend(channel.recv(65536))
+                chunk = channel.recv(65536)
+                out.extend(chunk)
+                heard("stdout", chunk)
                 busy = True
             if channel.recv_stderr_ready():
-                err.extend(channel.recv_stderr(65536))
+                chunk = channel.recv_stderr(65536)
+                err.extend(chunk)
+                heard("stderr", chunk)
                 busy = True
             if busy:
                 continue
@@ -220,8 +232,12 @@ class Session:
             time.sleep(0.05)
         # What arrived between the last read and the exit status.
         while channel.recv_ready():
-            out.extend(channel.recv(65536))
+            chunk = channel.recv(65536)
+            out.extend(chunk)
+            heard("stdout", chunk)
         while channel.recv_stderr_ready():
-            err.extend(channel.recv_stderr(65536))
+            chunk = channel.recv_stderr(65536)
+            err.extend(chunk)
+            heard("stderr", chunk)
         code = channel.recv_exit_status() if channel.exit_status_ready() else 255
         return Result(code, out.decode(errors="replace"), err.decode(errors="replace"), log)

@@ -262,6 +262,22 @@ def test_hosts_refused_logins_while_booting_and_the_bootstrap_rode_it_out(cluste
         assert not cluster.outcomes[f"vllm-setup-{node}"].dial_log.stages("Dial"), node
 
 
+# A NAT gateway drops a TCP flow idle for 350 s, some firewalls sooner (issue 19, point 5):
+# every long step prints at least every 30 s, so no command of the bring-up stays silent
+# for a minute (tests/replay.py OutputClock, from when each line arrived).
+MAX_SILENCE_S = 60
+
+
+def test_no_command_of_the_bring_up_was_silent_for_a_minute(cluster):
+    silences = {name: outcome.output.longest_silence() for name, outcome in cluster.outcomes.items()}
+    too_long = {
+        name: f"{seconds:.0f} s after " + (repr(line) if line is not None else "its start")
+        for name, (seconds, line) in silences.items()
+        if seconds >= MAX_SILENCE_S
+    }
+    assert silences and not too_long, too_long
+
+
 def test_the_gateway_waited_for_the_package_lists_lock_at_first_boot(cluster):
     gateway = cluster.fleet.gateway
     held = cluster.fleet.ssh(gateway, "cat /var/log/apt-lock-double.log").stdout.split()

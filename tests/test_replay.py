@@ -2,8 +2,10 @@
 it depends on, also through commands that do not run again (their step still waits for
 theirs), so a replay of only the changed commands keeps the program's order."""
 
+import time
+
 from pulumi_mocks import run_stack
-from replay import steps_of
+from replay import OutputClock, steps_of
 
 
 def test_only_the_changed_commands_still_wait_through_the_unchanged_ones():
@@ -25,3 +27,105 @@ def test_all_commands_wait_for_their_direct_dependencies():
     steps = steps_of(run)
     assert "vllm-setup-head" in steps["vllm-ray-head"].after
     assert "vllm-ray-head" in steps["vllm-ray-worker-1"].after
+
+
+# --- when each line of a command's output arrived (issue 19, point 5) ------------------
+
+
+def test_the_clock_times_each_line_by_its_end_and_keeps_the_streams_apart():
+    clock = OutputClock()
+    clock.receive("stdout", b"", at=100.0)  # the command started
+    clock.receive("stderr", b"10:00 [head] setting up\n10:00 [head] mount", at=101.0)
+    clock.receive("stdout", b"half a li", at=102.0)
+    clock.receive("stderr", b"ing\n", at=140.0)
+    clock.receive("stdout", b"ne\n", at=141.0)
+    clock.close(at=150.0)
+    assert clock.lines == [
+        (101.0, "stderr", "10:00 [head] setting up"),
+        (140.0, "stderr", "10:00 [head] mounting"),
+        (141.0, "stdout", "half a line"),
+    ]
+
+
+def test_the_longest_silence_counts_from_the_start_and_to_the_end_and_names_the_line_before_it():
+    clock = OutputClock()
+    clock.receive("stdout", b"", at=0.0)
+    clock.receive("stderr", b"one\n", at=20.0)
+    clock.receive("stderr", b"two\n", at=95.0)
+    clock.close(at=100.0)
+    assert clock.longest_silence() == (75.0, "one")
+    quiet_start = OutputClock()
+    quiet_start.receive("stdout", b"", at=0.0)
+    quiet_start.receive("stdout", b"late\n", at=61.0)
+    quiet_start.close(at=62.0)
+    assert quiet_start.longest_silence() == (61.0, None)
+    quiet_end = OutputClock()
+    quiet_end.receive("stdout", b"", at=0.0)
+    quiet_end.receive("stdout", b"early\n", at=1.0)
+    quiet_end.close(at=90.0)
+    assert quiet_end.longest_silence() == (89.0, "early")
+
+
+def test_a_command_that_never_started_has_no_silence():
+    """A dial that failed opened no session: nothing was silent on the wire."""
+    clock = OutputClock()
+    clock.close(at=5.0)
+    assert clock.longest_silence() == (0.0, None)
+
+
+def test_the_session_hands_every_chunk_to_the_clock_as_it_arrives():
+    """tests/ssh_dial.py's reading loop, on a stand-in channel that delivers output in
+    chunks over time, feeds the clock with each chunk when it is read."""
+    import ssh_dial
+
+    class Channel:
+        def __init__(self):
+            self.chunks = [("stdout", b"a\n", 0.0), ("stderr", b"b\n", 0.3), ("stdout", b"c\n", 0.6)]
+            self.started = time.monotonic()
+            self.closed = False
+
+        def exec_command(self, command):
+            pass
+
+        def _ready(self, stream):
+            due = bool(self.chunks) and time.monotonic() - self.started >= self.chunks[0][2]
+            return due and self.chunks[0][0] == stream
+
+        def recv_ready(self):
+            return self._ready("stdout")
+
+        def recv_stderr_ready(self):
+            return self._ready("stderr")
+
+        def recv(self, size):
+            return self.chunks.pop(0)[1]
+
+        recv_stderr = recv
+
+        def exit_status_ready(self):
+            return not self.chunks
+
+        def recv_exit_status(self):
+            return 0
+
+        def sendall(self, data):
+            pass
+
+        def shutdown_write(self):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    class Transport:
+        def open_session(self, timeout):
+            return Channel()
+
+    clock = OutputClock()
+    result = ssh_dial.Session._exec(Transport(), "true", "", 10, ssh_dial.DialLog(), clock.receive)
+    clock.close()
+    assert result.stdout == "a\nc\n" and result.stderr == "b\n"
+    times = [at for at, _, _ in clock.lines]
+    assert [text for _, _, text in clock.lines] == ["a", "b", "c"]
+    assert times[1] - times[0] >= 0.25 and times[2] - times[1] >= 0.25
+    assert clock.opened is not None and clock.opened <= times[0]
