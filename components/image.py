@@ -18,6 +18,10 @@ Sources:
   are called by full path. The installer raises the locked-memory limit in
   /etc/security/limits.d, which systemd services do not read.
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html
+- [ofi-nccl] aws/aws-ofi-nccl (configure.ac `--disable-nccl-net-library`, src/Makefile.am
+  `libnccl-net.la` and `libnccl-net-ofi.la`, read 2026-12-01); NCCL's net plugin loading
+  (libnccl-net.so, or libnccl-net-${NCCL_NET_PLUGIN}.so when that is set).
+  https://github.com/aws/aws-ofi-nccl
 - [ubuntu-noble] Ubuntu 24.04 (noble) ships glibc 2.39 (its libc6 package, 2.39-0ubuntu8):
   the newest manylinux wheels the image runs are manylinux_2_39.
   https://packages.ubuntu.com/noble/libc6
@@ -47,6 +51,19 @@ EFA_LIB_DIR = "/opt/amazon/efa/lib"
 # aws-ofi-nccl's NCCL net plugin; releases before 1.8 put it in lib/, later ones in
 # lib/x86_64-linux-gnu: the node takes whichever exists.
 OFI_NCCL_LIB_DIRS = ("/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu", "/opt/amazon/ofi-nccl/lib")
+# [ofi-nccl] The file NCCL loads from those directories: aws-ofi-nccl's build installs
+# libnccl-net.so, the same library as libnccl-net-ofi.so, unless configured with
+# --disable-nccl-net-library (aws/aws-ofi-nccl configure.ac, src/Makefile.am), and NCCL
+# loads libnccl-net.so when NCCL_NET_PLUGIN is unset (NCCL's net plugin documentation).
+# Without it NCCL only warns and uses TCP sockets: setup and preflight refuse a node with
+# EFA on that lacks it (vllm-cluster-node write_node_env, preflight-check).
+OFI_NCCL_PLUGIN = "libnccl-net.so"
+
+# [release-notes] The driver's CUDA: late-2026 releases ship driver 595 with CUDA 13.x
+# (FACTS.md section 9, "Major package versions"). Preflight holds each node's
+# `nvidia-smi` CUDA Version against what its lock's CUDA runtime needs; tests/test_image.py
+# holds this against the GPU lock.
+DRIVER_CUDA_MAJOR = 13
 
 # The NVIDIA driver package installs nvidia-smi here (on sudo's secure_path).
 NVIDIA_SMI = "/usr/bin/nvidia-smi"

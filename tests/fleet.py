@@ -364,7 +364,11 @@ class Fleet:
         self.nodes = [Host(f"node{i}", node_ip(i), "node", self.workdir / f"node{i}") for i in range(nodes)]
         self._private_key = private_key
         # What the nvidia-smi double reports on every node host (default: a g5.12xlarge).
-        self.gpu_conf = f"GPUS={gpus_per_node}\nNAME={gpu_name}\nMEMORY_MIB={gpu_memory_mib}\nDRIVER=570.133.20\n"
+        # A driver of the image's CUDA (components/image.py DRIVER_CUDA_MAJOR): 580 brought CUDA 13.0.
+        self.gpu_conf = (
+            f"GPUS={gpus_per_node}\nNAME={gpu_name}\nMEMORY_MIB={gpu_memory_mib}\n"
+            f"DRIVER=580.95.05\nCUDA={image.DRIVER_CUDA_MAJOR}.0\n"
+        )
         # What the fi_info double reports on every node host: the type's EFA interfaces.
         self.efa_devices = efa_devices
         self.user_data = dict(user_data or {})
@@ -483,6 +487,10 @@ class Fleet:
             (host.root / "etc" / "nvidia-smi-double.conf").write_text(self.gpu_conf)
             self._install_double(host, "bin/fi_info", image.FI_INFO)
             (host.root / "etc" / "fi-info-double.conf").write_text(f"EFA_DEVICES={self.efa_devices}\n")
+            if self.efa_devices:
+                # With EFA on, aws-ofi-nccl's NCCL plugin, where the image has it.
+                plugin = f"{image.OFI_NCCL_LIB_DIRS[0]}/{image.OFI_NCCL_PLUGIN}"
+                self._install_double(host, f"lib/{image.OFI_NCCL_PLUGIN}", plugin)
             # This machine cannot grant more locked memory than its own hard limit (no
             # CAP_SYS_RESOURCE: 8 MiB here, unlimited on EC2), which is also systemd's
             # default for services. A lower default keeps a unit that lifts its limit (it

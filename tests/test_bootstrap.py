@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap, node_env, ports
+from components import bootstrap, image, node_env, ports
 from components.bootstrap import NodeBoot
 from components.compute import compress_user_data
 from components.spec import load_spec
@@ -552,3 +552,47 @@ def test_nginx_accepts_the_site(tmp_path):
     broken = tmp_path / "broken.conf"
     broken.write_text(site.read_text().replace("deny all;", "deny all"))
     assert check(broken).returncode != 0
+
+
+# --- aws-ofi-nccl with EFA (issue 19, point 5) ------------------------------------------
+
+
+def run_write_node_env(tmp_path: Path, plugin_dirs: list[Path]) -> tuple[subprocess.CompletedProcess, Path]:
+    """setup's write_node_env (run by bash) for an EFA node whose image has aws-ofi-nccl's
+    library directories `plugin_dirs` (in the order cluster.env lists them)."""
+    values = parse_env(bootstrap.cluster_env(boot(1)))
+    values.update(EFA_ENABLED="true", OFI_NCCL_LIB_DIRS=" ".join(str(d) for d in plugin_dirs))
+    cluster = tmp_path / "cluster.env"
+    cluster.write_text(bootstrap.env_file(values, header="cluster.env with the test's plugin directories"))
+    block = NODE_SCRIPT[NODE_SCRIPT.index("write_node_env() {") :]
+    block = block[: block.index("\n}\n") + 3]
+    script = f"""set -euo pipefail
+{LIBRARY}
+CLUSTER_ENV={cluster} NODE_ENV={tmp_path}/node.env MODEL_ROOT=/mnt/vllm-models SECRETS_DIR=/etc/vllm-cluster/secrets
+load_env "$CLUSTER_ENV"
+find_primary_interface() {{ echo ens5 10.0.0.11; }}
+{block}
+write_node_env
+"""
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True), tmp_path / "node.env"
+
+
+def test_with_efa_setup_fails_without_aws_ofi_nccls_plugin_naming_where_it_looked_and_the_fix(tmp_path):
+    dirs = [tmp_path / "ofi-nccl/lib/x86_64-linux-gnu", tmp_path / "ofi-nccl/lib"]
+    for folder in dirs:
+        folder.mkdir(parents=True, exist_ok=True)  # the directories alone are not the plugin
+    result, written = run_write_node_env(tmp_path, dirs)
+    assert result.returncode != 0 and not written.exists()
+    assert f"{dirs[0]}/{image.OFI_NCCL_PLUGIN}" in result.stderr and str(dirs[1]) in result.stderr
+    assert "TCP" in result.stderr and "Fix:" in result.stderr and "efa-start-nccl" in result.stderr
+
+
+def test_with_efa_setup_records_the_plugin_it_found_and_puts_its_directory_on_the_library_path(tmp_path):
+    dirs = [tmp_path / "ofi-nccl/lib/x86_64-linux-gnu", tmp_path / "ofi-nccl/lib"]
+    dirs[1].mkdir(parents=True)
+    (dirs[1] / image.OFI_NCCL_PLUGIN).write_bytes(b"\x7fELF")
+    result, written = run_write_node_env(tmp_path, dirs)
+    assert result.returncode == 0, result.stderr
+    env = parse_env(written.read_text())
+    assert env["OFI_NCCL_PLUGIN"] == f"{dirs[1]}/{image.OFI_NCCL_PLUGIN}"
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == str(dirs[1])

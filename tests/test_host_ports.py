@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap, ports
+from components import bootstrap, image, ports
 from tests.test_bootstrap import boot, parse_env, spec_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,11 +98,14 @@ def written_node_env(tmp_path: Path, index: int) -> dict[str, str]:
     work = tmp_path / f"node-{index}"
     work.mkdir()
     (work / "cluster.env").write_text(bootstrap.cluster_env(boot(index)))
+    (work / "ofi-nccl").mkdir()
+    (work / "ofi-nccl" / image.OFI_NCCL_PLUGIN).write_bytes(b"\x7fELF")
     script = f"""set -euo pipefail
 . {LIBRARY}
 CLUSTER_ENV={work}/cluster.env NODE_ENV={work}/node.env MODEL_ROOT=/mnt/vllm-models
 SECRETS_DIR=/etc/vllm-cluster/secrets
 load_env "$CLUSTER_ENV"
+OFI_NCCL_LIB_DIRS={work}/ofi-nccl  # the image's aws-ofi-nccl (EFA is on), a stand-in
 find_primary_interface() {{ echo ens5 {HEAD_IP if index == 0 else WORKER_IP}; }}
 {node_env_block()}
 write_node_env

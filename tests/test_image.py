@@ -109,3 +109,20 @@ def test_setup_accepts_a_python_inside_the_requirement(tmp_path):
     for version in ("3.11", "3.12", "3.14"):
         accepted = run_check_python(tmp_path, version, "3.11", "3.15")
         assert accepted.returncode == 0, accepted.stderr
+
+
+def test_the_node_looks_for_the_nccl_plugin_the_image_fact_names():
+    """vllm-cluster-node write_node_env checks for the file components/image.py names."""
+    assert f"local plugin_file={image.OFI_NCCL_PLUGIN} " in NODE_SCRIPT
+
+
+def test_the_images_driver_runs_the_gpu_locks_cuda_runtime():
+    """Preflight refuses a driver older than the lock's CUDA runtime needs: the image the
+    program looks up must pass, so a lock that moves to a newer CUDA fails here first."""
+    from cli.preflight import node_checks
+
+    lock = (ROOT / "locks" / "node-gpu-py{}{}-x86_64.txt".format(*image.PYTHON_VERSION)).read_text()
+    required = node_checks().required_cuda(lock)
+    assert required is not None and int(required.split(".")[0]) <= image.DRIVER_CUDA_MAJOR, (
+        f"the GPU lock's CUDA runtime needs CUDA {required}; the image's driver has CUDA {image.DRIVER_CUDA_MAJOR}"
+    )

