@@ -433,13 +433,33 @@ class Fleet:
         _run("ip", "addr", "add", f"{BRIDGE_IP}/{PREFIX_LENGTH}", "dev", BRIDGE)
         _run("ip", "link", "set", BRIDGE, "up")
         for host in self.hosts:
-            _run("ip", "netns", "add", host.netns)
-            self._netns.append(host.netns)
-            _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
-            _run("ip", "link", "set", host.veth, "master", BRIDGE, "up")
-            _run("ip", "-n", host.netns, "addr", "add", f"{host.ip}/{PREFIX_LENGTH}", "dev", "eth0")
-            _run("ip", "-n", host.netns, "link", "set", "eth0", "up")
-            _run("ip", "-n", host.netns, "link", "set", "lo", "up")
+            self._plug(host)
+
+    def _plug(self, host: Host) -> None:
+        """The host's network namespace, on the bridge at its own IP."""
+        _run("ip", "netns", "add", host.netns)
+        self._netns.append(host.netns)
+        _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+        _run("ip", "link", "set", host.veth, "master", BRIDGE, "up")
+        _run("ip", "-n", host.netns, "addr", "add", f"{host.ip}/{PREFIX_LENGTH}", "dev", "eth0")
+        _run("ip", "-n", host.netns, "link", "set", "eth0", "up")
+        _run("ip", "-n", host.netns, "link", "set", "lo", "up")
+
+    def add_node(self, user_data: str | None = None) -> Host:
+        """One more GPU-node host, at the next free address, started with `user_data` and
+        not waited for: a new instance EC2 launches into the running fleet, as Pulumi
+        creates a replacement before it deletes the old one. Removed with the fleet."""
+        rootfs, _ = base_rootfs()
+        index = len(self.nodes)
+        host = Host(f"node{index}", node_ip(index), "node", self.workdir / f"node{index}")
+        if user_data is not None:
+            self.user_data[host.name] = user_data
+        self.nodes.append(host)
+        self._plug(host)
+        self._prepare(host, rootfs)
+        host.binds = [f"--bind={self.shared}:/mnt/vllm-models"]
+        self.boot(host, wait=False)
+        return host
 
     @staticmethod
     def _remove_leftovers() -> None:

@@ -35,7 +35,7 @@ from fleet import (
     node_ip,
 )
 from pulumi_mocks import ProgramRun, run_program
-from replay import Outcome, replay, user_data_of
+from replay import COMMAND, Outcome, replay, user_data_of
 
 from components import node_env
 from components.catalog import CATALOG
@@ -100,11 +100,13 @@ def instance_ips(nodes: int, replicas: int = 1) -> dict[str, str]:
     return ips
 
 
-def fleet_program(nodes: int, key_store: dict, **overrides: Any) -> ProgramRun:
+def fleet_program(nodes: int, key_store: dict, moved: dict[str, str] | None = None, **overrides: Any) -> ProgramRun:
+    """The program for the fleet; `moved`: instance resource name -> the private IP of
+    its replacement (a launch-template change gives every replaced node a new one)."""
     run = run_program(
         fleet_config(nodes, **overrides),
         stack="fleet",
-        instance_ips=instance_ips(nodes, int(overrides.get("replicas", 1))),
+        instance_ips={**instance_ips(nodes, int(overrides.get("replicas", 1))), **(moved or {})},
         public_ips={"vllm-gateway-ip": GATEWAY_IP},
         secret_keys=["apiKey"],
         real_crypto=True,
@@ -296,6 +298,46 @@ class ClusterUnderTest:
 
     def unit_property(self, index: int, unit: str, name: str) -> str:
         return self.node_shell(index, f"systemctl show -p {name} --value {unit}").stdout.strip()
+
+
+@dataclass
+class Replacement:
+    """What replace_nodes did: the program after it, the commands that ran again (and
+    how), the new hosts by instance name, and when each phase ended."""
+
+    run: ProgramRun
+    changed: set[str]
+    outcomes: dict[str, Outcome]
+    hosts: dict[str, Host]
+    booted_at: float
+    replayed_at: float
+    deleted_at: float
+
+
+def replace_nodes(cluster: ClusterUnderTest, instances: dict[str, Host], **overrides: Any) -> Replacement:
+    """Replace the named instances (resource name -> the host running it now) as `pulumi
+    up` does after a launch-template change: the new instances are created first, each a
+    new host at a new IP started with the user data the program gives it; then every
+    command whose inputs changed runs again, in dependency order, as the engine updates
+    the dependents; the old instances are deleted last (powered off, as terminated).
+    `overrides`: the stack config the cluster runs now (beyond `fleet_config`'s)."""
+    fleet = cluster.fleet
+    nodes = int(cluster.config["nodes"])
+    first_new = len(fleet.nodes)
+    moved = {name: node_ip(first_new + offset) for offset, name in enumerate(instances)}
+    updated = fleet_program(nodes, cluster.key_store, moved=moved, **overrides)
+    scripts = user_data_of(updated)
+    hosts = {name: fleet.add_node(scripts[name]) for name in instances}
+    assert [host.ip for host in hosts.values()] == list(moved.values())
+    booted_at = time.monotonic()
+    old = {c.name: c.inputs for c in cluster.run.of_type(COMMAND)}
+    changed = {c.name for c in updated.of_type(COMMAND) if old.get(c.name) != c.inputs}
+    outcomes = replay(updated, only=changed)
+    replayed_at = time.monotonic()
+    for host in instances.values():
+        fleet.power_off(host)
+    cluster.run = updated
+    return Replacement(updated, changed, outcomes, hosts, booted_at, replayed_at, time.monotonic())
 
 
 def efa_devices(config: dict[str, Any]) -> int:

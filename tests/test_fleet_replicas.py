@@ -17,14 +17,17 @@ from dataclasses import dataclass, field
 
 import pytest
 from fleet import in_ci, why_no_fleet
-from fleet_cluster import fleet_program, serving_cluster
+from fleet_cluster import fleet_program, replace_nodes, serving_cluster
 from replay import COMMAND, replay
 
+from components import ports
 from components.bootstrap import GATEWAY_COMMAND
 from components.topology import gang_name
 
 NODES_PER_GANG = 1
 REPLICAS = 2
+# The day-2 change the rolling test makes, which the stack keeps from then on.
+ROLLED = {"maxModelLen": 2048}
 
 _reason = why_no_fleet()
 if _reason and in_ci():
@@ -126,7 +129,7 @@ def test_status_shows_each_gang_and_a_healthy_pool(gangs):
 
 
 def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_other(gangs):
-    updated = fleet_program(NODES_PER_GANG, gangs.key_store, replicas=REPLICAS, maxModelLen=2048)
+    updated = fleet_program(NODES_PER_GANG, gangs.key_store, replicas=REPLICAS, **ROLLED)
     old = {c.name: c.inputs for c in gangs.run.of_type(COMMAND)}
     changed = {c.name for c in updated.of_type(COMMAND) if old.get(c.name) != c.inputs}
     assert changed == {
@@ -200,3 +203,51 @@ def test_a_powered_off_gang_is_ejected_named_and_returns_after_boot(gangs):
     with Load(gangs, clients=2) as load:
         time.sleep(15)
     assert load.failed == [] and served_requests(gangs, 1) > before, (load.sent, load.failed[:3])
+
+
+def test_replacing_a_gangs_node_fails_no_request_the_old_head_serving_until_the_new_one_did(gangs):
+    """A launch-template change replaces gang 1's node, as `pulumi up` does it: the new
+    host first, at a new IP; the commands whose inputs changed, in order; the old host
+    deleted last. Clients see no failure: the gateway keeps gang 1 at its old head until
+    the new head passed start-vllm's completion, then switches."""
+    old_head = gangs.fleet.nodes[1 * NODES_PER_GANG]
+    since = gateway_shell(gangs, "date +%s").stdout.strip()
+    started = time.monotonic()
+    with Load(gangs, clients=2) as load:
+        time.sleep(5)
+        replaced = replace_nodes(gangs, {"vllm-gang1-head": old_head}, replicas=REPLICAS, **ROLLED)
+        time.sleep(5)
+    new_head = replaced.hosts["vllm-gang1-head"]
+    print(
+        f"replacing gang1's node: {load.sent} requests sent through the gateway, {len(load.failed)} failed; "
+        f"new host started to switched and checked {replaced.replayed_at - replaced.booted_at:.0f} s, "
+        f"the whole replacement {time.monotonic() - started:.0f} s"
+    )
+    assert load.failed == [], f"{len(load.failed)} of {load.sent} failed: {load.failed[:5]}"
+    assert load.sent >= 30, load.sent
+    # Only gang 1's commands ran again, and the pool's configure (its address changed).
+    assert {name for name in replaced.changed if "gang1" not in name} == {"vllm-gateway-proxy"}, replaced.changed
+    assert pool(gangs) == {
+        "gang0": [f"{gangs.fleet.nodes[0].ip}:{ports.VLLM_API}", "in-pool", "serving"],
+        "gang1": [f"{new_head.ip}:{ports.VLLM_API}", "in-pool", "serving"],
+    }
+    journal = gateway_shell(
+        gangs, f"sudo journalctl -t vllm-cluster-gateway --since @{since} -o cat --no-pager"
+    ).stdout.splitlines()
+    old, new = f"{old_head.ip}:{ports.VLLM_API}", f"{new_head.ip}:{ports.VLLM_API}"
+    steps = [
+        step
+        for line in journal
+        for step, says in (
+            ("kept", f"configure: gang1 keeps serving at {old} until its new head at {new} serves"),
+            ("not drained", f"drain gang1: stays in the API pool (replaced: it keeps serving at {old}"),
+            ("switched", f"return gang1: in the pool already; now at {new} (was {old})"),
+        )
+        if line.startswith(says)
+    ]
+    assert steps == ["kept", "not drained", "switched"], journal
+    # The switch came after the new head's own completion (start-vllm), and the check
+    # through the gateway after the switch.
+    outcomes = replaced.outcomes
+    assert outcomes["vllm-gang1-vllm"].finished <= outcomes["vllm-gang1-return"].started
+    assert outcomes["vllm-gang1-return"].finished <= outcomes["vllm-gang1-readiness"].started
