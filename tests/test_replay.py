@@ -5,7 +5,7 @@ theirs), so a replay of only the changed commands keeps the program's order."""
 import time
 
 from pulumi_mocks import run_stack
-from replay import OutputClock, steps_of
+from replay import COMMAND, OutputClock, steps_of
 
 
 def test_only_the_changed_commands_still_wait_through_the_unchanged_ones():
@@ -129,3 +129,22 @@ def test_the_session_hands_every_chunk_to_the_clock_as_it_arrives():
     assert [text for _, _, text in clock.lines] == ["a", "b", "c"]
     assert times[1] - times[0] >= 0.25 and times[2] - times[1] >= 0.25
     assert clock.opened is not None and clock.opened <= times[0]
+
+
+def test_a_replaced_gang_is_replayed_new_head_first_switch_after_its_vllm():
+    """What tests/fleet_cluster.replace_nodes replays when gang 1's node gets a new IP:
+    the commands whose inputs changed, in the program's order through the unchanged ones
+    (the pool's configure, then gang 1's drain, its bootstrap, its vLLM, the switch, the
+    check through the gateway)."""
+    config = {"replicas": 2}
+    before = run_stack("prod", config)
+    moved = {"vllm-gang1-head": "10.0.200.1", "vllm-gang1-worker-1": "10.0.200.2"}
+    after = run_stack("prod", config, instance_ips=moved)
+    old = {c.name: c.inputs for c in before.of_type(COMMAND)}
+    changed = {c.name for c in after.of_type(COMMAND) if old.get(c.name) != c.inputs}
+    steps = steps_of(after, changed)
+    assert "vllm-gateway-proxy" in steps["vllm-gang1-drain"].after
+    assert "vllm-gang1-drain" in steps["vllm-setup-gang1-head"].after
+    assert "vllm-gang1-vllm" in steps["vllm-gang1-return"].after
+    assert "vllm-gang1-return" in steps["vllm-gang1-readiness"].after
+    assert steps["vllm-gang1-return"].create.endswith("return --gang gang1 --address 10.0.200.1:8000")
