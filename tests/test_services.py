@@ -502,3 +502,18 @@ def test_a_replaced_gateway_is_set_up_again_at_the_same_address():
     named = commands(run)
     for name in ("vllm-gateway-setup", "vllm-gateway-tls", "vllm-gateway-proxy", "vllm-gateway-login-probe"):
         assert gateway_id in [plain(t) for t in plain(named[name].inputs.get("triggers") or [])], name
+
+
+def test_with_reserved_capacity_the_old_node_goes_first_and_the_preview_says_the_service_is_down():
+    """A full reservation has no slot for a new node before the old one goes: no
+    blue/green there. Every node is delete-before-replace and the preview says so;
+    without a reservation every node is created before its old one is deleted."""
+    reserved = run_stack("prod", {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b"})
+    assert reserved.error is None, reserved.error
+    nodes = [r for r in reserved.of_type("aws:ec2/instance:Instance") if r.name != "vllm-gateway-host"]
+    assert nodes and all(node.delete_before_replace for node in nodes)
+    assert any("The service is down while its nodes are replaced" in warning for warning in reserved.warnings)
+    plain_run = run_stack("prod")
+    nodes = [r for r in plain_run.of_type("aws:ec2/instance:Instance") if r.name != "vllm-gateway-host"]
+    assert not any(node.delete_before_replace for node in nodes)
+    assert not any("service is down" in warning for warning in plain_run.warnings)
