@@ -43,6 +43,8 @@ LOGIN_READY_WORD = "vllm-cluster-login-ready"
 CONFIG_DIR = "/etc/vllm-cluster"
 CLUSTER_ENV = f"{CONFIG_DIR}/cluster.env"
 MODEL_ROOT = "/mnt/vllm-models"
+# The wheelhouse's own access point, mounted read-only but on its writer (storage.py).
+WHEELHOUSE_ROOT = "/mnt/vllm-wheelhouse"
 TLS_DIR = f"{CONFIG_DIR}/tls"
 NGINX_SITE = "/etc/nginx/conf.d/vllm-cluster.conf"
 
@@ -152,6 +154,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "WHEELHOUSE_ACCESS_POINT_ID": boot.wheelhouse_access_point_id,
         # The one node that fills the wheelhouse and may write it (topology.writes_wheelhouse).
         "WHEELHOUSE_WRITER": "true" if writes_wheelhouse(boot.index, boot.gang) else "false",
+        "WHEELHOUSE_WRITER_NODE": node_name(0, 0),
         "MODEL_CACHE_DNS": boot.file_system_dns,
         "RAY_VERSION": boot.ray_version,
         "VLLM_VERSION": boot.vllm_version,
@@ -162,6 +165,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "FI_INFO": image.FI_INFO,
         "EFA_LIB_DIR": image.EFA_LIB_DIR,
         "OFI_NCCL_LIB_DIRS": " ".join(image.OFI_NCCL_LIB_DIRS),
+        "OFI_NCCL_PLUGIN_FILE": image.OFI_NCCL_PLUGIN,
         "NVIDIA_SMI": image.NVIDIA_SMI,
         "LOGIN_USER": image.DEFAULT_USER,
         "LOGIN_PROBE_KEY": boot.login_probe_key.strip(),

@@ -360,6 +360,8 @@ class Fleet:
         self.authorized_key = authorized_key.strip()
         self.key_file = self.workdir / "ssh-key"
         self.shared = self.workdir / "model-cache"
+        # The wheelhouse's own tree on the same file system (its own access point on AWS).
+        self.wheelhouse = self.workdir / "wheelhouse"
         self.gateway = Host("gateway", GATEWAY_IP, "gateway", self.workdir / "gateway")
         self.nodes = [Host(f"node{i}", node_ip(i), "node", self.workdir / f"node{i}") for i in range(nodes)]
         self._private_key = private_key
@@ -404,13 +406,13 @@ class Fleet:
         self.shared.mkdir(exist_ok=True)
         self._network()
         self._serve_mirror(mirror)
-        # The wheelhouse on the model cache, as the nodes find it once a node filled it:
-        # hard links to the cached wheels (the nodes replace files, never write into one).
-        _run("cp", "-al", str(house), str(self.shared / "wheelhouse"))
+        # The wheelhouse, as the nodes find it once its writer filled it: hard links to
+        # the cached wheels (the writer replaces files, never writes into one).
+        _run("cp", "-al", str(house), str(self.wheelhouse))
         for host in self.hosts:
             self._prepare(host, rootfs)
             if host.role == "node":
-                host.binds = [f"--bind={self.shared}:/mnt/vllm-models"]
+                host.binds = self._model_cache_binds(host)
         with ThreadPoolExecutor(len(self.hosts)) as pool:
             list(pool.map(lambda host: self.boot(host, wait=self.wait_at_start), self.hosts))
 
@@ -457,9 +459,21 @@ class Fleet:
         self.nodes.append(host)
         self._plug(host)
         self._prepare(host, rootfs)
-        host.binds = [f"--bind={self.shared}:/mnt/vllm-models"]
+        host.binds = self._model_cache_binds(host)
         self.boot(host, wait=False)
         return host
+
+    def _model_cache_binds(self, host: Host) -> list[str]:
+        """The model cache, where the node's setup finds it mounted. On AWS only the
+        wheelhouse writer's role may write the wheelhouse's access point (EFS refuses the
+        others' writes; components/storage.py): here a read-only bind imitates that, for
+        every host but the one whose user data makes it the writer, as its instance
+        profile does on AWS."""
+        writer = "WHEELHOUSE_WRITER=true" in self.user_data.get(host.name, "")
+        return [
+            f"--bind={self.shared}:/mnt/vllm-models",
+            f"--bind{'' if writer else '-ro'}={self.wheelhouse}:/mnt/vllm-wheelhouse",
+        ]
 
     @staticmethod
     def _remove_leftovers() -> None:

@@ -268,7 +268,7 @@ def test_rendered_scripts_are_shellcheck_clean(tmp_path):
 
 
 def test_scripts_and_renderer_agree_on_paths():
-    for constant in (bootstrap.CONFIG_DIR, bootstrap.MODEL_ROOT, bootstrap.INSTALL_DIR):
+    for constant in (bootstrap.CONFIG_DIR, bootstrap.MODEL_ROOT, bootstrap.WHEELHOUSE_ROOT, bootstrap.INSTALL_DIR):
         assert constant in NODE_SCRIPT
     gateway = (ROOT / "scripts" / "gateway" / "vllm-cluster-gateway").read_text()
     assert bootstrap.TLS_DIR in gateway and bootstrap.NGINX_SITE in gateway

@@ -301,6 +301,21 @@ def test_efa_tools_are_where_the_image_has_them_and_preflight_found_them(cluster
     assert row.count("1/1") == NODES, report
 
 
+def test_only_the_wheelhouse_writer_can_write_the_wheelhouse_and_every_node_the_model_tree(cluster):
+    """Gang 0's head alone may write the wheelhouse (on AWS its role, through the
+    wheelhouse's access point; here a read-only bind for the others): a worker that is
+    compromised cannot plant or swap the wheels another node installs. Every node still
+    writes the model tree (preflight's facts)."""
+    probe = "sudo sh -c 'touch {0}/.write-probe-$$ && rm {0}/.write-probe-$$'"
+    assert cluster.node_shell(0, probe.format("/mnt/vllm-wheelhouse"), check=False).returncode == 0
+    for index in range(1, NODES):
+        refused = cluster.node_shell(index, probe.format("/mnt/vllm-wheelhouse"), check=False)
+        assert refused.returncode != 0 and "Read-only file system" in refused.stderr, refused.stderr
+        assert cluster.node_shell(index, probe.format("/mnt/vllm-models"), check=False).returncode == 0
+        setup = cluster.outcomes[f"vllm-setup-{node_name(index)}"].stderr
+        assert "head fills the wheelhouse" in setup, setup
+
+
 def test_every_node_installed_the_same_locked_environment_itself_offline_from_the_wheelhouse(cluster):
     """No virtualenv is handed to the hosts: each node's setup installed the stack's lock
     (nodeLock) with the locked uv from the wheelhouse on the shared model cache, which

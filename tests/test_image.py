@@ -113,7 +113,9 @@ def test_setup_accepts_a_python_inside_the_requirement(tmp_path):
 
 def test_the_node_looks_for_the_nccl_plugin_the_image_fact_names():
     """vllm-cluster-node write_node_env checks for the file components/image.py names."""
-    assert f"local plugin_file={image.OFI_NCCL_PLUGIN} " in NODE_SCRIPT
+    assert "local plugin_file=$OFI_NCCL_PLUGIN_FILE " in NODE_SCRIPT
+    assert parse_env(bootstrap.cluster_env(boot(1)))["OFI_NCCL_PLUGIN_FILE"] == image.OFI_NCCL_PLUGIN
+    assert image.OFI_NCCL_PLUGIN not in NODE_SCRIPT
 
 
 def test_the_images_driver_runs_the_gpu_locks_cuda_runtime():
