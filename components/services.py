@@ -366,9 +366,8 @@ class ClusterServices(pulumi.ComponentResource):
         return commands
 
     def _pool(self, args: ServicesArgs, after: list[command.remote.Command]) -> command.remote.Command:
-        """nginx's site and the gangs' pool. configure keeps a replaced gang at its old
-        head while that serves and the new one does not (vllm-cluster-gateway), so it
-        may run before the new heads serve; with one gang it runs after its vLLM."""
+        """nginx's site and the gangs' pool: with replicas before the gangs, with one
+        gang after its vLLM."""
         # The dashboard is gang 0's; the API balances over every gang's head.
         site = pulumi.Output.from_input(args.gangs[0].node_ips[0]).apply(
             lambda head_ip: bootstrap.nginx_site(
@@ -381,10 +380,14 @@ class ClusterServices(pulumi.ComponentResource):
         pool = pulumi.Output.all(*[gang.node_ips[0] for gang in args.gangs]).apply(
             lambda heads: bootstrap.gateway_gangs({gang.name: ip for gang, ip in zip(args.gangs, heads, strict=True)})
         )
+        # With replicas this runs as soon as replaced heads have addresses: a replaced
+        # gang keeps its old head (while that serves and the new one does not) until its
+        # return switches it. With one gang this runs after its vLLM: the new head is it.
+        keep = " --keep-old-heads" if args.rolling else ""
         return self._run(
             "gateway-proxy",
             self._on_gateway(),
-            pulumi.Output.concat(f"sudo {GATEWAY_COMMAND} configure --gangs ", pool),
+            pulumi.Output.concat(f"sudo {GATEWAY_COMMAND} configure{keep} --gangs ", pool),
             stdin=site,
             after=after,
             triggers=self._gateway_triggers,

@@ -195,9 +195,11 @@ class Gateway:
             site = site.replace(f"    listen [::]:{port} ssl;\n", "")
         return site
 
-    def configure(self, *gangs: Gang, site: str | None = None) -> subprocess.CompletedProcess:
+    def configure(self, *gangs: Gang, site: str | None = None, keep: bool = False) -> subprocess.CompletedProcess:
+        """configure as the stack runs it: with replicas --keep-old-heads (`keep`)."""
         value = ",".join(f"{gang.name}={gang.address}" for gang in gangs)
-        return self.run("configure", "--gangs", value, stdin=self.site() if site is None else site)
+        flags = ["--keep-old-heads"] if keep else []
+        return self.run("configure", "--gangs", value, *flags, stdin=self.site() if site is None else site)
 
     def drain(self, gang: Gang, timeout: int = 10, wait: int = 5) -> subprocess.CompletedProcess:
         return self.run("drain", "--gang", gang.name, "--timeout", str(timeout), "--wait", str(wait))
@@ -713,7 +715,7 @@ def test_a_replaced_gang_keeps_serving_at_its_old_head_until_its_return_at_the_n
     gang0, gang1 = gangs
     assert_ran(gateway.configure(gang0, gang1))
     new1 = Gang("gang1", "127.0.0.4")  # not started: the new head does not serve yet
-    configured = gateway.configure(gang0, new1)
+    configured = gateway.configure(gang0, new1, keep=True)
     assert_ran(configured)
     assert "gang1 keeps serving at" in configured.stderr, configured.stderr
     assert gateway.pool() == {
@@ -746,7 +748,7 @@ def test_a_replaced_gang_keeps_serving_at_its_old_head_until_its_return_at_the_n
             gateway.complete()
         assert gang1.completions == before and new1.completions > 0
         # The stack's next configure names the new head: nothing moves.
-        again = gateway.configure(gang0, new1)
+        again = gateway.configure(gang0, new1, keep=True)
         assert_ran(again)
         assert "unchanged" in again.stderr
     finally:
@@ -754,19 +756,20 @@ def test_a_replaced_gang_keeps_serving_at_its_old_head_until_its_return_at_the_n
 
 
 def test_one_gang_moves_to_its_new_head_only_once_that_serves(gateway, gangs):
-    """One replica: the stack configures the pool after the gang's vLLM (start-vllm's
-    completion on the new head), so configure itself switches; run before it (by hand,
-    say), it keeps the old head that still serves."""
+    """With --keep-old-heads a replaced gang keeps its old head until the new one serves.
+    (One replica: the stack configures after start-vllm's completion on the new head,
+    without it: that head is the one even if its vLLM went down since, for the old host
+    is about to be deleted.)"""
     gang0, _ = gangs
     assert_ran(gateway.configure(gang0))
     new0 = Gang("gang0", "127.0.0.4")
-    early = gateway.configure(new0)
+    early = gateway.configure(new0, keep=True)
     assert_ran(early)
     assert gateway.pool() == {"gang0": [gang0.address, "in-pool", "serving"]}
     assert gateway.complete() == (200, "gang0")
     new0.start()
     try:
-        moved = gateway.configure(new0)
+        moved = gateway.configure(new0, keep=True)
         assert_ran(moved)
         assert gateway.pool() == {"gang0": [new0.address, "in-pool", "serving"]}
         before = gang0.completions
@@ -782,7 +785,7 @@ def test_a_replaced_gang_whose_old_head_is_gone_moves_at_once_and_enters_drained
     assert_ran(gateway.configure(gang0, gang1))
     gang1.stop()
     new1 = Gang("gang1", "127.0.0.4")
-    assert_ran(gateway.configure(gang0, new1))
+    assert_ran(gateway.configure(gang0, new1, keep=True))
     assert gateway.pool() == {
         "gang0": [gang0.address, "in-pool", "serving"],
         "gang1": [new1.address, "drained", "not-serving"],
@@ -810,3 +813,15 @@ def test_a_lease_left_by_a_later_gang_is_released_when_an_earlier_gang_drains(ga
     # An earlier gang's lease still holds a later gang back.
     waiting = gateway.drain(gang1, wait=2)
     assert waiting.returncode == 1 and "gang0 holds the roll lease" in waiting.stderr
+
+
+def test_one_gang_configured_after_its_vllm_takes_the_new_head_even_if_it_stopped_serving(gateway, gangs):
+    """The stack of one replica configures after start-vllm passed on the new head, and
+    Pulumi deletes the old head right after: keeping the old one because the new vLLM
+    went down in between would leave the pool on a deleted host, and no later `pulumi
+    up` would run configure again."""
+    gang0, _ = gangs
+    assert_ran(gateway.configure(gang0))
+    new0 = Gang("gang0", "127.0.0.4")  # not serving
+    assert_ran(gateway.configure(new0))
+    assert gateway.pool() == {"gang0": [new0.address, "in-pool", "not-serving"]}

@@ -147,7 +147,8 @@ def test_the_gangs_output_lists_every_gang_head_first(two_gangs):
 def test_the_gateway_pools_every_gang_head(two_gangs):
     proxy = command(two_gangs, "gateway-proxy")
     heads = [g["nodes"][0]["ip"] for g in two_gangs.outputs["gangs"]]
-    assert proxy.inputs["create"].endswith(f"configure --gangs gang0={heads[0]}:8000,gang1={heads[1]}:8000")
+    pool = f"gang0={heads[0]}:8000,gang1={heads[1]}:8000"
+    assert proxy.inputs["create"].endswith(f"configure --keep-old-heads --gangs {pool}")
 
 
 def test_each_gang_is_its_own_ray_cluster_with_its_own_vllm(two_gangs):

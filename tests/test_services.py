@@ -466,7 +466,7 @@ def test_one_gangs_pool_moves_to_a_new_head_only_after_its_vllm_served_a_complet
     changed, run = replaced({}, {"vllm-head": "10.0.200.1", "vllm-worker-1": "10.0.200.2"})
     assert "vllm-gateway-proxy" in changed and "vllm-readiness" in changed
     proxy = commands(run)["vllm-gateway-proxy"]
-    assert f"--gangs gang0=10.0.200.1:{ports.VLLM_API}" in plain(proxy.inputs["create"])
+    assert plain(proxy.inputs["create"]).endswith(f"configure --gangs gang0=10.0.200.1:{ports.VLLM_API}")
     assert {"vllm-vllm", "vllm-preflight", "vllm-cluster-ready"} <= depends_on(run, "vllm-gateway-proxy")
     assert "vllm-gateway-proxy" in depends_on(run, "vllm-readiness")
     # What the nodes' bootstrap waits for on the gateway does not wait for the pool.
@@ -481,6 +481,7 @@ def test_with_replicas_a_replaced_gang_switches_at_its_return_after_its_own_comp
     changed, run = replaced({"replicas": 2}, {"vllm-gang1-head": head, "vllm-gang1-worker-1": "10.0.200.2"})
     address = f"{head}:{ports.VLLM_API}"
     named = commands(run)
+    assert "configure --keep-old-heads --gangs " in plain(named["vllm-gateway-proxy"].inputs["create"])
     assert f"--gang gang1 --address {address} " in plain(named["vllm-gang1-drain"].inputs["create"])
     assert plain(named["vllm-gang1-return"].inputs["create"]).endswith(f"return --gang gang1 --address {address}")
     assert {"vllm-gang1-drain", "vllm-gang1-return", "vllm-gang1-vllm", "vllm-gang1-readiness"} <= changed
