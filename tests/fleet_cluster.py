@@ -340,6 +340,46 @@ def replace_nodes(cluster: ClusterUnderTest, instances: dict[str, Host], **overr
     return Replacement(updated, changed, outcomes, hosts, booted_at, replayed_at, time.monotonic())
 
 
+@dataclass
+class Load:
+    """A bounded, steady stream of completions through the gateway, as clients send them."""
+
+    cluster: object
+    clients: int = 2
+    sent: int = 0
+    failed: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _client(self) -> None:
+        while not self._stop.is_set():
+            try:
+                code, body = self.cluster.request(
+                    "/v1/completions",
+                    {"model": self.cluster.served_model, "prompt": "Hello", "max_tokens": 4},
+                    timeout=120,
+                )
+                error = None if code == 200 else f"HTTP {code}: {str(body)[:200]}"
+            except OSError as failure:
+                error = f"{type(failure).__name__}: {failure}"
+            with self._lock:
+                self.sent += 1
+                if error:
+                    self.failed.append(error)
+            time.sleep(0.1)
+
+    def __enter__(self) -> "Load":
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+
 def efa_devices(config: dict[str, Any]) -> int:
     """What the fi_info double reports: the interfaces the program gives the type."""
     return efa_interface_count(CATALOG[config["instanceType"]], config["efa"] == "true")

@@ -23,12 +23,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from fleet import in_ci, node_ip, why_no_fleet
-from fleet_cluster import MODEL, fleet_config, fleet_program, start_cluster, stop_cluster, tiny_model
+from fleet import in_ci, node_ip, process_state, why_no_fleet
+from fleet_cluster import (
+    MODEL,
+    Load,
+    fleet_config,
+    fleet_program,
+    replace_nodes,
+    start_cluster,
+    stop_cluster,
+    tiny_model,
+)
 from pulumi_mocks import run_program
 from replay import COMMAND, replay
 
-from components import node_env, versions
+from components import node_env, ports, versions
+from components.bootstrap import GATEWAY_COMMAND
 from components.catalog import CATALOG
 from components.topology import node_name
 from components.versions import RAY_VERSION
@@ -786,6 +796,46 @@ def test_a_bad_config_never_reaches_the_hosts():
     )
     assert run.error is not None and "adminCidrs" in str(run.error)
     assert run.of_type(COMMAND) == [] and run.resources == []
+
+
+@pytest.mark.skipif(
+    not os.environ.get("VLLM_CLUSTER_FLEET_REPLACE_ONE_GANG"),
+    reason="CI's 50 minutes: replacing the only gang boots NODES more hosts, each installing the "
+    "environment and starting its stage of a real engine (tests/test_fleet_replicas.py replaces a "
+    "gang in every run); run it with VLLM_CLUSTER_FLEET_REPLACE_ONE_GANG=1",
+)
+def test_replacing_the_only_gang_fails_no_request(cluster):
+    """One replica, every node replaced as `pulumi up` does it (new hosts at new IPs
+    first, the old ones deleted last) while clients send completions: the pool is
+    configured only after the new gang's vLLM served a completion, so the old gang
+    serves until then and no request fails."""
+    overrides = {key: value for key, value in cluster.config.items() if fleet_config(NODES).get(key) != value}
+    old = {f"vllm-{node_name(index)}": cluster.fleet.nodes[index] for index in range(NODES)}
+    started = time.monotonic()
+    with Load(cluster, clients=2) as load:
+        time.sleep(5)
+        replaced = replace_nodes(cluster, old, **overrides)
+        # make local-down removes what make local recorded: the new hosts too.
+        local_target.state_file(cluster.state_dir).write_text(
+            json.dumps({"fleet": cluster.fleet.state(), "hub": process_state(cluster.hub.process)})
+        )
+        time.sleep(5)
+    print(
+        f"replacing the only gang ({NODES} nodes): {load.sent} requests sent through the gateway, "
+        f"{len(load.failed)} failed; new hosts started to switched and checked "
+        f"{replaced.replayed_at - replaced.booted_at:.0f} s, the whole replacement {time.monotonic() - started:.0f} s"
+    )
+    assert load.failed == [], f"{len(load.failed)} of {load.sent} failed: {load.failed[:5]}"
+    assert load.sent >= 30, load.sent
+    outcomes = replaced.outcomes
+    assert outcomes["vllm-vllm"].finished <= outcomes["vllm-gateway-proxy"].started
+    assert outcomes["vllm-gateway-proxy"].finished <= outcomes["vllm-readiness"].started
+    new_head = replaced.hosts["vllm-head"]
+    assert cluster.fleet.ssh(cluster.fleet.gateway, f"sudo {GATEWAY_COMMAND} pool").stdout.split()[:3] == [
+        "gang0",
+        f"{new_head.ip}:{ports.VLLM_API}",
+        "in-pool",
+    ]
 
 
 def test_make_local_down_removes_everything_it_made(cluster):

@@ -11,13 +11,11 @@ Skipped, with the reason, where the machine cannot host the fleet; under CI
 from __future__ import annotations
 
 import json
-import threading
 import time
-from dataclasses import dataclass, field
 
 import pytest
 from fleet import in_ci, why_no_fleet
-from fleet_cluster import fleet_program, replace_nodes, serving_cluster
+from fleet_cluster import Load, fleet_program, replace_nodes, serving_cluster
 from replay import COMMAND, replay
 
 from components import ports
@@ -65,46 +63,6 @@ def served_requests(cluster, gang: int) -> float:
 def status(cluster) -> tuple[int, dict]:
     result = cluster.operator("status", "--json")
     return result.returncode, json.loads(result.stdout)
-
-
-@dataclass
-class Load:
-    """A bounded, steady stream of completions through the gateway, as clients send them."""
-
-    cluster: object
-    clients: int = 2
-    sent: int = 0
-    failed: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def _client(self) -> None:
-        while not self._stop.is_set():
-            try:
-                code, body = self.cluster.request(
-                    "/v1/completions",
-                    {"model": self.cluster.served_model, "prompt": "Hello", "max_tokens": 4},
-                    timeout=120,
-                )
-                error = None if code == 200 else f"HTTP {code}: {str(body)[:200]}"
-            except OSError as failure:
-                error = f"{type(failure).__name__}: {failure}"
-            with self._lock:
-                self.sent += 1
-                if error:
-                    self.failed.append(error)
-            time.sleep(0.1)
-
-    def __enter__(self) -> "Load":
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=150)
 
 
 def test_the_gateway_balances_over_both_gangs(gangs):
