@@ -544,3 +544,20 @@ def test_a_reader_whose_writer_never_fills_the_wheelhouse_fails_naming_it_and_th
     assert "2 locked packages" in result.stderr and "head" in result.stderr
     assert "setup-head" in result.stderr  # the fix: the writer's own setup command, named
     assert list(house.iterdir()) == []
+
+
+def test_recording_a_locks_use_never_takes_another_hosts_file_in_progress(tmp_path):
+    """Every host has its own PID namespace, so two nodes often run node-env with the same
+    PID: a temporary name made of the PID alone let one node move the other's half-written
+    record into place, and the other's move then failed."""
+    script = load_node_env()
+    house = tmp_path / "wheelhouse"
+    lock = tmp_path / "node-env.lock"
+    lock.write_text("alpha==1.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    record = script.lock_record(house, lock)
+    record.parent.mkdir(parents=True)
+    other_hosts = record.with_name(f".{record.name}.{os.getpid()}.partial")
+    other_hosts.write_bytes(b"half of another node's record")
+    script.record_use(house, lock)
+    assert record.read_bytes() == lock.read_bytes()
+    assert other_hosts.read_bytes() == b"half of another node's record"
