@@ -146,35 +146,17 @@ class ModelStorage(pulumi.ComponentResource):
             security_groups=[args.efs_group_id],
             opts=renamed_from(f"{name}-mount", parent=self),
         )
-        access_point = aws.efs.AccessPoint(
+        access_point = self._access_point(
             f"{name}-model-cache-access-point",
-            file_system_id=file_system_id,
-            posix_user={"uid": MODEL_CACHE_UID, "gid": MODEL_CACHE_GID},
-            root_directory={
-                "path": MODEL_CACHE_DIRECTORY,
-                "creation_info": {
-                    "owner_uid": MODEL_CACHE_UID,
-                    "owner_gid": MODEL_CACHE_GID,
-                    "permissions": "0755",
-                },
-            },
-            tags=tags(f"{name}-model-cache-access-point"),
-            opts=renamed_from(f"{name}-models", parent=self),
+            file_system_id,
+            MODEL_CACHE_DIRECTORY,
+            renamed_from(f"{name}-models", parent=self),
         )
-        wheelhouse_access_point = aws.efs.AccessPoint(
+        wheelhouse_access_point = self._access_point(
             f"{name}-wheelhouse-access-point",
-            file_system_id=file_system_id,
-            posix_user={"uid": MODEL_CACHE_UID, "gid": MODEL_CACHE_GID},
-            root_directory={
-                "path": WHEELHOUSE_DIRECTORY,
-                "creation_info": {
-                    "owner_uid": MODEL_CACHE_UID,
-                    "owner_gid": MODEL_CACHE_GID,
-                    "permissions": "0755",
-                },
-            },
-            tags=tags(f"{name}-wheelhouse-access-point"),
-            opts=pulumi.ResourceOptions(parent=self),
+            file_system_id,
+            WHEELHOUSE_DIRECTORY,
+            pulumi.ResourceOptions(parent=self),
         )
         policy = aws.efs.FileSystemPolicy(
             f"{name}-model-cache-tls-only",
@@ -205,4 +187,26 @@ class ModelStorage(pulumi.ComponentResource):
                 "wheelhouseAccessPointArn": self.wheelhouse_access_point_arn,
                 "mountTargetId": self.mount_target_id,
             }
+        )
+
+    @staticmethod
+    def _access_point(
+        name: str, file_system_id: pulumi.Input[str], directory: str, opts: pulumi.ResourceOptions
+    ) -> aws.efs.AccessPoint:
+        """A tree of the file system that its clients see as their root, owned by the
+        image's default user, whom every client acts as."""
+        return aws.efs.AccessPoint(
+            name,
+            file_system_id=file_system_id,
+            posix_user={"uid": MODEL_CACHE_UID, "gid": MODEL_CACHE_GID},
+            root_directory={
+                "path": directory,
+                "creation_info": {
+                    "owner_uid": MODEL_CACHE_UID,
+                    "owner_gid": MODEL_CACHE_GID,
+                    "permissions": "0755",
+                },
+            },
+            tags=tags(name),
+            opts=opts,
         )
