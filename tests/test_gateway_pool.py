@@ -261,7 +261,14 @@ def gateway(tmp_path):
     ):
         (root / folder).mkdir(parents=True)
     # Every host path the script and its library use, moved under the scratch root.
-    moved = ("/etc/nginx", "/etc/vllm-cluster", "/opt/vllm-cluster", "/var/lib/vllm-cluster", "/run/vllm-cluster")
+    moved = (
+        "/etc/nginx",
+        "/etc/ssh",
+        "/etc/vllm-cluster",
+        "/opt/vllm-cluster",
+        "/var/lib/vllm-cluster",
+        "/run/vllm-cluster",
+    )
     script, library = GATEWAY_SCRIPT.read_text(), LIBRARY.read_text()
     for path in moved:
         script, library = script.replace(path, f"{root}{path}"), library.replace(path, f"{root}{path}")

@@ -2,15 +2,15 @@
 point 5): pulumi-command's SSH client sends no keepalives (provider/pkg/provider/remote/
 connection.go builds an ssh.ClientConfig without them) and sshd's ClientAliveInterval is
 0, so a NAT or firewall with an idle timeout drops a session that prints nothing. The
-library's with_progress (scripts/lib/vllm-cluster-lib.sh) and the node's
-ensure_sshd_keepalive (scripts/node/vllm-cluster-node), run by bash as the scripts run them."""
+library's with_progress and ensure_sshd_keepalive (scripts/lib/vllm-cluster-lib.sh), run
+by bash as the scripts run them."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from tests.test_host_library import NODE_SCRIPT, run_with_library, shell_functions
+from tests.test_host_library import GATEWAY_SCRIPT, NODE_SCRIPT, run_with_library, shell_functions
 
 
 def test_a_long_step_reports_progress_every_interval_and_keeps_its_status(tmp_path):
@@ -49,13 +49,6 @@ def test_the_reporter_does_not_hold_the_setup_or_wheelhouse_lock(tmp_path):
     assert result.returncode == 0 and "free" in result.stdout, result.stderr
 
 
-def node_function(name: str) -> str:
-    """One function of the node script, as its text."""
-    text = NODE_SCRIPT.read_text()
-    block = text[text.index(f"{name}() {{") :]
-    return block[: block.index("\n}\n") + 3]
-
-
 def keepalive_host(tmp_path: Path, active: bool = True) -> tuple[Path, dict[str, str]]:
     """Stand-ins for sshd (validates; -T shows the drop-in's values) and systemctl
     (ssh.service active or not), both logging their arguments."""
@@ -75,7 +68,7 @@ def keepalive_host(tmp_path: Path, active: bool = True) -> tuple[Path, dict[str,
 
 def test_sshd_sends_keepalives_and_is_reloaded_only_when_its_drop_in_changed(tmp_path):
     calls, env = keepalive_host(tmp_path)
-    first = run_with_library(node_function("ensure_sshd_keepalive") + "ensure_sshd_keepalive", env=env)
+    first = run_with_library("ensure_sshd_keepalive", env=env)
     assert first.returncode == 0, first.stderr
     (drop_in,) = (tmp_path / "sshd_config.d").glob("*.conf")
     text = drop_in.read_text()
@@ -86,7 +79,7 @@ def test_sshd_sends_keepalives_and_is_reloaded_only_when_its_drop_in_changed(tmp
     assert log.index("sshd -t") < log.index("systemctl reload ssh.service"), log
     assert not any("restart" in line for line in log), log
     calls.unlink()
-    again = run_with_library(node_function("ensure_sshd_keepalive") + "ensure_sshd_keepalive", env=env)
+    again = run_with_library("ensure_sshd_keepalive", env=env)
     assert again.returncode == 0, again.stderr
     assert not calls.exists() or "reload" not in calls.read_text(), "reloaded although nothing changed"
 
@@ -95,7 +88,7 @@ def test_a_stopped_sshd_is_not_started_for_keepalives(tmp_path):
     """Ubuntu 24.04 starts sshd from ssh.socket at the first connection: then it reads
     the drop-in itself, and nothing is to reload."""
     calls, env = keepalive_host(tmp_path, active=False)
-    result = run_with_library(node_function("ensure_sshd_keepalive") + "ensure_sshd_keepalive", env=env)
+    result = run_with_library("ensure_sshd_keepalive", env=env)
     assert result.returncode == 0, result.stderr
     assert not any(word in calls.read_text() for word in ("reload", "restart", "start ssh"))
 
@@ -104,3 +97,11 @@ def test_the_node_setup_makes_sshd_send_keepalives_before_its_long_steps():
     setup = shell_functions(NODE_SCRIPT)["cmd_setup"].splitlines()
     assert "ensure_sshd_keepalive" in setup
     assert setup.index("ensure_sshd_keepalive") < setup.index("install_software")
+
+
+def test_the_gateway_setup_makes_sshd_send_keepalives_too():
+    """The gateway's commands wait too (a node's login, a drain's requests in flight):
+    its sshd sends keepalives from its setup on, with the library's one function."""
+    setup = shell_functions(GATEWAY_SCRIPT)["cmd_setup"].splitlines()
+    assert "ensure_sshd_keepalive" in setup
+    assert "ensure_sshd_keepalive() {" not in NODE_SCRIPT.read_text(), "one function, in the library"

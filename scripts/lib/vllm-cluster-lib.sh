@@ -142,3 +142,32 @@ with_progress() {
   exec {reporter}>&-
   return "$status"
 }
+
+# --- sshd -------------------------------------------------------------------------
+# sshd sends a keepalive on every session idle for 15 s, so that no NAT or firewall
+# between the operator and the host drops a remote command that prints nothing for a
+# while: pulumi-command's SSH client sends none (its ssh.ClientConfig has no keepalive,
+# provider/pkg/provider/remote/connection.go) and sshd's ClientAliveInterval is 0 (off).
+# 15 s is far inside an AWS NAT gateway's idle timeout, 350 s ("Internet connection
+# drops after 350 seconds", https://docs.aws.amazon.com/vpc/latest/userguide/
+# nat-gateway-troubleshooting.html#nat-gateway-troubleshooting-timeout), AWS Network
+# Firewall's default 350 s, and the 30-60 s some stateful firewalls and home routers keep
+# an idle TCP flow. 8 unanswered keepalives (2 minutes) end a session whose client is
+# gone, while a client that merely stalls a minute keeps its command. Ubuntu 24.04's
+# and Debian 12's sshd_config include sshd_config.d/*.conf first, and sshd keeps the
+# first value it reads (sshd_config(5)): a drop-in named early wins over the main file.
+# sshd is reloaded only when the drop-in changed: a reload re-reads the configuration
+# for new sessions and cuts none (this one included); a stopped sshd (Ubuntu 24.04
+# starts it from ssh.socket) reads it when it starts.
+ensure_sshd_keepalive() {
+  local dir=${SSHD_CONFIG_DIR:-/etc/ssh/sshd_config.d} changed
+  mkdir -p "$dir"
+  changed=$(printf '%s\n' "# Written by vllm-cluster (vllm-cluster-lib.sh ensure_sshd_keepalive)." \
+    "ClientAliveInterval 15" "ClientAliveCountMax 8" | install_if_changed "$dir/05-vllm-cluster-keepalive.conf" 644)
+  [ "$changed" = changed ] || return 0
+  sshd -t || die "sshd refuses its configuration with $dir/05-vllm-cluster-keepalive.conf (above)"
+  if systemctl is-active --quiet ssh.service; then
+    systemctl reload ssh.service
+  fi
+  log "sshd sends keepalives every 15 s ($dir/05-vllm-cluster-keepalive.conf)"
+}
