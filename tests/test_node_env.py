@@ -561,3 +561,26 @@ def test_recording_a_locks_use_never_takes_another_hosts_file_in_progress(tmp_pa
     script.record_use(house, lock)
     assert record.read_bytes() == lock.read_bytes()
     assert other_hosts.read_bytes() == b"half of another node's record"
+
+
+def test_the_writer_publishes_the_checked_wheels_it_holds_that_the_wheelhouse_lacks(tmp_path, two_packages):
+    """A writer whose own stage has every locked wheel (installed before the wheelhouse had
+    an access point of its own, or from a wheelhouse since emptied) fills an empty one
+    without downloading anything: the readers would otherwise wait for it for an hour."""
+    alpha, beta, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    local.mkdir(parents=True)
+    for path in (alpha, beta):
+        (local / path.name).write_bytes(path.read_bytes())
+    node_env("fill", "--lock", lock, "--wheelhouse", house, "--stage", local)
+    assert sorted(p.name for p in house.glob("*.whl")) == sorted([alpha.name, beta.name])
+    assert (house / alpha.name).read_bytes() == alpha.read_bytes()
+
+
+def test_a_fill_that_must_download_without_pip_says_so_with_its_own_status(tmp_path, two_packages):
+    """setup runs fill without pip first (making pip's virtualenv costs a package install
+    on an image without ensurepip) and again with it only when something must be fetched."""
+    _, _, lock = two_packages
+    house, local = tmp_path / "cache" / "wheelhouse", tmp_path / "local" / "wheels"
+    result = node_env("fill", "--lock", lock, "--wheelhouse", house, "--stage", local, check=False)
+    assert result.returncode == 75 and "2 locked packages" in result.stderr and "pip" in result.stderr
