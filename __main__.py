@@ -59,6 +59,10 @@ except SpecError as error:
     raise pulumi.RunError(str(error)) from None
 
 
+# Every resource's name starts with it (components/tagging.py).
+name = "vllm"
+
+
 def check_existing_vpc() -> None:
     """An existing VPC must resolve the EFS DNS name. It takes a lookup, so it runs here,
     before any resource is declared, and fails the way a bad config does."""
@@ -104,11 +108,26 @@ def check_model_cache() -> ExistingFileSystem | None:
     interfaces = aws.ec2.get_network_interfaces(
         filters=[{"name": "description", "values": [f"EFS mount target for {file_system_id} (*"]}]
     )
+    # The stack's own mount target (from its first `pulumi up`) carries its efs group, which
+    # the stack's tags find (components/tagging.py; EC2 filters by tag:KEY,
+    # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeSecurityGroups.html).
+    own_groups = set(
+        aws.ec2.get_security_groups(
+            filters=[
+                {"name": "tag:vllm-cluster:project", "values": [pulumi.get_project()]},
+                {"name": "tag:vllm-cluster:stack", "values": [pulumi.get_stack()]},
+                {"name": "tag:Name", "values": [f"{name}-efs-sg"]},
+            ]
+        ).ids
+    )
     mount_targets = []
     for interface_id in sorted(interfaces.ids):
         interface = aws.ec2.get_network_interface(id=interface_id)
         mount_target_id = interface.description.rsplit("(", 1)[-1].rstrip(")")
-        mount_targets.append(ExistingMountTarget(mount_target_id, interface.vpc_id, interface.availability_zone))
+        own = bool(own_groups & set(interface.security_groups))
+        mount_targets.append(
+            ExistingMountTarget(mount_target_id, interface.vpc_id, interface.availability_zone, own=own)
+        )
     vpc_id, zone = stack_vpc_and_zone()
     problems = model_cache_problems(
         file_system_id, file_system.availability_zone_name or None, mount_targets, vpc_id, zone
@@ -123,7 +142,6 @@ existing_model_cache = check_model_cache()
 for warning in spec.warnings:
     pulumi.log.warn(warning)
 
-name = "vllm"
 credentials = Credentials(name, CredentialsArgs(api_key=spec.api_key, replicas=spec.replicas))
 network = Network(
     name,

@@ -142,7 +142,9 @@ class MockCloud(pulumi.runtime.Mocks):
         self.existing_vpc = dict(existing_vpc or {})
         # What the lookups of an existing model cache (modelCacheFileSystemId) answer: by default
         # a Regional file system with no mount target (a cache kept by a destroyed stack); a test
-        # sets "availabilityZoneName" (One Zone) or "mountTargets" ([{vpcId, availabilityZone}]).
+        # sets "availabilityZoneName" (One Zone), "mountTargets" ([{vpcId, availabilityZone,
+        # securityGroups}]) and "stackEfsGroups" (the ids the stack's own efs group has, found by
+        # its tags: the group of the stack's own mount target on a later `pulumi up`).
         self.model_cache = dict(model_cache or {})
         # Real key material by resource name, kept across runs that share the dict (a
         # second `pulumi up` keeps the stack's keys).
@@ -295,7 +297,12 @@ class MockCloud(pulumi.runtime.Mocks):
                 "vpcId": target["vpcId"],
                 "availabilityZone": target["availabilityZone"],
                 "subnetId": target.get("subnetId", "subnet-mounttarget"),
+                "securityGroups": target.get("securityGroups", []),
             }
+        if args.token == "aws:ec2/getSecurityGroups:getSecurityGroups":
+            # The stack's own efs group, found by its tags once a first `pulumi up` made it.
+            groups = self.model_cache.get("stackEfsGroups", [])
+            return {"id": "us-east-1", "ids": list(groups), "arns": [], "vpcIds": []}
         raise NotImplementedError(f"the mock cloud does not answer {args.token}")
 
     def _mount_targets(self) -> list[dict]:

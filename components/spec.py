@@ -1428,6 +1428,9 @@ class ExistingMountTarget:
     mount_target_id: str
     vpc_id: str
     availability_zone: str
+    # The stack's own (its interface carries the stack's efs group): made by an earlier
+    # `pulumi up` of this stack, which this one updates.
+    own: bool = False
 
 
 def model_cache_problems(
@@ -1442,6 +1445,7 @@ def model_cache_problems(
     a VPC the stack creates, in which no mount target can be yet."""
     problems = []
     shown = _show("modelCacheFileSystemId", file_system_id)
+    mount_targets = [target for target in mount_targets if not target.own]
     if one_zone is not None and one_zone != stack_zone:
         problems.append(
             Problem(

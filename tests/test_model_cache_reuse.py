@@ -104,3 +104,45 @@ def test_a_mount_target_in_another_zone_of_the_same_vpc_is_accepted():
 def test_a_one_zone_file_system_in_another_zone_is_refused_naming_its_zone():
     error = refused("dev", {"availabilityZone": "us-east-1a"}, {"availabilityZoneName": "us-east-1c"})
     assert "One Zone" in error and "availabilityZone us-east-1c" in error
+
+
+# The stack's own mount target, on every `pulumi up` after the first: its network
+# interface carries the stack's efs group, which the lookup finds by the stack's tags.
+OWN_EFS_GROUP = "sg-0e1f5000000000001"
+
+
+@pytest.mark.parametrize(
+    "overrides, target",
+    [
+        ({}, {"vpcId": "vpc-0stack00000000001", "availabilityZone": "us-east-1a"}),
+        (EXISTING_NETWORK, {"vpcId": EXISTING_NETWORK["vpcId"], "availabilityZone": "us-east-1b"}),
+    ],
+)
+def test_the_stacks_own_mount_target_does_not_refuse_its_next_pulumi_up(overrides, target):
+    """A reused cache has the mount target this stack made on its first `pulumi up`; the
+    next one must not take it for another's (in another VPC, or in the nodes' zone)."""
+    run = run_stack(
+        "dev",
+        {"modelCacheFileSystemId": FS, **overrides},
+        model_cache={
+            "stackEfsGroups": [OWN_EFS_GROUP],
+            "mountTargets": [{**target, "securityGroups": [OWN_EFS_GROUP]}],
+        },
+    )
+    assert run.error is None, run.error
+    lookups = [args for token, args in run.invokes if token == "aws:ec2/getSecurityGroups:getSecurityGroups"]
+    assert lookups and {"name": "tag:vllm-cluster:stack", "values": ["dev"]} in lookups[0]["filters"]
+
+
+def test_a_mount_target_of_another_stack_in_the_nodes_zone_is_still_refused():
+    error = refused(
+        "dev",
+        EXISTING_NETWORK,
+        {
+            "stackEfsGroups": [OWN_EFS_GROUP],
+            "mountTargets": [
+                {"vpcId": EXISTING_NETWORK["vpcId"], "availabilityZone": "us-east-1b", "securityGroups": ["sg-0other"]}
+            ],
+        },
+    )
+    assert "one mount target per zone" in error
