@@ -164,7 +164,14 @@ class ModelStorage(pulumi.ComponentResource):
             policy=pulumi.Output.all(file_system_arn, access_point.arn, wheelhouse_access_point.arn).apply(
                 lambda arns: file_system_policy(*arns)
             ),
-            opts=renamed_from(f"{name}-tls-only", parent=self),
+            # A file system that outlives the stack keeps its policy: without one EFS lets
+            # any client of a mount target in, TLS or not. This one names only the stack's
+            # access points, so it admits nobody until a stack reuses the cache.
+            opts=renamed_from(
+                f"{name}-tls-only",
+                parent=self,
+                retain_on_delete=args.retain_on_destroy or args.existing is not None,
+            ),
         )
 
         self.file_system_id = file_system_id

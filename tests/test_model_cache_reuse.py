@@ -146,3 +146,19 @@ def test_a_mount_target_of_another_stack_in_the_nodes_zone_is_still_refused():
         },
     )
     assert "one mount target per zone" in error
+
+
+@pytest.mark.parametrize("overrides", [{"modelCacheFileSystemId": FS}, {"retainModelCache": True}])
+def test_a_kept_cache_keeps_its_tls_only_policy_when_the_stack_goes(overrides):
+    """Without its policy a file system falls back to EFS's default, which lets any client
+    of a mount target in without TLS: a cache that outlives the stack keeps the policy
+    (it names only this stack's access points, so it admits nobody until reused)."""
+    run = run_stack("dev", overrides)
+    assert run.error is None, run.error
+    (policy,) = run.of_type(POLICY)
+    assert policy.retain_on_delete is True
+
+
+def test_a_cache_the_stack_deletes_takes_its_policy_with_it():
+    (policy,) = run_stack("dev", {"retainModelCache": False}).of_type(POLICY)
+    assert policy.retain_on_delete is False
