@@ -268,6 +268,7 @@ def gateway(tmp_path):
         "/opt/vllm-cluster",
         "/var/lib/vllm-cluster",
         "/run/vllm-cluster",
+        "/run/sshd",
     )
     script, library = GATEWAY_SCRIPT.read_text(), LIBRARY.read_text()
     for path in moved:

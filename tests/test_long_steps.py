@@ -55,7 +55,9 @@ def keepalive_host(tmp_path: Path, active: bool = True) -> tuple[Path, dict[str,
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     stand_ins = {
+        # The real sshd -t refuses to run without its privilege separation directory.
         "sshd": f'echo "sshd $*" >>{calls}\n'
+        f'[ -d {tmp_path}/run-sshd ] || {{ echo "Missing privilege separation directory: /run/sshd" >&2; exit 255; }}\n'
         f'[ "$1" = -T ] && sed -n "s/^ClientAlive\\(Interval\\|CountMax\\) /clientalive\\L\\1 /p" '
         f"{tmp_path}/sshd_config.d/*.conf\nexit 0\n",
         "systemctl": f'echo "systemctl $*" >>{calls}\ncase "$*" in *is-active*) exit {0 if active else 3} ;; esac\n',
@@ -63,7 +65,8 @@ def keepalive_host(tmp_path: Path, active: bool = True) -> tuple[Path, dict[str,
     for name, body in stand_ins.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}")
         (bin_dir / name).chmod(0o755)
-    return calls, {"PATH": f"{bin_dir}:/usr/bin:/bin", "SSHD_CONFIG_DIR": str(tmp_path / "sshd_config.d")}
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SSHD_CONFIG_DIR": str(tmp_path / "sshd_config.d")}
+    return calls, {**env, "SSHD_RUN_DIR": str(tmp_path / "run-sshd")}
 
 
 def test_sshd_sends_keepalives_and_is_reloaded_only_when_its_drop_in_changed(tmp_path):
@@ -73,6 +76,9 @@ def test_sshd_sends_keepalives_and_is_reloaded_only_when_its_drop_in_changed(tmp
     (drop_in,) = (tmp_path / "sshd_config.d").glob("*.conf")
     text = drop_in.read_text()
     assert "ClientAliveInterval 15\n" in text and "ClientAliveCountMax 8\n" in text
+    # sshd -t refuses to run without its privilege separation directory (Ubuntu 24.04 makes
+    # it only when ssh.socket first starts sshd): the function makes it first.
+    assert (tmp_path / "run-sshd").is_dir()
     log = calls.read_text().splitlines()
     # Checked before the reload (a bad file would keep sshd from starting again), then a
     # reload: sshd re-reads its configuration; running sessions are not cut.

@@ -165,6 +165,9 @@ ensure_sshd_keepalive() {
   changed=$(printf '%s\n' "# Written by vllm-cluster (vllm-cluster-lib.sh ensure_sshd_keepalive)." \
     "ClientAliveInterval 15" "ClientAliveCountMax 8" | install_if_changed "$dir/05-vllm-cluster-keepalive.conf" 644)
   [ "$changed" = changed ] || return 0
+  # sshd -t needs its privilege separation directory, which Ubuntu 24.04 makes only when
+  # ssh.socket first starts sshd (at first boot nobody may have connected yet).
+  mkdir -p "${SSHD_RUN_DIR:-/run/sshd}"
   sshd -t || die "sshd refuses its configuration with $dir/05-vllm-cluster-keepalive.conf (above)"
   if systemctl is-active --quiet ssh.service; then
     systemctl reload ssh.service
