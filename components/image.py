@@ -18,7 +18,7 @@ Sources:
   are called by full path. The installer raises the locked-memory limit in
   /etc/security/limits.d, which systemd services do not read.
   https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html
-- [ofi-nccl] aws/aws-ofi-nccl (configure.ac `--disable-nccl-net-library`, src/Makefile.am
+- [ofi-nccl] aws/aws-ofi-nccl (configure.ac `--disable-nccl-net-symlink`, src/Makefile.am
   `libnccl-net.la` and `libnccl-net-ofi.la`, read 2026-12-01); NCCL's net plugin loading
   (libnccl-net.so, or libnccl-net-${NCCL_NET_PLUGIN}.so when that is set).
   https://github.com/aws/aws-ofi-nccl
@@ -53,7 +53,7 @@ EFA_LIB_DIR = "/opt/amazon/efa/lib"
 OFI_NCCL_LIB_DIRS = ("/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu", "/opt/amazon/ofi-nccl/lib")
 # [ofi-nccl] The file NCCL loads from those directories: aws-ofi-nccl's build installs
 # libnccl-net.so, the same library as libnccl-net-ofi.so, unless configured with
-# --disable-nccl-net-library (aws/aws-ofi-nccl configure.ac, src/Makefile.am), and NCCL
+# --disable-nccl-net-symlink (aws/aws-ofi-nccl configure.ac, src/Makefile.am), and NCCL
 # loads libnccl-net.so when NCCL_NET_PLUGIN is unset (NCCL's net plugin documentation).
 # Without it NCCL only warns and uses TCP sockets: setup and preflight refuse a node with
 # EFA on that lacks it (vllm-cluster-node write_node_env, preflight-check).
