@@ -12,7 +12,7 @@ from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
 from components.gateway import Gateway, GatewayArgs
-from components.network import Network, NetworkArgs
+from components.network import Network, NetworkArgs, first_zone
 from components.security import SecurityArgs, SecurityGroups
 from components.services import SSH_USER, ClusterServices, ServicesArgs, ServingGang, vllm_settings
 from components.spec import (
@@ -82,7 +82,7 @@ check_existing_vpc()
 def stack_vpc_and_zone() -> tuple[str | None, str]:
     """The VPC (None: the one the stack creates) and zone the nodes run in, as plain values:
     the private subnet's, else availabilityZone, else the first zone that offers the type
-    (components/network.py picks it the same way)."""
+    (network.first_zone, as the Network component picks it)."""
     if spec.existing_network is not None:
         subnet = aws.ec2.get_subnet(id=spec.existing_network.private_subnet_id)
         return spec.existing_network.vpc_id, subnet.availability_zone
@@ -91,7 +91,7 @@ def stack_vpc_and_zone() -> tuple[str | None, str]:
     offerings = aws.ec2.get_instance_type_offerings(
         location_type="availability-zone", filters=[{"name": "instance-type", "values": [spec.instance_type]}]
     )
-    return None, sorted(offerings.locations)[0] if offerings.locations else ""
+    return None, first_zone(spec.instance_type, offerings.locations)
 
 
 def check_model_cache() -> ExistingFileSystem | None:

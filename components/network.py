@@ -27,22 +27,25 @@ class NetworkArgs:
     existing: ExistingNetwork | None
 
 
+def first_zone(instance_type: str, locations: list[str]) -> str:
+    """The zone the nodes run in when config names none: the first of those that offer
+    the type (getInstanceTypeOfferings' locations), sorted so the choice is stable from
+    one run to the next. The model cache's check before any resource (__main__.py)
+    picks it the same way."""
+    if not locations:
+        raise pulumi.RunError(
+            f"no Availability Zone of this region offers {instance_type}; "
+            "set vllm-cluster:availabilityZone or aws:region to one that does"
+        )
+    return sorted(locations)[0]
+
+
 def _first_zone_offering(instance_type: str) -> pulumi.Output[str]:
     offerings = aws.ec2.get_instance_type_offerings_output(
         location_type="availability-zone",
         filters=[{"name": "instance-type", "values": [instance_type]}],
     )
-
-    def first(locations: list[str]) -> str:
-        if not locations:
-            raise pulumi.RunError(
-                f"no Availability Zone of this region offers {instance_type}; "
-                "set vllm-cluster:availabilityZone or aws:region to one that does"
-            )
-        # Sorted so the choice is stable from one run to the next.
-        return sorted(locations)[0]
-
-    return offerings.locations.apply(first)
+    return offerings.locations.apply(lambda locations: first_zone(instance_type, locations))
 
 
 class Network(pulumi.ComponentResource):
