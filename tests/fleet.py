@@ -17,7 +17,8 @@ until systemd-user-sessions runs, held back by a slow boot; the user data run by
 cloud-init's final stage after multi-user.target; on the gateway, an apt run that
 holds the package lists lock at first boot, and nginx installed from a package
 mirror (a local one on the bridge, with Debian's own packages); on the nodes,
-nvidia-smi and fi_info where the image has them. The stand-ins are test doubles
+nvidia-smi and fi_info where the image has them, and the instance store's mount point
+(/opt/dlami/nvme, a directory of the host's own). The stand-ins are test doubles
 from tests/doubles, put where the real tools live.
 
 Needs root, systemd-nspawn, debootstrap, overlayfs and network namespaces.
@@ -532,6 +533,10 @@ class Fleet:
             conf = host.root / "etc" / "systemd" / "system.conf.d" / "fleet-limits.conf"
             conf.parent.mkdir(parents=True, exist_ok=True)
             conf.write_text("[Manager]\nDefaultLimitMEMLOCK=64K\n")
+            # The image formats the instance store and mounts it at boot (components/image.py,
+            # NVME_MOUNT): here a directory on the host's own disk (its overlay's upper layer,
+            # so no other host and not the model cache sees it), root's, 0755 as the mount is.
+            self._make_nvme_mount(host)
         if host.name in self.user_data:
             # Where cloud-init keeps the user data EC2 handed it at launch.
             script = host.root / "var" / "lib" / "cloud" / "instance" / "scripts" / "part-001"
@@ -546,6 +551,14 @@ class Fleet:
         for path in (ssh_dir, ssh_dir / "authorized_keys"):
             os.chown(path, *uid_gid)
         (ssh_dir / "authorized_keys").chmod(0o600)
+
+    @staticmethod
+    def _make_nvme_mount(host: Host) -> None:
+        nvme = host.root / image.NVME_MOUNT.lstrip("/")
+        nvme.mkdir(parents=True, exist_ok=True)
+        for path in (nvme.parent, nvme):  # /opt/dlami and the mount point (/opt is the base's)
+            os.chown(path, 0, 0)
+            path.chmod(0o755)
 
     @staticmethod
     def _install_double(host: Host, double: str, path: str) -> None:
