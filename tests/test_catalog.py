@@ -69,3 +69,44 @@ def test_g6e_48xlarge_has_four_efa_interfaces_one_per_network_card():
     row = CATALOG["g6e.48xlarge"]
     assert (row.max_efa_interfaces, row.network_cards) == (4, 4)
     assert "g6e.48xlarge" in row.unverified or "EFA" in row.unverified
+
+
+# InstanceStorageInfo of the types the archived EC2 User Guide lists ("Instance store volumes",
+# accelerated computing): disks and GB per disk, and the table of their random-read IOPS.
+ARCHIVED_GUIDE_STORES = {
+    "g5.xlarge": (1, 250, 40_625),
+    "g5.8xlarge": (1, 900, 250_000),
+    "g5.12xlarge": (1, 3800, 312_500),
+    "g5.48xlarge": (2, 3800, 625_000),
+    "p4d.24xlarge": (8, 1000, 2_000_000),
+    "p4de.24xlarge": (8, 1000, 2_000_000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHIVED_GUIDE_STORES))
+def test_the_instance_store_is_what_the_ec2_guide_lists(name):
+    disks, disk_gb, read_iops = ARCHIVED_GUIDE_STORES[name]
+    row = CATALOG[name]
+    assert (row.instance_store_disks, row.instance_store_disk_gb, row.instance_store_read_iops) == (
+        disks,
+        disk_gb,
+        read_iops,
+    )
+    assert row.instance_store_gb == disks * disk_gb  # TotalSizeInGB
+    assert "InstanceStorage.md" in row.instance_store_source
+
+
+@pytest.mark.parametrize("row", list(CATALOG.values()), ids=list(CATALOG))
+def test_every_instance_store_says_where_it_comes_from(row):
+    """TotalSizeInGB is the disks times one disk's size; a store that no AWS page read here
+    confirms says so in its source, and a row without a store has 0 of both."""
+    assert row.instance_store_gb == row.instance_store_disks * row.instance_store_disk_gb
+    assert (row.instance_store_gb == 0) == (row.instance_store_disks == 0)
+    if row.instance_store_gb:
+        assert re.search(r"https://\S+", row.instance_store_source) or row.instance_store_source.startswith(
+            "unverified"
+        ), row.name
+    if "second-hand" in row.instance_store_source:
+        assert "instance store" in row.unverified, row.name
+    # IOPS only where an AWS table gives them.
+    assert row.instance_store_read_iops == 0 or "ssd-perf" in row.instance_store_source, row.name
