@@ -111,7 +111,8 @@ def build_plan(
     # Every gang is a full copy: its nodes cost as much as the first gang's. The gangs
     # start in parallel on the first `pulumi up`, so the time to the first token is one gang's.
     the_cost = sizing.cost(instance, spec.total_nodes, spec.gateway_instance_type, the_fit.weights_gb)
-    terms = sizing.time_to_first_token(model, spec.nodes, model.params_b)
+    # Every gang's nodes read the cache at once on the first `pulumi up`.
+    terms = sizing.time_to_first_token(model, instance, spec.nodes, pp, readers=spec.total_nodes)
     topology = topology_summary(spec.nodes, spec.gpus_per_node, tp, pp)
     layers = sizing.stage_layers(model.layers, pp) if model.layers else None
     contract = aws_contract.check(run.resources, run.id_of)

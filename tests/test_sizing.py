@@ -1,10 +1,16 @@
 """The planner's arithmetic, with cases a user can check by hand."""
 
+import dataclasses
+
 import pytest
 
 from components import catalog, models, sizing
 
 LLAMA_70B = sizing.ModelSize.of(models.lookup("meta-llama/Llama-3.1-70B-Instruct"), "meta-llama/Llama-3.1-70B-Instruct")
+P4D = catalog.CATALOG["p4d.24xlarge"]
+# The same type without an instance store: what every node does without the local copy.
+NO_NVME_P4D = dataclasses.replace(P4D, instance_store_gb=0, instance_store_disks=0, instance_store_read_iops=0)
+MIB = 2**20
 
 
 def test_a_70b_bf16_model_needs_about_140_gb_of_weights():
@@ -31,15 +37,16 @@ def test_the_prod_figures_by_hand():
     # 2 x 40 layers x 1 head x 128 x 2 bytes = 20480 B a token -> 1,393,614 tokens.
     result = sizing.fit(LLAMA_70B, catalog.CATALOG["p4d.24xlarge"], 8, 2, 0.92, 16384)
     assert result.context_tokens == 1_393_614
-    # 180 boot + 60 efs-utils + 4.40 GB / 14.6 MB/s fetch + 4.40 x 93.8 / 1.01 s install + 90 + 45 + 236
-    assert round(sum(t.seconds for t in sizing.time_to_first_token(LLAMA_70B, 2, 70.6))) == 1321
+    # 180 boot + 60 efs-utils + 4.40 GB / 14.6 MB/s fetch + 4.40 x 93.8 / 1.01 s install
+    # + 70.6 GB download per node at 500 MiB/s (134.7 s) + 70.6 GB copy to NVMe at 500 MiB/s (134.7 s)
+    # + 70.6 GB from NVMe at 2,000,000 x 4 KiB/s (8.6 s) + 60 + 2.5 x 70.6 s engine start (236.5 s)
+    terms = sizing.time_to_first_token(LLAMA_70B, P4D, 2, 2)
+    assert round(sum(t.seconds for t in terms)) == 1464
 
 
 def test_quantized_weights_keep_a_16_bit_kv_cache_unless_fp8_is_asked_for():
     int4 = sizing.ModelSize.of(models.lookup("meta-llama/Llama-3.1-70B-Instruct"), "m", dtype="int4")
     assert int4.kv_bytes_per_token_per_rank(8, 2) == LLAMA_70B.kv_bytes_per_token_per_rank(8, 2)
-    import dataclasses
-
     assert dataclasses.replace(int4, kv_cache_dtype="fp8").kv_bytes_per_token_per_rank(8, 2) == 2 * 40 * 128
 
 
@@ -98,15 +105,21 @@ def test_cost_adds_gateway_nat_and_cache_to_the_gpus():
 
 
 def test_time_to_first_token_terms_show_their_figures():
-    terms = {t.name: t for t in sizing.time_to_first_token(LLAMA_70B, 2, LLAMA_70B.params_b)}
+    terms = {t.name: t for t in sizing.time_to_first_token(LLAMA_70B, P4D, 2, 2)}
     # The node software's terms come from `make bench-install` and say so.
     assert terms["software install"].seconds == pytest.approx(4.40 * 93.8 / 1.01)
     assert "make bench-install" in terms["software install"].assumes
     assert terms["wheel fetch"].seconds == pytest.approx(4400 / 14.6)
     assert "once per lock" in terms["wheel fetch"].assumes
-    assert terms["model download"].seconds == pytest.approx(141.2e9 / (1500 * 2**20), rel=1e-3)
-    assert terms["model load"].seconds == pytest.approx(terms["model download"].seconds / 2)
-    assert "1500 MiB/s" in terms["model download"].assumes
+    # Two nodes download disjoint halves at EFS's per-client 500 MiB/s (efs-utils 1.x).
+    assert terms["model download"].seconds == pytest.approx(141.2e9 / 2 / (500 * MIB), rel=1e-3)
+    assert "500 MiB/s" in terms["model download"].assumes and "efs-utils v1.36.0" in terms["model download"].assumes
+    assert sizing.EFS_PERFORMANCE_PAGE in terms["model download"].assumes
+    # Each node copies its half to the local NVMe at the same rate, then the engine reads it there.
+    assert terms["stage copy"].seconds == pytest.approx(70.6e9 / (500 * MIB), rel=1e-3)
+    assert "/opt/dlami/nvme" in terms["stage copy"].assumes
+    assert terms["model load"].seconds == pytest.approx(70.6e9 / (2_000_000 * 4096), rel=1e-3)
+    assert "local NVMe" in terms["model load"].assumes and "random-read IOPS" in terms["model load"].assumes
 
 
 def test_warnings_name_what_is_risky():
@@ -124,19 +137,31 @@ def test_an_unknown_model_needs_its_size():
 
 
 def test_the_engine_ready_timeout_is_three_times_load_and_start_with_vllms_floor():
-    # prod: each node reads 141.2 GB / 2 at 1500 MiB/s = 44.9 s; start 60 + 2.5 x 70.6 = 236.5 s;
-    # 3 x 281.4 s = 844.2 -> 845 s. A 1.5B model: 3 x (2 + 63.9) s is under vLLM's 600 s default.
-    assert sizing.engine_ready_timeout_seconds(LLAMA_70B, 2) == 845
+    # prod: each node's engine reads its 70.6 GB stage from local NVMe at 2,000,000 x 4 KiB/s = 8.6 s;
+    # start 60 + 2.5 x 70.6 = 236.5 s; 3 x 245.1 s = 735.4 -> 736 s. The copy to NVMe comes
+    # before vLLM starts. A 1.5B model: 3 x (3 + 63.9) s is under vLLM's 600 s default.
+    assert sizing.engine_ready_timeout_seconds(LLAMA_70B, P4D, 2, 2) == 736
+    assert sizing.engine_ready_timeout_for("meta-llama/Llama-3.1-70B-Instruct", P4D, 2) == 736
     small = sizing.ModelSize.of(models.lookup("Qwen/Qwen2.5-1.5B-Instruct"), "Qwen/Qwen2.5-1.5B-Instruct")
-    assert sizing.engine_ready_timeout_seconds(small, 1) == sizing.ENGINE_READY_TIMEOUT_FLOOR_SECONDS == 600
+    g6 = catalog.CATALOG["g6.xlarge"]
+    assert sizing.engine_ready_timeout_seconds(small, g6, 1) == sizing.ENGINE_READY_TIMEOUT_FLOOR_SECONDS == 600
+
+
+def test_without_a_local_copy_the_engine_timeout_covers_the_whole_model_from_the_cache():
+    # 141.2 GB per node at 500 MiB/s = 269.3 s; 3 x (269.3 + 236.5) = 1517.4 -> 1518 s.
+    assert sizing.model_load_seconds(LLAMA_70B, NO_NVME_P4D, 2, 2) == pytest.approx(141.2e9 / (500 * MIB))
+    assert sizing.engine_ready_timeout_seconds(LLAMA_70B, NO_NVME_P4D, 2, 2) == 1518
 
 
 def test_a_model_outside_the_table_is_timed_as_the_largest_the_gpus_could_hold():
-    p4d = catalog.CATALOG["p4d.24xlarge"]
-    bound = sizing.served_model_size("someone/unknown-model", p4d, 2)
+    bound = sizing.served_model_size("someone/unknown-model", P4D, 2)
     assert bound.weight_bytes == pytest.approx(2 * 8 * 40 * 2**30) and bound.dtype == "bf16"
-    assert sizing.served_model_size("meta-llama/Llama-3.1-70B-Instruct", p4d, 2) == LLAMA_70B
-    assert sizing.engine_ready_timeout_seconds(bound, 2) > sizing.engine_ready_timeout_seconds(LLAMA_70B, 2)
+    assert sizing.served_model_size("meta-llama/Llama-3.1-70B-Instruct", P4D, 2) == LLAMA_70B
+    assert sizing.engine_ready_timeout_seconds(bound, P4D, 2) > sizing.engine_ready_timeout_seconds(LLAMA_70B, P4D, 2)
+    # Its stages are estimated from the weight bytes / PP, and say so.
+    first, second = sizing.node_shares(bound, 2, 2)
+    assert first.bytes == second.bytes == pytest.approx(bound.weight_bytes / 2)
+    assert "weight bytes / PP" in first.estimate
 
 
 # vLLM's own --dtype choices (vllm.config.model.ModelDType): what `vllm serve` accepts.
@@ -225,3 +250,142 @@ def test_plan_dtype_takes_vllms_spelling_and_names_the_flag_when_it_is_unknown(c
     assert main(["plan", "--stack", "dev", "--params-b", "7", "--dtype", "fp12"]) == 2
     error = capsys.readouterr().err
     assert "--dtype 'fp12'" in error and "bfloat16" in error and "Traceback" not in error
+
+
+# The model's bytes per node (issue 20): what each node pulls from the EFS cache, the copy
+# to its local NVMe, the engine's read, and the first download from the Hub.
+
+
+def prod_spec():
+    from pulumi_mocks import stack_config
+
+    from components.spec import load_spec
+
+    config = {k.split(":", 1)[1]: v for k, v in stack_config("prod").items() if k.startswith("vllm-cluster:")}
+    return load_spec(config, stack="prod")
+
+
+def test_with_the_local_copy_each_prod_node_pulls_about_half_the_weights_from_the_cache():
+    """TP 8 x PP 2 of the 70B on two p4d.24xlarge: each node copies its stage, about half of
+    the 141.2 GB, once, and its 8 workers read that from the local NVMe."""
+    loads = sizing.node_loads(LLAMA_70B, P4D, 2, 2)
+    assert [load.stages for load in loads] == [(0,), (1,)]
+    assert [load.layers for load in loads] == [(0, 40), (40, 80)]
+    for load in loads:
+        assert load.local and load.efs_bytes == pytest.approx(LLAMA_70B.weight_bytes / 2, rel=0.02)
+        assert load.load_bytes == load.efs_bytes and load.load_from == "local NVMe (/opt/dlami/nvme)"
+        assert load.efs_mib_s == 500 and load.copy_seconds == pytest.approx(load.efs_bytes / (500 * MIB))
+    # The first stage holds the input embedding, the last lm_head: 128256 x 8192 x 2 B each.
+    assert "the embedding" in loads[0].stage_estimate and "lm_head" in loads[1].stage_estimate
+    assert sum(load.stage_bytes for load in loads) == pytest.approx(LLAMA_70B.weight_bytes)
+
+
+def test_without_nvme_each_prod_node_pulls_the_whole_weights_from_the_cache():
+    """vLLM reads every weight file in every worker whatever its stage: without a local copy
+    each node moves all 141.2 GB (once, through its page cache)."""
+    loads = sizing.node_loads(LLAMA_70B, NO_NVME_P4D, 2, 2)
+    for load in loads:
+        assert not load.local and load.copy_seconds == 0
+        assert load.efs_bytes == load.load_bytes == pytest.approx(141.2e9)
+        assert load.load_from == "the EFS cache" and "every file in every worker" in load.load_source
+        assert load.load_seconds == pytest.approx(141.2e9 / (500 * MIB))
+        assert "no local NVMe" in load.reason and "EFS cache" in load.reason
+
+
+def test_a_node_whose_memory_cannot_hold_the_model_reads_it_once_per_worker():
+    small_memory = dataclasses.replace(NO_NVME_P4D, memory_gib=64)
+    load = sizing.node_loads(LLAMA_70B, small_memory, 2, 2)[0]
+    assert load.efs_bytes == pytest.approx(8 * 141.2e9) and "once per worker" in load.load_source
+
+
+def test_the_efs_rate_follows_the_efs_utils_the_nodes_build(monkeypatch):
+    """efs-utils 1.x (stunnel) gets EFS's 500 MiB/s per client; 2.x (efs-proxy) 1,500 MiB/s:
+    a bump of bootstrap.EFS_UTILS_VERSION changes the plan."""
+    from components import bootstrap
+
+    assert bootstrap.EFS_UTILS_VERSION.startswith("v1.")
+    assert sizing.efs_client_mib_s() == 500
+    stunnel_copy = sizing.node_loads(LLAMA_70B, P4D, 2, 2)[0].copy_seconds
+    monkeypatch.setattr(bootstrap, "EFS_UTILS_VERSION", "v2.1.0")
+    assert sizing.efs_client_mib_s() == 1500
+    assert "efs-proxy" in sizing.efs_client_rate()[1] and "v2.1.0" in sizing.efs_client_rate()[1]
+    loads = sizing.node_loads(LLAMA_70B, P4D, 2, 2)
+    assert [load.efs_mib_s for load in loads] == [1500, 1500]
+    assert loads[0].copy_seconds == pytest.approx(stunnel_copy / 3)
+    # Two nodes writing 1,500 MiB/s each pass the file system's 1 GiB/s of writes (the low end):
+    # the download is then bound by the file system.
+    assert sizing.model_download(LLAMA_70B, 2).seconds == pytest.approx(141.2e9 / (1024 * MIB))
+    assert sizing.engine_ready_timeout_seconds(LLAMA_70B, NO_NVME_P4D, 2, 2) < 1518
+
+
+@pytest.mark.parametrize("version, major", [("v1.36.0", 1), ("2.3.1", 2), ("v2.0", 2), (" v10.1.0 ", 10)])
+def test_efs_utils_release_tags_parse(version, major):
+    assert sizing.efs_utils_major(version) == major
+
+
+@pytest.mark.parametrize("version", ["master", "", "v", "1.x"])
+def test_an_efs_utils_version_that_is_not_a_tag_is_refused(version):
+    with pytest.raises(ValueError, match="efs-utils version"):
+        sizing.efs_client_rate(version)
+
+
+def test_the_first_download_is_split_over_gang_0s_nodes():
+    one = sizing.model_download(LLAMA_70B, 1)
+    two = sizing.model_download(LLAMA_70B, 2)
+    assert one.part_bytes == LLAMA_70B.weight_bytes and one.seconds == pytest.approx(141.2e9 / (500 * MIB))
+    assert two.part_bytes == LLAMA_70B.weight_bytes / 2 and two.seconds == pytest.approx(one.seconds / 2)
+    assert "2 nodes in parallel, disjoint files" in two.assumes
+    # Past the file system's write rate (1 GiB/s at the low end), more nodes stop helping.
+    eight = sizing.model_download(LLAMA_70B, 8)
+    assert eight.seconds == pytest.approx(141.2e9 / (1024 * MIB)) and "writes" in eight.assumes
+
+
+def test_prod_serves_from_local_disk_and_says_why():
+    local, reason = sizing.serves_from_local_disk(prod_spec())
+    assert local is True
+    assert reason == "p4d.24xlarge has 8 x 1000 GB NVMe at /opt/dlami/nvme; each node's stage is ~71 GB"
+
+
+def test_a_type_without_nvme_serves_from_the_cache_and_says_why():
+    spec = dataclasses.replace(prod_spec(), instance=NO_NVME_P4D)
+    local, reason = sizing.serves_from_local_disk(spec)
+    assert local is False
+    assert reason == "p4d.24xlarge has no local NVMe: serving from the EFS cache (each node's stage is ~71 GB)"
+
+
+def test_a_stage_larger_than_the_nvme_serves_from_the_cache():
+    # 1 x 75 GB: 90% of it, 67.5 GB (AWS leaves 10% for over-provisioning), is less than the 70.6 GB stage.
+    small_store = dataclasses.replace(P4D, instance_store_gb=75, instance_store_disks=1)
+    local, reason = sizing.serves_from_local_disk(dataclasses.replace(prod_spec(), instance=small_store))
+    assert local is False
+    assert "1 x 75 GB NVMe at /opt/dlami/nvme, too small" in reason and "serving from the EFS cache" in reason
+    # 80 GB holds it.
+    roomy = dataclasses.replace(P4D, instance_store_gb=80, instance_store_disks=1)
+    assert sizing.serves_from_local_disk(dataclasses.replace(prod_spec(), instance=roomy))[0] is True
+
+
+def test_tied_embeddings_put_the_embedding_on_the_first_and_the_last_stage():
+    """Qwen2.5-1.5B ties lm_head to embed_tokens: vLLM's last stage holds embed_tokens too, so
+    both stages' files hold the matrix and the two stages together exceed the checkpoint by it."""
+    qwen = sizing.ModelSize.of(models.lookup("Qwen/Qwen2.5-1.5B-Instruct"), "Qwen/Qwen2.5-1.5B-Instruct")
+    first, last = sizing.node_shares(qwen, 2, 2)
+    matrix = 151936 * 1536 * 2
+    assert first.bytes + last.bytes == pytest.approx(qwen.weight_bytes + matrix)
+    assert "the embedding" in first.estimate and "the embedding" in last.estimate
+    # One stage: the checkpoint, the tied matrix counted once.
+    [whole] = sizing.node_shares(qwen, 1, 1)
+    assert whole.bytes == pytest.approx(qwen.weight_bytes)
+
+
+def test_a_node_with_several_stages_holds_their_layers_together():
+    # PP 4 over 2 nodes (TP 4 on 8 GPUs): node 0 holds stages 0-1, layers 0-39.
+    shares = sizing.node_shares(LLAMA_70B, 2, 4)
+    assert [(s.stages, s.layers) for s in shares] == [((0, 1), (0, 40)), ((2, 3), (40, 80))]
+    assert [s.bytes for s in shares] == pytest.approx([s.bytes for s in sizing.node_shares(LLAMA_70B, 2, 2)])
+
+
+def test_the_nvme_read_rate_is_sourced_or_labelled_an_estimate():
+    rate, source = sizing.nvme_read_rate(P4D)
+    assert rate == pytest.approx(2_000_000 * 4096 / MIB) and "EC2 User Guide" in source
+    rate, source = sizing.nvme_read_rate(catalog.CATALOG["p5.48xlarge"])
+    assert rate == pytest.approx(8 * 250_000 * 4096 / MIB) and source.startswith("estimate")
