@@ -113,6 +113,7 @@ def build_plan(
     the_cost = sizing.cost(instance, spec.total_nodes, spec.gateway_instance_type, the_fit.weights_gb)
     # Every gang's nodes read the cache at once on the first `pulumi up`.
     terms = sizing.time_to_first_token(model, instance, spec.nodes, pp, readers=spec.total_nodes)
+    loads = sizing.node_loads(model, instance, spec.nodes, pp, readers=spec.total_nodes)
     topology = topology_summary(spec.nodes, spec.gpus_per_node, tp, pp)
     layers = sizing.stage_layers(model.layers, pp) if model.layers else None
     contract = aws_contract.check(run.resources, run.id_of)
@@ -138,6 +139,7 @@ def build_plan(
         "resources": resources_by_component(run),
         "resourceCount": len(run.resources),
         "nodes": _nodes(topology, layers),
+        "modelBytes": _model_bytes(model, spec, loads, topology),
         "ranks": topology["ranks"],
         "weightsGB": round(the_fit.weights_gb, 1),
         "fits": the_fit.fits,
@@ -161,6 +163,74 @@ def build_plan(
         + [str(finding) for finding in contract.warnings],
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
         "secretsNotRead": secret_keys,
+    }
+
+
+def _model_bytes(model: sizing.ModelSize, spec, loads: list[sizing.NodeLoad], topology: dict) -> dict[str, Any]:
+    """The model's bytes on the way to each node's engine (components/sizing.py, issue 20):
+    the first download from the Hub, then per node what it pulls from the EFS cache, the
+    copy to its local NVMe (none when it serves from the cache) and the engine's read, each
+    with its rate, time and source."""
+    from components.bootstrap import EFS_UTILS_VERSION  # the efs-utils the nodes build
+
+    rate, rate_source = sizing.efs_client_rate()
+    download = sizing.model_download(model, spec.nodes)
+    roles = {node["node"]: node["role"] for node in topology["nodes"]}
+    return {
+        "efsUtilsVersion": EFS_UTILS_VERSION,
+        "efsClientMiBps": rate,
+        "efsRateSource": rate_source,
+        "download": {
+            "from": "the Hugging Face Hub",
+            "to": "the EFS cache",
+            "totalGB": round(download.total_bytes / sizing.GB, 1),
+            "nodes": download.nodes,
+            "perNodeGB": round(download.part_bytes / sizing.GB, 1),
+            "rateMiBps": download.mib_s,
+            "seconds": round(download.seconds),
+            "assumes": download.assumes,
+        },
+        "servesFromLocalDisk": loads[0].local,
+        "reason": loads[0].reason,
+        # components/catalog.py: InstanceStorageInfo, mounted at the image's NVME_MOUNT.
+        "instanceStore": {
+            "totalGB": spec.instance.instance_store_gb,
+            "disks": spec.instance.instance_store_disks,
+            "mount": image.NVME_MOUNT,
+            "source": spec.instance.instance_store_source,
+        },
+        "perNode": [
+            {
+                "node": load.node,
+                "role": roles[load.node],
+                "stages": list(load.stages),
+                "layers": list(load.layers) if load.layers else None,
+                "stageGB": round(load.stage_bytes / sizing.GB, 1),
+                "stageEstimate": load.stage_estimate,
+                "servesFrom": load.load_from,
+                "fromCacheGB": round(load.efs_bytes / sizing.GB, 1),
+                "copy": (
+                    {
+                        "GB": round(load.efs_bytes / sizing.GB, 1),
+                        "from": "the EFS cache",
+                        "to": image.NVME_MOUNT,
+                        "rateMiBps": round(load.efs_mib_s),
+                        "seconds": round(load.copy_seconds),
+                        "source": load.efs_source,
+                    }
+                    if load.local
+                    else None
+                ),
+                "load": {
+                    "GB": round(load.load_bytes / sizing.GB, 1),
+                    "from": load.load_from,
+                    "rateMiBps": round(load.load_mib_s),
+                    "seconds": round(load.load_seconds),
+                    "source": load.load_source,
+                },
+            }
+            for load in loads
+        ],
     }
 
 
@@ -265,6 +335,53 @@ def _cost_lines(plan: dict[str, Any]) -> list[str]:
     ]
 
 
+def _model_bytes_lines(plan: dict[str, Any]) -> list[str]:
+    """Per node: the bytes it copies, from where, at which rate, the time, and whether it
+    serves from its local disk or the cache and why; every figure with its source."""
+    b, d = plan["modelBytes"], plan["modelBytes"]["download"]
+    who = (
+        f"by {d['nodes']} nodes in parallel (disjoint files), ~{d['perNodeGB']:g} GB each"
+        if d["nodes"] > 1
+        else "by one node"
+    )
+    out = [
+        "Model bytes per node (estimates, components/sizing.py)",
+        f"  EFS rate       {b['efsClientMiBps']} MiB/s per client: {b['efsRateSource']}",
+        f"  download       {d['totalGB']:g} GB from {d['from']} to {d['to']} {who}, at {d['rateMiBps']:g} MiB/s "
+        f"(the EFS rate; the Hub and the NAT gateway assumed not slower): {d['seconds']} s, once per model "
+        "and revision",
+    ]
+    store = b["instanceStore"]
+    if store["totalGB"]:
+        out.append(
+            f"  NVMe           {store['disks']} x {store['totalGB'] // store['disks']} GB at {store['mount']}: "
+            f"{store['source']}"
+        )
+    out.append(f"  serves from    {'local NVMe' if b['servesFromLocalDisk'] else 'the EFS cache'}: {b['reason']}")
+    for node in b["perNode"]:
+        stages = ", ".join(map(str, node["stages"]))
+        layers = f", layers {node['layers'][0]}-{node['layers'][1] - 1}" if node["layers"] else ""
+        out.append(
+            f"  node {node['node']} {node['role']:7s} stage {stages}{layers}: ~{node['stageGB']:g} GB "
+            f"({node['stageEstimate']}); pulls {node['fromCacheGB']:g} GB from the EFS cache"
+        )
+        if node["copy"]:
+            c = node["copy"]
+            source = "the EFS rate above" if c["source"] == b["efsRateSource"] else c["source"]
+            out.append(
+                f"    copy         {c['GB']:g} GB from {c['from']} to {c['to']} at {c['rateMiBps']} MiB/s: "
+                f"{c['seconds']} s ({source})"
+            )
+        else:
+            out.append("    copy         none: serves from the EFS cache")
+        load = node["load"]
+        out.append(
+            f"    engine read  {load['GB']:g} GB from {load['from']} at {load['rateMiBps']} MiB/s: {load['seconds']} s "
+            f"({load['source']})"
+        )
+    return out
+
+
 def _time_to_first_token_lines(plan: dict[str, Any]) -> list[str]:
     out = ["Time to first token from a cold `pulumi up` (estimate)"]
     for term in plan["timeToFirstToken"]:
@@ -317,6 +434,7 @@ def render(plan: dict[str, Any]) -> str:
         _topology_lines,
         _fit_lines,
         _cost_lines,
+        _model_bytes_lines,
         _time_to_first_token_lines,
         _warning_lines,
         _serve_lines,

@@ -438,13 +438,13 @@ def nvme_read_rate(instance: InstanceType) -> tuple[float, str]:
     (a floor), else a labelled estimate."""
     if instance.instance_store_read_iops:
         return instance.instance_store_read_iops * NVME_IO_BYTES / MIB, (
-            f"AWS's {instance.instance_store_read_iops:,} random-read IOPS x 4 KiB for {instance.name} "
-            "(EC2 User Guide, SSD instance store I/O), taken as a floor: a load reads large blocks"
+            f"AWS's {instance.instance_store_read_iops:,} random-read IOPS x 4 KiB for {instance.name} in the "
+            "EC2 User Guide's SSD instance store I/O table, taken as a floor: a load reads large blocks"
         )
     iops = NVME_ESTIMATE_IOPS_PER_DISK * instance.instance_store_disks
     return iops * NVME_IO_BYTES / MIB, (
         f"estimate: {instance.instance_store_disks} disk(s) x p4d's {NVME_ESTIMATE_IOPS_PER_DISK:,} "
-        "random-read IOPS per disk x 4 KiB (AWS gives no figure for this type)"
+        "random-read IOPS per disk x 4 KiB; AWS gives no figure for this type"
     )
 
 
@@ -532,11 +532,11 @@ def node_shares(model: ModelSize, nodes: int, pp: int | None = None) -> list[Nod
                 layer_bytes * share + matrix * len(holds),
                 f"{end - start}/{model.layers} of the layers' bytes"
                 + (
-                    f" + {' and '.join(holds)} ({vocab} x {hidden} x {DTYPE_BYTES[model.dtype]:g} B each)"
+                    f" + {' and '.join(holds)}, {vocab} x {hidden} x {DTYPE_BYTES[model.dtype]:g} B each"
                     if holds
                     else ""
                 )
-                + "; whole files in practice, so up to a shard more at a stage boundary",
+                + "; whole files in practice: up to a shard more at a stage boundary",
             )
         )
     return shares

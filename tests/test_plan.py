@@ -2,6 +2,7 @@
 (tests/golden/plan-<stack>.txt; VLLM_CLUSTER_UPDATE_GOLDEN=1 rewrites them after
 a deliberate change), and the --json document's contract."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 from pulumi_mocks import stack_config, stack_names
 
 from cli import plan
-from components import aws_contract, bootstrap, image
+from components import aws_contract, bootstrap, image, sizing
 from components.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +48,11 @@ def test_json_has_the_documented_fields():
     # AWS's rules on every resource's inputs (components/aws_contract.py): nothing refused.
     assert document["problems"] == []
     assert document["awsContract"] == {"ok": True, "errors": [], "warnings": []}
+    # The model's bytes per node: what each pulls from the cache, its copy to NVMe, the engine's read.
+    model_bytes = document["modelBytes"]
+    assert model_bytes["efsClientMiBps"] == 500 and model_bytes["efsUtilsVersion"] == bootstrap.EFS_UTILS_VERSION
+    assert model_bytes["download"]["perNodeGB"] == 70.6 and model_bytes["servesFromLocalDisk"] is True
+    assert [node["copy"]["to"] for node in model_bytes["perNode"]] == [image.NVME_MOUNT] * 2
 
 
 def test_the_serve_args_are_the_bootstraps_own():
@@ -147,3 +153,73 @@ def test_a_default_quota_the_stack_alone_exceeds_is_a_warning(monkeypatch):
     assert "2 Elastic IPs (vllm-gateway-ip, vllm-nat-ip)" in warning
     assert "default quota is 1 per region" in warning and aws_contract.EIP_SOURCE in warning
     assert f"  - {warning}" in plan.render(document)
+
+
+def test_the_prod_plan_shows_what_each_node_pulls_copies_and_reads():
+    """TP 8 x PP 2 of the 70B on two p4d.24xlarge: each node copies its stage, about half of
+    the 141.2 GB, from the EFS cache to its NVMe at efs-utils 1.x's 500 MiB/s, and its engine
+    reads it there; the plan says so per node, with the sources."""
+    document = plan.build_plan("prod")
+    model_bytes = document["modelBytes"]
+    assert model_bytes["reason"] == (
+        "p4d.24xlarge has 8 x 1000 GB NVMe at /opt/dlami/nvme; each node's stage is ~71 GB"
+    )
+    for node, role in zip(model_bytes["perNode"], ("head", "worker"), strict=True):
+        assert node["role"] == role and node["fromCacheGB"] == 70.6
+        assert node["copy"] == {
+            "GB": 70.6,
+            "from": "the EFS cache",
+            "to": "/opt/dlami/nvme",
+            "rateMiBps": 500,
+            "seconds": 135,
+            "source": model_bytes["efsRateSource"],
+        }
+        assert node["load"]["from"] == "local NVMe (/opt/dlami/nvme)" and node["load"]["seconds"] == 9
+    assert "stunnel" in model_bytes["efsRateSource"] and "performance.html" in model_bytes["efsRateSource"]
+    printed = plan.render(document)
+    for line in (
+        "Model bytes per node (estimates, components/sizing.py)",
+        f"  EFS rate       500 MiB/s per client: {model_bytes['efsRateSource']}",
+        f"  serves from    local NVMe: {model_bytes['reason']}",
+        "    copy         70.6 GB from the EFS cache to /opt/dlami/nvme at 500 MiB/s: 135 s (the EFS rate above)",
+    ):
+        assert f"\n{line}\n" in printed, line
+    assert "\n  node 0 head    stage 0, layers 0-39: ~70.6 GB (" in printed
+    assert "\n  node 1 worker  stage 1, layers 40-79: ~70.6 GB (" in printed
+    assert printed.count("pulls 70.6 GB from the EFS cache") == 2
+    assert printed.count("    engine read  70.6 GB from local NVMe (/opt/dlami/nvme) at 7812 MiB/s: 9 s (AWS's") == 2
+
+
+def test_without_nvme_every_prod_node_pulls_the_whole_model_and_the_plan_says_why(monkeypatch):
+    from components import catalog
+
+    no_store = dataclasses.replace(
+        catalog.CATALOG["p4d.24xlarge"], instance_store_gb=0, instance_store_disks=0, instance_store_read_iops=0
+    )
+    monkeypatch.setitem(catalog.CATALOG, "p4d.24xlarge", no_store)
+    document = plan.build_plan("prod")
+    model_bytes = document["modelBytes"]
+    assert model_bytes["servesFromLocalDisk"] is False
+    assert model_bytes["reason"].startswith("p4d.24xlarge has no local NVMe: serving from the EFS cache")
+    for node in model_bytes["perNode"]:
+        assert node["copy"] is None and node["fromCacheGB"] == 141.2
+        assert node["load"]["from"] == "the EFS cache" and node["load"]["seconds"] == 269
+    printed = plan.render(document)
+    assert "\n    copy         none: serves from the EFS cache\n" in printed
+    assert printed.count("pulls 141.2 GB from the EFS cache") == 2
+
+
+def test_the_plan_follows_the_efs_utils_the_nodes_build(monkeypatch):
+    monkeypatch.setattr(bootstrap, "EFS_UTILS_VERSION", "v2.1.0")
+    model_bytes = plan.build_plan("prod")["modelBytes"]
+    assert model_bytes["efsUtilsVersion"] == "v2.1.0" and model_bytes["efsClientMiBps"] == 1500
+    assert [node["copy"]["seconds"] for node in model_bytes["perNode"]] == [45, 45]
+
+
+@pytest.mark.parametrize("stack", stack_names())
+def test_the_plan_serves_from_where_the_bootstrap_decides(stack):
+    document = plan.build_plan(stack)
+    config = {k.split(":", 1)[1]: v for k, v in stack_config(stack).items() if k.startswith("vllm-cluster:")}
+    local, reason = sizing.serves_from_local_disk(load_spec(config, stack=stack))
+    assert (document["modelBytes"]["servesFromLocalDisk"], document["modelBytes"]["reason"]) == (local, reason)
+    assert len(document["modelBytes"]["perNode"]) == len(document["nodes"])
