@@ -204,6 +204,7 @@ def _model_bytes(model: sizing.ModelSize, spec, loads: list[sizing.NodeLoad], to
                 "node": load.node,
                 "role": roles[load.node],
                 "stages": list(load.stages),
+                "copiedStages": list(load.copied),
                 "layers": list(load.layers) if load.layers else None,
                 "stageGB": round(load.stage_bytes / sizing.GB, 1),
                 "stageEstimate": load.stage_estimate,

@@ -457,13 +457,27 @@ def stages_by_node(nodes: int, pp: int) -> list[tuple[int, ...]]:
     return [tuple(range(node * per_node, (node + 1) * per_node)) for node in range(nodes)]
 
 
+def copied_stages(nodes: int, pp: int) -> list[tuple[int, ...]]:
+    """The stages each node copies to its local disk. The head's are known; vLLM gives the
+    other nodes their ranks by Ray node ID (RayExecutorV2), unknown before the raylets run
+    and changed when one restarts, so with two or more nodes after the head each of them
+    copies every stage any of them may serve (scripts/lib/model_stage.py node_stages, as
+    vllm-cluster-node prepare-serve calls it: a superset, bytes, never a missing tensor)."""
+    served = stages_by_node(nodes, pp)
+    if nodes <= 2:
+        return served
+    pool = tuple(sorted({stage for stages in served[1:] for stage in stages}))
+    return [served[0], *([pool] * (nodes - 1))]
+
+
 @dataclass(frozen=True)
 class NodeShare:
-    """The bytes of the tensors one node's stages need: what its local copy holds."""
+    """The bytes of the tensors one node's copied stages need: what its local copy holds."""
 
     node: int
-    stages: tuple[int, ...]
-    layers: tuple[int, int] | None  # [start, end) of its layers; None when not known
+    stages: tuple[int, ...]  # the stages its workers serve
+    copied: tuple[int, ...]  # the stages it copies (more than `stages` when vLLM's order is not known)
+    layers: tuple[int, int] | None  # [start, end) of the copied stages' layers; None when not known
     bytes: float
     estimate: str  # how the bytes were estimated
 
@@ -478,67 +492,59 @@ def embedding_bytes(model: ModelSize) -> tuple[float, bool] | None:
     return vocab * hidden * DTYPE_BYTES[model.dtype], tied
 
 
+def _share_bytes(model: ModelSize, stages: tuple[int, ...], pp: int) -> tuple[tuple[int, int] | None, float, str]:
+    """The layers, bytes and how they were estimated of the consecutive `stages`."""
+    if model.layers is None:
+        return (
+            None,
+            model.weight_bytes * len(stages) / pp,
+            f"estimated from the weight bytes / PP ({len(stages)}/{pp}): the model is outside the table",
+        )
+    ranges = stage_layers(model.layers, pp)
+    start, end = ranges[stages[0]][0], ranges[stages[-1]][1]
+    share = (end - start) / model.layers
+    embeddings = embedding_bytes(model)
+    if embeddings is None:
+        return (
+            (start, end),
+            model.weight_bytes * share,
+            f"its {end - start}/{model.layers} of the layers' bytes; the embeddings' size is not in the table",
+        )
+    matrix, tied = embeddings
+    first, last = 0 in stages, pp - 1 in stages
+    holds = []
+    if first or (last and tied):
+        holds.append("the embedding")
+    if last and not tied:
+        holds.append("lm_head")
+    vocab, hidden, _ = MODEL_EMBEDDINGS[model.name]
+    layer_bytes = model.weight_bytes - (1 if tied else 2) * matrix
+    how = f"{end - start}/{model.layers} of the layers' bytes"
+    if holds:
+        how += f" + {' and '.join(holds)}, {vocab} x {hidden} x {DTYPE_BYTES[model.dtype]:g} B each"
+    return (start, end), layer_bytes * share + matrix * len(holds), how
+
+
 def node_shares(model: ModelSize, nodes: int, pp: int | None = None) -> list[NodeShare]:
-    """Each node's stage bytes, an approximation from the model table's figures: its share
-    of the layers' bytes, plus the input embedding on the first stage (and on the last too
-    when tied: vLLM's last stage holds embed_tokens to tie lm_head to it) and lm_head on the
-    last (vllm model_executor/models/llama.py 377-388, 502-517). A node's stage is whole files
-    in practice: a shard that straddles two stages is copied by both nodes, so the real copy
-    is larger by up to one shard at each boundary. Outside the table: weight bytes / PP per
-    stage."""
+    """Each node's copied stages' bytes, an approximation from the model table's figures:
+    their share of the layers' bytes, plus the input embedding on the first stage (and on
+    the last too when tied: vLLM's last stage holds embed_tokens to tie lm_head to it) and
+    lm_head on the last (vllm model_executor/models/llama.py 377-388, 502-517). A stage is
+    whole files in practice: a shard that straddles two stages is copied by both nodes, so
+    the real copy is larger by up to one shard at each boundary. Outside the table: weight
+    bytes / PP per stage."""
     pp = pp or nodes
     shares = []
-    embeddings = embedding_bytes(model)
-    for node, stages in enumerate(stages_by_node(nodes, pp)):
-        if model.layers is None:
-            shares.append(
-                NodeShare(
-                    node,
-                    stages,
-                    None,
-                    model.weight_bytes * len(stages) / pp,
-                    f"estimated from the weight bytes / PP ({len(stages)}/{pp}): the model is outside the table",
-                )
+    for node, (stages, copied) in enumerate(zip(stages_by_node(nodes, pp), copied_stages(nodes, pp), strict=True)):
+        layers, size, how = _share_bytes(model, copied, pp)
+        if copied != stages:
+            how += (
+                f"; copies stages {copied[0]}-{copied[-1]}: vLLM orders the nodes after the head by Ray node ID, "
+                "unknown when the copy runs"
             )
-            continue
-        ranges = stage_layers(model.layers, pp)
-        start, end = ranges[stages[0]][0], ranges[stages[-1]][1]
-        share = (end - start) / model.layers
-        first, last = 0 in stages, pp - 1 in stages
-        if embeddings is None:
-            shares.append(
-                NodeShare(
-                    node,
-                    stages,
-                    (start, end),
-                    model.weight_bytes * share,
-                    f"its {end - start}/{model.layers} of the layers' bytes; the embeddings' size is not in the table",
-                )
-            )
-            continue
-        matrix, tied = embeddings
-        layer_bytes = model.weight_bytes - (1 if tied else 2) * matrix
-        holds = []
-        if first or (last and tied):
-            holds.append("the embedding")
-        if last and not tied:
-            holds.append("lm_head")
-        vocab, hidden, _ = MODEL_EMBEDDINGS[model.name]
-        shares.append(
-            NodeShare(
-                node,
-                stages,
-                (start, end),
-                layer_bytes * share + matrix * len(holds),
-                f"{end - start}/{model.layers} of the layers' bytes"
-                + (
-                    f" + {' and '.join(holds)}, {vocab} x {hidden} x {DTYPE_BYTES[model.dtype]:g} B each"
-                    if holds
-                    else ""
-                )
-                + "; whole files in practice: up to a shard more at a stage boundary",
-            )
-        )
+        if model.layers is not None:
+            how += "; whole files in practice: up to a shard more at a stage boundary"
+        shares.append(NodeShare(node, stages, copied, layers, size, how))
     return shares
 
 
@@ -548,7 +554,12 @@ def local_disk_decision(
     """Whether each node copies its stage to the local NVMe and serves from it, and why."""
     pp = pp or nodes
     largest = max(share.bytes for share in node_shares(model, nodes, pp))
-    what = f"each node's stage is ~{largest / GB:.0f} GB" if pp > 1 else f"the model is ~{largest / GB:.0f} GB"
+    if pp == 1:
+        what = f"the model is ~{largest / GB:.0f} GB"
+    elif nodes <= 2:
+        what = f"each node's stage is ~{largest / GB:.0f} GB"
+    else:
+        what = f"the largest node's stages are ~{largest / GB:.0f} GB"
     if not instance.instance_store_gb:
         return False, f"{instance.name} has no local NVMe: serving from the EFS cache ({what})"
     store = (
@@ -581,8 +592,9 @@ class NodeLoad:
     read, each at its rate and with its source."""
 
     node: int
-    stages: tuple[int, ...]
-    layers: tuple[int, int] | None
+    stages: tuple[int, ...]  # served
+    copied: tuple[int, ...]  # in its local copy (more than served when vLLM's order is unknown)
+    layers: tuple[int, int] | None  # of the copied stages
     stage_bytes: float
     stage_estimate: str
     local: bool  # serves from its local NVMe copy
@@ -628,6 +640,7 @@ def node_loads(
                 NodeLoad(
                     share.node,
                     share.stages,
+                    share.copied,
                     share.layers,
                     share.bytes,
                     share.estimate,
@@ -654,6 +667,7 @@ def node_loads(
             NodeLoad(
                 share.node,
                 share.stages,
+                share.copied,
                 share.layers,
                 share.bytes,
                 share.estimate,

@@ -389,3 +389,16 @@ def test_the_nvme_read_rate_is_sourced_or_labelled_an_estimate():
     assert rate == pytest.approx(2_000_000 * 4096 / MIB) and "EC2 User Guide" in source
     rate, source = sizing.nvme_read_rate(catalog.CATALOG["p5.48xlarge"])
     assert rate == pytest.approx(8 * 250_000 * 4096 / MIB) and source.startswith("estimate")
+
+
+def test_with_several_workers_each_copies_every_stage_a_worker_may_serve():
+    """vLLM orders the nodes after the head by Ray node ID, unknown when the copy runs
+    (scripts/lib/model_stage.py node_stages): 4 nodes at PP 4, the head copies stage 0, each
+    worker stages 1-3, and the plan counts those bytes."""
+    shares = sizing.node_shares(LLAMA_70B, 4, 4)
+    assert [s.stages for s in shares] == [(0,), (1,), (2,), (3,)]
+    assert [s.copied for s in shares] == [(0,), (1, 2, 3), (1, 2, 3), (1, 2, 3)]
+    assert shares[1].layers == (20, 80) and "Ray node ID" in shares[1].estimate
+    assert shares[0].bytes + shares[1].bytes == pytest.approx(LLAMA_70B.weight_bytes)
+    local, reason = sizing.local_disk_decision(LLAMA_70B, P4D, 4, 4)
+    assert local and reason.endswith("the largest node's stages are ~105 GB")
