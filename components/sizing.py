@@ -400,6 +400,12 @@ MODEL_EMBEDDINGS: dict[str, tuple[int, int, bool]] = {
 }
 
 
+# Models whose vLLM class builds embed_tokens and lm_head on every pipeline stage, splitting
+# only the layers: Mixtral (vllm model_executor/models/mixtral.py 316-319, 405-411 in 0.32.0;
+# scripts/lib/model_stage.py LAYERS_ONLY). Every stage's copy holds both matrices.
+EMBEDDINGS_ON_EVERY_STAGE = frozenset({"mistralai/Mixtral-8x7B-Instruct-v0.1"})
+
+
 def efs_utils_major(version: str) -> int:
     """The major release of an efs-utils tag: 'v1.36.0' -> 1, '2.3.1' -> 2."""
     match = re.fullmatch(r"v?(\d+)(\.\d+)*", version.strip()) if isinstance(version, str) else None
@@ -512,6 +518,8 @@ def _share_bytes(model: ModelSize, stages: tuple[int, ...], pp: int) -> tuple[tu
         )
     matrix, tied = embeddings
     first, last = 0 in stages, pp - 1 in stages
+    if model.name in EMBEDDINGS_ON_EVERY_STAGE:
+        first = last = True  # every stage builds both
     holds = []
     if first or (last and tied):
         holds.append("the embedding")

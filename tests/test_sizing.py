@@ -402,3 +402,15 @@ def test_with_several_workers_each_copies_every_stage_a_worker_may_serve():
     assert shares[0].bytes + shares[1].bytes == pytest.approx(LLAMA_70B.weight_bytes)
     local, reason = sizing.local_disk_decision(LLAMA_70B, P4D, 4, 4)
     assert local and reason.endswith("the largest node's stages are ~105 GB")
+
+
+def test_mixtral_holds_the_embedding_and_lm_head_on_every_stage():
+    """vLLM's Mixtral builds embed_tokens and lm_head on every stage (mixtral.py): each stage's
+    copy holds both matrices beside its half of the layers."""
+    mixtral = sizing.ModelSize.of(
+        models.lookup("mistralai/Mixtral-8x7B-Instruct-v0.1"), "mistralai/Mixtral-8x7B-Instruct-v0.1"
+    )
+    first, last = sizing.node_shares(mixtral, 2, 2)
+    matrix = 32000 * 4096 * 2
+    assert first.bytes == last.bytes == pytest.approx((mixtral.weight_bytes - 2 * matrix) / 2 + 2 * matrix)
+    assert "the embedding and lm_head" in first.estimate
