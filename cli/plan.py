@@ -190,6 +190,9 @@ def _model_bytes(model: sizing.ModelSize, spec, loads: list[sizing.NodeLoad], to
             "seconds": round(download.seconds),
             "assumes": download.assumes,
         },
+        "loader": sizing.loader_reads(
+            sizing.flag_value(spec.vllm_extra_args, "--safetensors-load-strategy"), spec.instance.gpus
+        ),
         "servesFromLocalDisk": loads[0].local,
         "reason": loads[0].reason,
         # components/catalog.py: InstanceStorageInfo, mounted at the image's NVME_MOUNT.
@@ -352,6 +355,7 @@ def _model_bytes_lines(plan: dict[str, Any]) -> list[str]:
         f"(the EFS rate; the Hub and the NAT gateway assumed not slower): {d['seconds']} s, once per model "
         "and revision",
     ]
+    out.append(f"  loader         {b['loader']}")
     store = b["instanceStore"]
     if store["totalGB"]:
         out.append(

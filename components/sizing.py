@@ -454,6 +454,27 @@ def nvme_read_rate(instance: InstanceType) -> tuple[float, str]:
     )
 
 
+def loader_reads(strategy: str | None, workers: int) -> str:
+    """What the node's vLLM workers read with this --safetensors-load-strategy (None: vLLM's
+    default), and why the bytes still cross to the node once: the facts above."""
+    every = (
+        f"each of the node's {workers} worker{'s' if workers != 1 else ''} reads every weight file in the "
+        "directory it serves from"
+    )
+    if strategy == "eager":
+        how = "eager: whole files, load(f.read()) (vllm weight_utils.py 1170-1175)"
+    elif strategy == "lazy":
+        how = "lazy: get_tensor of every name (weight_utils.py 1200-1206)"
+    elif strategy is None:
+        how = (
+            "unset, so lazy: get_tensor of every name (weight_utils.py 1200-1206); from the EFS cache (nfs4) "
+            "a prefetch first when the files fit in 90% of free RAM (1100-1119)"
+        )
+    else:
+        how = f"{strategy} (weight_utils.py 1079-1207)"
+    return f"--safetensors-load-strategy {how}: {every}; the page cache makes it once per node"
+
+
 def stages_by_node(nodes: int, pp: int) -> list[tuple[int, ...]]:
     """The pipeline stages each node holds: TP stays inside a node (components/topology.py),
     so each holds pp / nodes consecutive stages."""

@@ -187,6 +187,8 @@ def test_the_prod_plan_shows_what_each_node_pulls_copies_and_reads():
     assert "\n  node 0 head    stage 0, layers 0-39: ~70.6 GB (" in printed
     assert "\n  node 1 worker  stage 1, layers 40-79: ~70.6 GB (" in printed
     assert printed.count("pulls 70.6 GB from the EFS cache") == 2
+    # prod sets --safetensors-load-strategy eager: the plan says how its 8 workers per node read.
+    assert "\n  loader         --safetensors-load-strategy eager: whole files" in printed
     assert printed.count("    engine read  70.6 GB from local NVMe (/opt/dlami/nvme) at 7812 MiB/s: 9 s (AWS's") == 2
 
 

@@ -414,3 +414,14 @@ def test_mixtral_holds_the_embedding_and_lm_head_on_every_stage():
     matrix = 32000 * 4096 * 2
     assert first.bytes == last.bytes == pytest.approx((mixtral.weight_bytes - 2 * matrix) / 2 + 2 * matrix)
     assert "the embedding and lm_head" in first.estimate
+
+
+@pytest.mark.parametrize(
+    "strategy, says",
+    [("eager", "eager: whole files, load(f.read())"), (None, "unset, so lazy"), ("lazy", "lazy: get_tensor")],
+)
+def test_the_loader_line_says_how_the_workers_read_and_that_the_node_reads_once(strategy, says):
+    text = sizing.loader_reads(strategy, 8)
+    assert says in text and "each of the node's 8 workers reads every weight file" in text
+    assert text.endswith("the page cache makes it once per node")
+    assert ("prefetch" in text) == (strategy is None)
