@@ -259,6 +259,11 @@ services = ClusterServices(
         gpu_memory_gib=spec.instance.gpu_memory_gib,
         efa_interfaces=efa_interface_count(spec.instance, spec.efa),
         engine_ready_timeout_seconds=sizing.engine_ready_timeout_for(spec.model, spec.instance, spec.nodes),
+        serving_dir=bootstrap.serving_directory(spec),
+        serves_from_local_disk=sizing.serves_from_local_disk(spec)[0],
+        tensor_parallel=spec.tensor_parallel_size,
+        pipeline_parallel=spec.pipeline_parallel_size,
+        warmup_key=bootstrap.warmup_key(spec),
     ),
 )
 

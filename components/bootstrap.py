@@ -19,12 +19,16 @@ from pathlib import Path
 from components import image, ports, sizing, versions
 from components.spec import DEFAULT_API_RATE_LIMIT_PER_SECOND, DEFAULT_API_READ_TIMEOUT_SECONDS, ClusterSpec
 from components.topology import node_name, node_role, writes_wheelhouse
+from scripts.lib import engine_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_SCRIPTS = ROOT / "scripts" / "node"
 GATEWAY_SCRIPTS = ROOT / "scripts" / "gateway"
 SCRIPT_LIBRARY = ROOT / "scripts" / "lib" / "vllm-cluster-lib.sh"
 PYTHON_LIBRARY = ROOT / "scripts" / "lib" / "vllm_cluster_lib.py"
+# The node's Python modules beside it: which files a pipeline stage needs and their copy
+# (model-stage), and vLLM's compile cache kept on the shared cache (engine-cache).
+NODE_PYTHON_MODULES = (ROOT / "scripts" / "lib" / "model_stage.py", ROOT / "scripts" / "lib" / "engine_cache.py")
 
 # Where things live on the hosts. The scripts hold the same paths; tests check both agree.
 INSTALL_DIR = "/opt/vllm-cluster"
@@ -76,7 +80,14 @@ GATEWAY_UPSTREAM_KEEPALIVE_SECONDS = 4
 API_ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health")
 
 _HEREDOC_END = "VLLM_CLUSTER_FILE_END"
-NODE_UNITS = ("ray-head.service", "ray-worker.service", "vllm.service", "vllm-watchdog.service", "vllm-watchdog.timer")
+NODE_UNITS = (
+    "ray-head.service",
+    "ray-worker.service",
+    "vllm.service",
+    "vllm-watchdog.service",
+    "vllm-watchdog.timer",
+    "vllm-prepare.service",
+)
 
 
 @dataclass(frozen=True)
@@ -167,6 +178,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "OFI_NCCL_LIB_DIRS": " ".join(image.OFI_NCCL_LIB_DIRS),
         "OFI_NCCL_PLUGIN_FILE": image.OFI_NCCL_PLUGIN,
         "NVIDIA_SMI": image.NVIDIA_SMI,
+        "NVME_MOUNT": image.NVME_MOUNT,
         "LOGIN_USER": image.DEFAULT_USER,
         "LOGIN_PROBE_KEY": boot.login_probe_key.strip(),
         "LOGIN_READY_WORD": LOGIN_READY_WORD,
@@ -257,6 +269,7 @@ def node_setup_script(boot: NodeBoot) -> str:
     files = [
         _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
         _file(PYTHON_LIBRARY_PATH, _read(PYTHON_LIBRARY), "0644"),
+        *(_file(f"{INSTALL_DIR}/lib/{path.name}", _read(path), "0644") for path in NODE_PYTHON_MODULES),
         *(
             _node_file(name)
             for name in (
@@ -266,6 +279,8 @@ def node_setup_script(boot: NodeBoot) -> str:
                 "preflight-check",
                 "vllm-watchdog-check",
                 "node-env",
+                "model-stage",
+                "engine-cache",
             )
         ),
         _file(NODE_LOCK_PATH, boot.node_lock, "0644"),
@@ -300,6 +315,42 @@ def model_directory(model: str, revision: str) -> str:
     return f"{MODEL_ROOT}/models/{model}/{revision}"
 
 
+# Each node's copy of its pipeline stages on the instance store (components/image.py
+# NVME_MOUNT): vllm-cluster-node prepare-serve writes it, vLLM serves from it.
+LOCAL_MODEL_ROOT = f"{image.NVME_MOUNT}/vllm-cluster/models"
+
+
+def local_model_directory(model: str, revision: str) -> str:
+    """The model's directory on a node's own disk: the same path on every node, each
+    holding only the weight files of its own pipeline stages (model-stage local)."""
+    return f"{LOCAL_MODEL_ROOT}/{model}/{revision}"
+
+
+def serving_directory(spec: ClusterSpec) -> str:
+    """Where vLLM reads the model on every node: its stage on local disk when the
+    instance type has an instance store (sizing.serves_from_local_disk), else the
+    shared cache itself."""
+    local, _reason = sizing.serves_from_local_disk(spec)
+    if local:
+        return local_model_directory(spec.model, spec.model_revision)
+    return model_directory(spec.model, spec.model_revision)
+
+
+def warmup_key(spec: ClusterSpec) -> str:
+    """The key of vLLM's compile cache kept on the shared cache: what changes the
+    engine's compiled graphs (engine_cache.warmup_key), not the head's address."""
+    return engine_cache.warmup_key(
+        spec.vllm_version,
+        spec.model,
+        spec.model_revision,
+        spec.tensor_parallel_size,
+        spec.pipeline_parallel_size,
+        spec.max_model_len,
+        vllm_serve_args(spec, "0.0.0.0"),
+        hardware=spec.instance_type,
+    )
+
+
 def served_model_name(spec: ClusterSpec) -> str:
     return spec.served_model_name or spec.model
 
@@ -313,7 +364,7 @@ def vllm_serve_args(spec: ClusterSpec, head_ip: str) -> list[str]:
     same list; the head runs it through vllm.env. The API key is not here: vLLM reads
     VLLM_API_KEY from a root-only env file."""
     args = [
-        model_directory(spec.model, spec.model_revision),
+        serving_directory(spec),
         "--served-model-name",
         served_model_name(spec),
         "--tensor-parallel-size",

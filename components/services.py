@@ -135,6 +135,14 @@ class ServicesArgs:
     gpu_memory_gib: float
     efa_interfaces: int
     engine_ready_timeout_seconds: int
+    # Where vLLM reads the model on every node (bootstrap.serving_directory): each node's
+    # stage on its own disk, copied by its prepare command, or the shared cache itself.
+    serving_dir: str
+    serves_from_local_disk: bool
+    tensor_parallel: int
+    pipeline_parallel: int
+    # vLLM's compile cache on the shared cache is kept under this (bootstrap.warmup_key).
+    warmup_key: str
 
     @property
     def rolling(self) -> bool:
@@ -159,14 +167,15 @@ def _dial(host: pulumi.Input[str], key: pulumi.Input[str]) -> dict:
     }
 
 
-def node_secrets(ray_token: str, api_key: str, hf_token: str | None, is_head: bool) -> str:
+def node_secrets(ray_token: str, api_key: str, hf_token: str | None, is_head: bool, downloads: bool) -> str:
     """The NAME=value lines `vllm-cluster-node install-secrets` reads on stdin. Only
-    the head gets the API key and the Hugging Face token."""
+    the head gets the API key; only the nodes that download a part of the model (gang
+    0's, stage-model --part) get the Hugging Face token."""
     lines = [f"RAY_AUTH_TOKEN={ray_token}"]
     if is_head:
         lines.append(f"VLLM_API_KEY={api_key}")
-        if hf_token:
-            lines.append(f"HF_TOKEN={hf_token}")
+    if downloads and hf_token:
+        lines.append(f"HF_TOKEN={hf_token}")
     return "\n".join(lines) + "\n"
 
 
@@ -233,8 +242,8 @@ class ClusterServices(pulumi.ComponentResource):
             ray = self._ray(args, gang, nodes)
             if model is None:
                 # Once for every gang: the model cache is shared.
-                model = self._stage_model(args, gang, nodes[0], ray)
-            reports.append(self._serving(args, gang, nodes[0], ray, model, gateway).stdout)
+                model = self._stage_model(args, gang, nodes, ray)
+            reports.append(self._serving(args, gang, nodes, ray, model, gateway).stdout)
         self.readiness = (
             reports[0]
             if len(reports) == 1
@@ -446,7 +455,9 @@ class ClusterServices(pulumi.ComponentResource):
             )
             lines = pulumi.Output.secret(
                 pulumi.Output.all(gang.ray_token, args.api_key).apply(
-                    lambda values, is_head=(index == 0): node_secrets(values[0], values[1], hf_token, is_head)
+                    lambda values, is_head=(index == 0): node_secrets(
+                        values[0], values[1], hf_token, is_head, downloads=gang.index == 0
+                    )
                 )
             )
             secrets = self._run(
@@ -500,22 +511,69 @@ class ClusterServices(pulumi.ComponentResource):
         return RayCommands(nodes=ray_nodes, cluster_ready=cluster_ready)
 
     def _stage_model(
-        self, args: ServicesArgs, gang: ServingGang, head: NodeCommands, ray: RayCommands
+        self, args: ServicesArgs, gang: ServingGang, nodes: list[NodeCommands], ray: RayCommands
     ) -> command.remote.Command:
-        """The model onto the shared cache, from gang 0's head."""
+        """The model onto the shared cache, by gang 0's nodes at once: each downloads a
+        disjoint share of its files (part I of N), and the head's part, which returns the
+        command every gang waits for, completes and checks the whole."""
+        parts = len(gang.node_ips)
+
+        def stage(index: int) -> str:
+            return (
+                f"sudo {NODE_COMMAND} stage-model --model {args.model} --revision {args.model_revision}"
+                + (f" --hub {args.hf_endpoint}" if args.hf_endpoint else "")
+                + (f" --part {index} --parts {parts}" if parts > 1 else "")
+            )
+
+        for index in range(1, parts):
+            self._run(
+                f"model-part-{gang.node(index)}",
+                self._on_node(gang.node_ips[index]),
+                stage(index),
+                after=[nodes[index].setup, nodes[index].secrets],
+            )
         return self._run(
             "model",
             self._on_node(gang.node_ips[0]),
-            f"sudo {NODE_COMMAND} stage-model --model {args.model} --revision {args.model_revision}"
-            + (f" --hub {args.hf_endpoint}" if args.hf_endpoint else ""),
-            after=[ray.cluster_ready, head.secrets],
+            stage(0),
+            # Not after the other parts: the head downloads its own meanwhile and waits
+            # for theirs, so a part that fails fails its own command, naming its node.
+            after=[ray.cluster_ready, nodes[0].secrets],
         )
+
+    def _prepare(
+        self, args: ServicesArgs, gang: ServingGang, nodes: list[NodeCommands], model: command.remote.Command
+    ) -> list[command.remote.Command]:
+        """On every node of the gang: its pipeline stages of the staged model copied to
+        its own disk (when the stack serves from local disk) and vLLM's compile cache
+        seeded from the shared cache. A replaced node (a new instance) does it again."""
+        local = ""
+        if args.serves_from_local_disk:
+            local = pulumi.Output.all(*gang.node_ips).apply(
+                lambda ips: (
+                    f" --local-dir {args.serving_dir} --gang-ips {','.join(ips)}"
+                    f" --tp {args.tensor_parallel} --pp {args.pipeline_parallel}"
+                )
+            )
+        model_dir = bootstrap.model_directory(args.model, args.model_revision)
+        return [
+            self._run(
+                f"prepare-{gang.node(index)}",
+                self._on_node(gang.node_ips[index]),
+                pulumi.Output.concat(
+                    f"sudo {NODE_COMMAND} prepare-serve --model-dir {model_dir} --warmup-key {args.warmup_key}", local
+                ),
+                after=[model, nodes[index].setup],
+                triggers=[gang.instances[index].id],
+            )
+            for index in range(len(gang.node_ips))
+        ]
 
     def _serving(
         self,
         args: ServicesArgs,
         gang: ServingGang,
-        head: NodeCommands,
+        nodes: list[NodeCommands],
         ray: RayCommands,
         model: command.remote.Command,
         gateway: GatewayCommands,
@@ -532,7 +590,8 @@ class ClusterServices(pulumi.ComponentResource):
             bootstrap.lock_digest(args.node_boot.node_lock),
             *[node.id for node in ray.nodes],
         ]
-        preflight = self._preflight(args, gang, model, ray, vllm_restarts)
+        prepared = self._prepare(args, gang, nodes, model)
+        preflight = self._preflight(args, gang, prepared, ray, vllm_restarts)
         serve = self._run(
             gang.command("vllm"),
             on_head,
@@ -541,6 +600,15 @@ class ClusterServices(pulumi.ComponentResource):
             after=[model, ray.cluster_ready, preflight],
             triggers=vllm_restarts,
         )
+        for index in range(len(gang.node_ips)):
+            self._run(
+                f"warmup-{gang.node(index)}",
+                self._on_node(gang.node_ips[index]),
+                f"sudo {NODE_COMMAND} keep-warmup --warmup-key {args.warmup_key}",
+                after=[serve],
+                # Whenever the engine may have compiled anew on this node.
+                triggers=[*vllm_restarts, gang.vllm_settings, prepared[index].id],
+            )
         if args.rolling:
             served = self._run(
                 f"{gang.name}-return",
@@ -579,12 +647,13 @@ class ClusterServices(pulumi.ComponentResource):
         self,
         args: ServicesArgs,
         gang: ServingGang,
-        model: command.remote.Command,
+        prepared: list[command.remote.Command],
         ray: RayCommands,
         vllm_restarts: list,
     ) -> command.remote.Command:
-        """Every node's facts onto the shared cache, then the gang's head compares them,
-        so a broken node fails `pulumi up` with a diagnosis before vLLM starts."""
+        """Every node's facts onto the shared cache (once it is prepared to serve), then
+        the gang's head compares them, so a broken node fails `pulumi up` with a
+        diagnosis before vLLM starts."""
         node_count = len(gang.node_ips)
         model_dir = bootstrap.model_directory(args.model, args.model_revision)
         facts = [
@@ -592,7 +661,7 @@ class ClusterServices(pulumi.ComponentResource):
                 f"preflight-{gang.node(index)}",
                 self._on_node(gang.node_ips[index]),
                 f"sudo {NODE_COMMAND} preflight-facts --model-dir {model_dir}",
-                after=[model, ray.nodes[index]],
+                after=[prepared[index], ray.nodes[index]],
                 triggers=vllm_restarts,
             )
             for index in range(node_count)
