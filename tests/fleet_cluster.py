@@ -177,6 +177,14 @@ class FakeHub:
     def downloads(self) -> int:
         return len(self.files())
 
+    def downloads_per_file(self, revision: str | None = None) -> dict[str, int]:
+        """How often each file was downloaded from its first byte (a resumption is not a
+        second download), of one revision's commit or of any."""
+        from doubles.fake_hf_hub import download_counts, revision_commit
+
+        commit = revision_commit(self.root, MODEL, revision) if revision else None
+        return download_counts(self.log, MODEL, commit)
+
     def files(self) -> list[str]:
         """Every file the hub served, in order (a file twice means a second download)."""
         if not self.log.exists():

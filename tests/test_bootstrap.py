@@ -84,7 +84,14 @@ def test_serve_args_carry_tp_pp_and_the_ray_backend():
     assert flag["--gpu-memory-utilization"] == "0.92" and flag["--max-model-len"] == "16384"
 
 
-def test_serve_args_start_with_the_model_on_the_shared_cache_at_its_revision():
+def test_serve_args_start_with_the_model_on_the_nodes_own_disk_at_its_revision():
+    # g6.xlarge has an instance store (components/catalog.py): each node serves its stage from it.
+    args = bootstrap.vllm_serve_args(spec_of(modelRevision="v1.0"), "10.0.0.1")
+    assert args[0] == "/opt/dlami/nvme/vllm-cluster/models/Qwen/Qwen2.5-1.5B-Instruct/v1.0"
+
+
+def test_without_an_instance_store_vllm_serves_from_the_shared_cache(monkeypatch):
+    monkeypatch.setattr(bootstrap.sizing, "serves_from_local_disk", lambda spec: (False, "no instance store"))
     args = bootstrap.vllm_serve_args(spec_of(modelRevision="v1.0"), "10.0.0.1")
     assert args[0] == "/mnt/vllm-models/models/Qwen/Qwen2.5-1.5B-Instruct/v1.0"
     assert args[args.index("--served-model-name") + 1] == "Qwen/Qwen2.5-1.5B-Instruct"
@@ -569,6 +576,7 @@ def run_write_node_env(tmp_path: Path, plugin_dirs: list[Path]) -> tuple[subproc
     script = f"""set -euo pipefail
 {LIBRARY}
 CLUSTER_ENV={cluster} NODE_ENV={tmp_path}/node.env MODEL_ROOT=/mnt/vllm-models SECRETS_DIR=/etc/vllm-cluster/secrets
+ENGINE_CACHE=/var/cache/vllm-cluster/vllm
 load_env "$CLUSTER_ENV"
 find_primary_interface() {{ echo ens5 10.0.0.11; }}
 {block}

@@ -38,10 +38,11 @@ from pulumi_mocks import run_program
 from replay import COMMAND, replay
 
 from components import node_env, ports, versions
-from components.bootstrap import GATEWAY_COMMAND
+from components.bootstrap import GATEWAY_COMMAND, local_model_directory
 from components.catalog import CATALOG
 from components.topology import node_name
 from components.versions import RAY_VERSION
+from scripts.lib import model_stage
 from scripts.lib.vllm_cluster_lib import metric_totals  # the watchdog's reader of /metrics
 from tools import local_target
 
@@ -182,10 +183,87 @@ def test_the_model_list_names_the_configured_model(cluster):
 
 def test_the_model_was_staged_once_without_its_training_checkpoint(cluster):
     weights_and_tokenizer = sorted(p.name for p in tiny_model().iterdir())
-    assert "model.safetensors" in weights_and_tokenizer and "tokenizer.json" in weights_and_tokenizer
-    assert sorted(cluster.hub.files()) == weights_and_tokenizer
+    assert "model.safetensors.index.json" in weights_and_tokenizer and "tokenizer.json" in weights_and_tokenizer
+    assert cluster.hub.downloads_per_file() == dict.fromkeys(weights_and_tokenizer, 1)
     marker = cluster.node_shell(0, f"cat /mnt/vllm-models/complete/{MODEL}/main").stdout
-    assert marker.startswith("staged ")
+    assert marker.startswith("staged ") and f"in {NODES} parts" in marker, marker
+
+
+def test_gang_0s_nodes_each_downloaded_their_own_part_of_the_model(cluster):
+    """A disjoint share each, at the same time, so one node's link does not bound the first download."""
+    parts = [cluster.outcomes["vllm-model"]]
+    parts += [cluster.outcomes[f"vllm-model-part-{node_name(i)}"] for i in range(1, NODES)]
+    for number, outcome in enumerate(parts, start=1):
+        said = re.search(rf"downloading part {number} of {NODES} of \S+ \((\d+) files\)", outcome.stderr)
+        assert said and int(said.group(1)) > 0, outcome.stderr
+
+
+# --- the model's bytes: each node its own stage, from its own disk ---------------------
+
+LOCAL_MODEL = local_model_directory(MODEL, "main")
+
+
+def tiny_model_layout() -> tuple[dict, int, bool]:
+    """The tiny model's weight map, layer count and whether its embeddings are tied."""
+    index = json.loads((tiny_model() / "model.safetensors.index.json").read_text())
+    layers, tied = model_stage.model_layout(json.loads((tiny_model() / "config.json").read_text()))
+    return index["weight_map"], layers, tied
+
+
+def weight_files(cluster, index: int, directory: str) -> list[str]:
+    found = cluster.node_shell(index, f"sudo find {directory} -maxdepth 1 -name '*.safetensors' -printf '%f %y\\n'")
+    return sorted(found.stdout.split("\n")[:-1])
+
+
+def test_each_node_serves_only_its_pipeline_stage_from_its_own_disk(cluster):
+    """vLLM reads every weight file in its folder in every worker: each node's folder
+    holds only the files with tensors of its own stage, copied (not links to the cache),
+    and a stage index that names only those, and the engine serves from it."""
+    weight_map, layers, tied = tiny_model_layout()
+    assert len(set(weight_map.values())) > NODES, "the tiny model must have several weight files"
+    ips = [node_ip(i) for i in range(NODES)]
+    stages = model_stage.node_stages(ips, ips[0], GPUS_PER_NODE, 1, NODES)
+    vllm_env = cluster.node_shell(0, "sudo cat /etc/vllm-cluster/vllm.env").stdout
+    assert f'SERVE_ARGS="{LOCAL_MODEL} ' in vllm_env, vllm_env
+    held = []
+    for index, ip in enumerate(ips):
+        expected = model_stage.stage_files(weight_map, set(stages[ip]), layers, NODES, tied)
+        assert weight_files(cluster, index, LOCAL_MODEL) == [f"{name} f" for name in expected], ip
+        index_file = f"{LOCAL_MODEL}/model.safetensors.index.json"
+        stage_index = json.loads(cluster.node_shell(index, f"sudo cat {index_file}").stdout)
+        assert sorted(set(stage_index["weight_map"].values())) == expected
+        held.append(frozenset(expected))
+    assert len(set(held)) == NODES and all(files < set(weight_map.values()) for files in held), held
+    assert cluster.completion() == 200
+
+
+def test_the_stage_copy_follows_three_pipeline_stages_too(cluster):
+    """The node's own copy command on a real host, for a three-stage gang (the third
+    node imagined): each position gets exactly the files of its stage, and they differ."""
+    weight_map, layers, tied = tiny_model_layout()
+    ips = [node_ip(0), node_ip(1), "10.99.128.250"]
+    # vLLM orders the nodes after the head by their Ray node ID (model_stage.node_stages):
+    # given as Ray would know them, each position is exact.
+    ray_ids = {ip: f"{position:02x}" * 28 for position, ip in enumerate(ips)}
+    stages = model_stage.node_stages(ips, ips[0], GPUS_PER_NODE, 1, 3, ray_node_ids=ray_ids)
+    held = set()
+    for position, ip in enumerate(ips):
+        target = f"/tmp/pp3-stage-{position}"
+        cluster.node_shell(
+            0,
+            f"sudo /opt/vllm-cluster/venv/bin/python /opt/vllm-cluster/bin/model-stage local"
+            f" --source /mnt/vllm-models/models/{MODEL}/main --target {target} --model {MODEL} --revision main"
+            f" --node-ip {ip} --head-ip {ips[0]} --gang-ips {','.join(ips)} --gpus-per-node {GPUS_PER_NODE}"
+            f" --tp 1 --pp 3 --ray-node-ids {','.join(f'{ip}={node}' for ip, node in ray_ids.items())}"
+            f" && sudo test -f {target}/config.json",
+        )
+        expected = model_stage.stage_files(weight_map, set(stages[ip]), layers, 3, tied)
+        try:
+            assert weight_files(cluster, 0, target) == [f"{name} f" for name in expected], ip
+        finally:
+            cluster.node_shell(0, f"sudo rm -rf {target}")
+        held.add(frozenset(expected))
+    assert len(held) == 3, held
 
 
 def test_ray_shows_every_node_and_gpu(cluster):
@@ -411,6 +489,9 @@ def test_replaying_everything_again_restarts_nothing_and_downloads_nothing(clust
         assert "installing" not in setup.stderr and "fetching" not in setup.stderr, setup.stderr
     for index in range(NODES):
         assert cluster.node_shell(index, "pgrep -c -x raylet").stdout.strip() == "1"
+        # An unchanged model, revision and stage: the local copy is complete, nothing is copied.
+        summary = json.loads(again[f"vllm-prepare-{node_name(index)}"].stdout.strip().splitlines()[-1])
+        assert summary["bytes_copied"] == 0 and summary["mode"] == "local", summary
     assert cluster.completion() == 200
 
 
@@ -422,7 +503,9 @@ def changed_commands(before, after) -> set[str]:
 def test_new_vllm_settings_restart_only_vllm(cluster):
     updated = fleet_program(NODES, cluster.key_store, gpuMemoryUtilization="0.8")
     changed = changed_commands(cluster.run, updated)
-    assert changed == {"vllm-vllm", "vllm-readiness"}
+    # The memory share does not change vLLM's compiled graphs (engine_cache.warmup_key): the
+    # nodes keep what the restarted engine compiled under the same key; nothing else restarts.
+    assert changed == {"vllm-vllm", "vllm-readiness", *(f"vllm-warmup-{node_name(i)}" for i in range(NODES))}
     before, downloads = pids(cluster), cluster.hub.downloads()
     replay(updated, only=changed)  # what `pulumi up` would run: the commands whose inputs changed
     after = pids(cluster)

@@ -67,9 +67,9 @@ def test_every_resource_the_program_declares_is_listed():
     listed = sum(n for counts in document["resources"].values() for n in counts.values())
     components = len(document["resources"])
     assert listed + components == document["resourceCount"]
-    # 4 gateway (setup, login probe, TLS, site) + per node (login wait, setup, secrets, ray, preflight facts)
-    # + cluster-ready, model, preflight, vllm, readiness
-    assert document["resources"]["vllm (ClusterServices)"]["command:remote:Command"] == 4 + 2 * 5 + 5
+    # 4 gateway (setup, login probe, TLS, site) + per node (login wait, setup, secrets, ray, prepare,
+    # preflight facts, warmup) + cluster-ready, model, preflight, vllm, readiness + the worker's model part
+    assert document["resources"]["vllm (ClusterServices)"]["command:remote:Command"] == 4 + 2 * 7 + 5 + 1
 
 
 def test_a_model_outside_the_table_is_sized_from_params_and_dtype():

@@ -592,6 +592,14 @@ ADDED_SINCE_DEPLOYED = {
     "vllm-wheelhouse-writer-role-ssm",
     "vllm-wheelhouse-writer-role-model-cache",
     "vllm-wheelhouse-writer-instance-profile",
+    # Issue 20: the model's first download split over gang 0's nodes, each node's stage on
+    # its own disk with vLLM's compile cache seeded, and that cache kept after it served.
+    *(f"vllm-model-part-worker-{i}" for i in range(1, 16)),
+    *(
+        f"vllm-{step}-{node}"
+        for step in ("prepare", "warmup")
+        for node in ("head", *(f"worker-{i}" for i in range(1, 16)))
+    ),
 }
 
 

@@ -163,9 +163,11 @@ def test_each_gang_is_its_own_ray_cluster_with_its_own_vllm(two_gangs):
         assert f"EXPECTED_NODES={prefix}head=" in vllm.inputs["stdin"]
         preflight = command(run, f"{prefix}preflight")
         assert f"--nodes {prefix}head,{prefix}worker-1" in preflight.inputs["create"]
-    # The model cache is shared: the model is staged once.
-    assert [r.name for r in run.of_type(COMMAND) if r.name.startswith("vllm-model")] == ["vllm-model"]
-    assert depends_on(run, command(run, "preflight-gang1-head"), "vllm-model")
+    # The model cache is shared: the model is staged once, by gang 0's nodes (a part each).
+    staged = sorted(r.name for r in run.of_type(COMMAND) if r.name.startswith("vllm-model"))
+    assert staged == ["vllm-model", "vllm-model-part-worker-1"]
+    assert depends_on(run, command(run, "prepare-gang1-head"), "vllm-model")
+    assert depends_on(run, command(run, "preflight-gang1-head"), "vllm-prepare-gang1-head")
 
 
 def ray_token_given(run, node: str) -> str:
@@ -224,6 +226,12 @@ def test_new_vllm_settings_drain_and_return_every_gang(two_gangs):
             "readiness",
             "gang1-readiness",
         )
+    } | {
+        # The restarted engines' compile cache is kept again (its key is unchanged: the
+        # memory share does not change the graphs, engine_cache.warmup_key).
+        f"vllm-warmup-{prefix}{node}"
+        for prefix in ("", "gang1-")
+        for node in ("head", "worker-1")
     }
 
 

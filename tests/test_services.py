@@ -238,22 +238,46 @@ def test_an_unchanged_config_re_runs_nothing():
     assert changed_commands(run_stack("prod"), run_stack("prod")) == set()
 
 
+def on_every_node(run, *steps: str) -> set[str]:
+    """The per-node commands `steps` (prepare, warmup, ...) of every node of the run's gang."""
+    nodes = [r.name.removeprefix("vllm-setup-") for r in run.of_type(COMMAND) if r.name.startswith("vllm-setup-")]
+    return {f"vllm-{step}-{node}" for step in steps for node in nodes}
+
+
 def test_new_vllm_settings_restart_only_vllm():
     before = run_stack("prod")
     after = run_stack("prod", {"gpuMemoryUtilization": "0.85", "vllmExtraArgs": ["--max-num-seqs", "64"]})
-    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness"}
+    # --max-num-seqs changes the compiled graphs: a new key of the compile cache, seeded
+    # (prepare, which copies nothing: the same stages) and kept (warmup) on every node.
+    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness"} | on_every_node(
+        after, "prepare", "warmup"
+    )
+
+
+def test_new_vllm_settings_that_leave_the_graphs_alone_keep_the_same_compile_cache():
+    before = run_stack("prod")
+    after = run_stack("prod", {"gpuMemoryUtilization": "0.85"})
+    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness"} | on_every_node(after, "warmup")
 
 
 def test_a_new_parallel_layout_restarts_only_vllm():
     before = run_stack("h100")
     after = run_stack("h100", {"tensorParallelSize": 4, "pipelineParallelSize": 4})
-    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness"}
+    # Each node copies its new stages (prepare) and keeps the new graphs (warmup).
+    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness"} | on_every_node(
+        after, "prepare", "warmup"
+    )
+    assert "--tp 4 --pp 4" in command_inputs(after)["vllm-prepare-worker-1"]["create"]
 
 
 def test_a_new_model_stages_it_and_restarts_only_vllm():
     before = run_stack("dev")
     after = run_stack("dev", {"model": "Qwen/Qwen2.5-7B-Instruct"})
-    assert changed_commands(before, after) == {"vllm-model", "vllm-vllm", "vllm-readiness"} | preflight_of(after)
+    assert changed_commands(before, after) == {
+        "vllm-model",
+        "vllm-vllm",
+        "vllm-readiness",
+    } | preflight_of(after) | on_every_node(after, "prepare", "warmup")
     assert "--model Qwen/Qwen2.5-7B-Instruct " in command_inputs(after)["vllm-model"]["create"]
 
 
