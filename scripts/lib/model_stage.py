@@ -8,9 +8,9 @@ runs it with its virtualenv's Python before vLLM starts.
 
 What vLLM reads while it loads a model
 =====================================
-Line numbers are vLLM 0.32.0 (the local hosts' build, site-packages/vllm) / 0.33.0 (the
+Line numbers are vLLM 0.32.0 (the local hosts' build, site-packages/vllm) / 0.33 (the
 version the stacks pin, components/versions.py; read from its wheel,
-vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl). model_loader/ below is
+the manylinux_2_28 x86_64 wheel on PyPI). model_loader/ below is
 vllm/model_executor/model_loader/; the two versions agree on every point.
 
 1. Which files. `DefaultModelLoader._prepare_weights` globs the model directory for the
@@ -183,7 +183,7 @@ def bytes_read_per_node(
         "page_cache_bytes": workers_per_node * seen,
         "prefetch": prefetch,
         "sources": {
-            "every worker reads every file in the directory": "vLLM 0.33.0 model_loader/default_loader.py 229-235, "
+            "every worker reads every file in the directory": "vLLM 0.33 model_loader/default_loader.py 229-235, "
             "252; weight_utils.py 1115-1249 (0.32.0: 1079-1213)",
             "eager reads each whole file": "weight_utils.py 1207-1212 (0.32.0: 1171-1176)",
             "lazy reads every tensor": "weight_utils.py 1243-1249 (0.32.0: 1207-1213)",
@@ -198,7 +198,7 @@ def bytes_read_per_node(
 
 def pp_layer_range(num_layers: int, pp_rank: int, pp_size: int, partition: str | None = None) -> tuple[int, int]:
     """The layers [start, end) of pipeline rank `pp_rank`: vLLM's `get_pp_indices`
-    (distributed/utils.py 126-169 in 0.32.0, 198-241 in 0.33.0), with `partition` the value
+    (distributed/utils.py 126-169 in 0.32.0, 198-241 in 0.33), with `partition` the value
     of VLLM_PP_LAYER_PARTITION (None when unset). Same errors, same layout: the layers left
     over go one each to the stages before the last, from the second-to-last backwards."""
     if partition is not None:
@@ -266,7 +266,7 @@ def node_stages(
             missing = [ip for ip in node_ips if ip not in ray_node_ids]
             if missing:
                 raise ValueError(f"no Ray node ID for {', '.join(missing)}")
-            # ray_utils.py 434-440 (0.32.0) / 190-196 (0.33.0): (driver's node first, node ID).
+            # ray_utils.py 434-440 (0.32.0) / 190-196 (0.33): (driver's node first, node ID).
             order = sorted(node_ips, key=lambda ip: (0 if ip == head_ip else 1, ray_node_ids[ip]))
         else:
             order = [head_ip, *sorted(others)]
