@@ -92,6 +92,14 @@ def node_env_block() -> str:
     return block[: block.index("\n}\n") + 3]
 
 
+def node_script_constant(name: str) -> str:
+    """The node script's own `readonly NAME=value`, as an assignment (not readonly: the
+    test's shell sets its stand-ins beside it)."""
+    match = re.search(rf"^readonly ({name}=.*)$", NODE_SCRIPT.read_text(), re.MULTILINE)
+    assert match, f"{name} is not a readonly constant of {NODE_SCRIPT}"
+    return match.group(1)
+
+
 def written_node_env(tmp_path: Path, index: int) -> dict[str, str]:
     """node.env as the node's setup writes it (write_node_env, run by bash) from the
     cluster.env the stack renders; the primary interface is a stand-in."""
@@ -103,7 +111,7 @@ def written_node_env(tmp_path: Path, index: int) -> dict[str, str]:
     script = f"""set -euo pipefail
 . {LIBRARY}
 CLUSTER_ENV={work}/cluster.env NODE_ENV={work}/node.env MODEL_ROOT=/mnt/vllm-models
-SECRETS_DIR=/etc/vllm-cluster/secrets
+SECRETS_DIR=/etc/vllm-cluster/secrets {node_script_constant("ENGINE_CACHE")}
 load_env "$CLUSTER_ENV"
 OFI_NCCL_LIB_DIRS={work}/ofi-nccl  # the image's aws-ofi-nccl (EFA is on), a stand-in
 find_primary_interface() {{ echo ens5 {HEAD_IP if index == 0 else WORKER_IP}; }}
