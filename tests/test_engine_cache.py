@@ -275,6 +275,23 @@ def test_publish_then_seed_carries_every_piece_and_only_pieces(tmp_path):
     assert temporaries_under(tmp_path) == []
 
 
+def test_publish_under_the_node_scripts_umask_leaves_the_warmup_root_open_to_read(tmp_path):
+    """vllm-cluster-node runs with umask 077 (its secrets); the warm-up root it creates on
+    the model cache must still be 0755 like the model tree, not a 0700 that hides every
+    key below it from all but root."""
+    model_root = tmp_path / "mnt-vllm-models"
+    model_root.mkdir(mode=0o755)
+    node = tmp_path / "node"
+    make_tree(node, LAYOUT)
+    old = os.umask(0o077)
+    try:
+        engine_cache.publish(node, model_root / "warmup" / "k")
+    finally:
+        os.umask(old)
+    for directory in (model_root / "warmup", model_root / "warmup" / "k"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o755, directory
+
+
 def test_a_piece_on_the_share_is_never_overwritten(tmp_path):
     node_a, node_b, shared = tmp_path / "a", tmp_path / "b", tmp_path / "share"
     make_tree(node_a, LAYOUT)

@@ -571,8 +571,15 @@ def publish(local: Path, shared: Path) -> Transfer:
     if not shared.exists():
         parent = shared.parent
         _check_root(parent, "shared warm-up root", "it must be a directory on the model cache")
-        os.makedirs(shared, SHARED_DIR_MODE, exist_ok=True)
-        os.chmod(shared, SHARED_DIR_MODE)
+        # Each missing directory down to the key made 0755 itself: os.makedirs gives the
+        # ones above the last the process's umask, and the node script's is 077.
+        missing = [directory for directory in (shared, *shared.parents) if not directory.exists()]
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, SHARED_DIR_MODE)
+            except FileExistsError:
+                continue  # another node of the gang made it first: it set the mode
+            os.chmod(directory, SHARED_DIR_MODE)
     result = _transfer(local, shared)
     result.stale_temps_removed = remove_stale_temps(shared)
     return result
