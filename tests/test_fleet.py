@@ -517,6 +517,94 @@ def test_new_vllm_settings_restart_only_vllm(cluster):
     cluster.config["gpuMemoryUtilization"] = "0.8"
 
 
+def stack_overrides(cluster) -> dict:
+    """The stack's settings that differ from the fleet's first config (earlier tests' changes)."""
+    return {key: value for key, value in cluster.config.items() if fleet_config(NODES).get(key) != value}
+
+
+ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)")
+
+
+def engine_inits(cluster) -> list[float]:
+    """vLLM's own "init engine (profile, create kv cache, warmup model) took N s" (its
+    compile included), of every engine start on the head since it booted."""
+    lines = cluster.node_shell(0, "sudo journalctl -b -u vllm.service -o cat --no-pager").stdout.splitlines()
+    return [float(found.group(1)) for line in lines if (found := ENGINE_INIT.search(line))]
+
+
+NEW_REVISION = "v2"
+
+
+def test_a_new_revision_is_downloaded_once_copied_to_every_node_and_served(cluster):
+    """A stack's new modelRevision: gang 0's nodes download it once, in parts; each node
+    copies its stage of it to its own disk and drops the old revision's copy (it must
+    not fill the instance store); vLLM serves it; nothing but the model's commands, the
+    engine and its checks runs again."""
+    updated = fleet_program(NODES, cluster.key_store, **stack_overrides(cluster), modelRevision=NEW_REVISION)
+    changed = changed_commands(cluster.run, updated)
+    # The revision is part of the warm-up key (a new compile) and of what preflight checks.
+    per_node = {f"vllm-{step}-{node_name(i)}" for i in range(NODES) for step in ("prepare", "warmup", "preflight")}
+    parts = {f"vllm-model-part-{node_name(i)}" for i in range(1, NODES)}
+    assert changed == {"vllm-model", *parts, *per_node, "vllm-preflight", "vllm-vllm", "vllm-readiness"}, changed
+    before = pids(cluster)
+    outcomes = replay(updated, only=changed)
+    cluster.run = updated
+    cluster.config["modelRevision"] = NEW_REVISION
+    weights_and_tokenizer = sorted(p.name for p in tiny_model().iterdir())
+    assert cluster.hub.downloads_per_file(NEW_REVISION) == dict.fromkeys(weights_and_tokenizer, 1)
+    new_local = local_model_directory(MODEL, NEW_REVISION)
+    for index in range(NODES):
+        prepare = outcomes[f"vllm-prepare-{node_name(index)}"]
+        summary = json.loads(prepare.stdout.strip().splitlines()[-1])
+        # The stage's weight files and the config and tokenizer beside them, all new.
+        assert summary["mode"] == "local" and summary["bytes_copied"] > summary["stage_bytes"] > 0, summary
+        assert f"removed the old local copy {LOCAL_MODEL}" in prepare.stderr, prepare.stderr
+        assert cluster.node_shell(index, f"sudo test -e {LOCAL_MODEL}", check=False).returncode == 1
+        assert len(weight_files(cluster, index, new_local)) == len(summary["files"])
+    assert f'SERVE_ARGS="{new_local} ' in cluster.node_shell(0, "sudo cat /etc/vllm-cluster/vllm.env").stdout
+    after = pids(cluster)
+    assert after.pop("vllm") != before.pop("vllm") and after == before, (before, after)
+    assert cluster.completion() == 200
+
+
+def test_a_node_seeded_from_the_kept_warmup_finds_the_engines_compile_cache(cluster):
+    """What the engine compiled is kept on the shared cache under its key (warmup-<node>
+    published it after serving). A node whose own cache is empty (a replaced node, a
+    second gang) seeds from there before the engine starts, and the engine finds the
+    compiled model. The CPU build cannot load its own saved graph ("Compiling model
+    again due to a load failure from <the path>": the file is found, the load fails on
+    its CPU platform) and recompiles with Inductor's kernels from the seeded cache; the
+    GPU build loads it ("Directly load AOT compilation from path")."""
+    args = cluster.node_shell(0, "sudo cat /etc/vllm-cluster/prepare-serve.args").stdout.split()
+    key = args[args.index("--warmup-key") + 1]
+    shared = f"/mnt/vllm-models/warmup/{key}"
+    kept = cluster.node_shell(0, f"find {shared} -path '*/rank_*' -name model -printf '%P\\n'").stdout.split()
+    ranks = NODES * GPUS_PER_NODE  # PP = nodes, TP 1: one rank a GPU
+    assert {path.split("/")[-2] for path in kept} == {f"rank_{r}_0" for r in range(ranks)}, kept
+    for index in range(NODES):
+        cluster.node_shell(index, "sudo rm -rf /var/cache/vllm-cluster/vllm")
+        seeded = cluster.node_shell(index, "sudo /opt/vllm-cluster/bin/vllm-cluster-node prepare-serve --saved")
+        said = re.search(r"seeded (\d+) of (\d+) pieces", seeded.stderr)
+        assert said and int(said.group(1)) == int(said.group(2)) > 0, seeded.stderr
+    since = float(cluster.node_shell(0, "date +%s.%N").stdout)
+    cluster.node_shell(0, "sudo systemctl restart vllm.service")
+    cluster.wait_for_completion(timeout=600)
+    found = re.compile(
+        r"(Compiling model again due to a load failure from|Directly load AOT compilation from path) "
+        r"/var/cache/vllm-cluster/vllm/torch_compile_cache/\S+/rank_\d+_\d+/model"
+    )
+    said = [line for line in journal(cluster, "vllm.service", since) if found.search(line)]
+    assert said, "the engine's log does not say it found its compiled model in the seeded cache"
+    inits = engine_inits(cluster)
+    print(
+        f"engine init: {inits[-2]:.1f} s compiling the new revision, {inits[-1]:.1f} s seeded from the kept "
+        f"warm-up; the engine said: {said[0]}"
+    )
+    for index in range(NODES):  # what the nodes seeded is still there for the next start
+        local = cluster.node_shell(index, "sudo find /var/cache/vllm-cluster/vllm -path '*/rank_*' -name model")
+        assert local.stdout.strip(), f"node {index} lost its compiled model"
+
+
 # --- operator tools against the fleet ------------------------------------------------------
 
 
