@@ -11,6 +11,7 @@ Skipped, with the reason, where the machine cannot host the fleet; under CI
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -215,4 +216,8 @@ def test_replacing_a_gangs_node_fails_no_request_the_old_head_serving_until_the_
     # through the gateway after the switch.
     outcomes = replaced.outcomes
     assert outcomes["vllm-gang1-vllm"].finished <= outcomes["vllm-gang1-return"].started
+    # The new node's engine started from the warm-up the gangs kept under this
+    # configuration's key (the rolling change's), every piece of it seeded.
+    seeded = outcomes[f"vllm-prepare-{node_name(0, 1)}"].stderr
+    assert re.search(r"seeded ([1-9]\d*) of \1 pieces", seeded), seeded
     assert outcomes["vllm-gang1-return"].finished <= outcomes["vllm-gang1-readiness"].started
