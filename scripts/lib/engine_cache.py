@@ -426,8 +426,15 @@ def _copy_tree(source: Path, target: Path) -> int:
 def _ensure_parent(root: Path, relative: str) -> Path:
     """The directory that holds `relative` under root, made 0755 as needed; a link or a
     file where a directory belongs is refused (never followed out of the tree)."""
+    return _ensure_directory(root, relative.split("/")[:-1])
+
+
+def _ensure_directory(root: Path, parts: list[str]) -> Path:
+    """root/parts..., each missing directory made 0755 itself (os.makedirs would give all
+    but the last the process's umask, and the node script's is 077); a link or a file
+    where a directory belongs is refused."""
     directory = root
-    for part in relative.split("/")[:-1]:
+    for part in parts:
         directory = directory / part
         try:
             info = os.lstat(directory)
@@ -571,15 +578,8 @@ def publish(local: Path, shared: Path) -> Transfer:
     if not shared.exists():
         parent = shared.parent
         _check_root(parent, "shared warm-up root", "it must be a directory on the model cache")
-        # Each missing directory down to the key made 0755 itself: os.makedirs gives the
-        # ones above the last the process's umask, and the node script's is 077.
-        missing = [directory for directory in (shared, *shared.parents) if not directory.exists()]
-        for directory in reversed(missing):
-            try:
-                os.mkdir(directory, SHARED_DIR_MODE)
-            except FileExistsError:
-                continue  # another node of the gang made it first: it set the mode
-            os.chmod(directory, SHARED_DIR_MODE)
+        existing = next(directory for directory in shared.parents if directory.exists())
+        _ensure_directory(existing, list(shared.relative_to(existing).parts))
     result = _transfer(local, shared)
     result.stale_temps_removed = remove_stale_temps(shared)
     return result
