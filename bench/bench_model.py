@@ -36,14 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fleet import why_no_fleet  # noqa: E402
-from fleet_cluster import MODEL, serving_cluster  # noqa: E402
+from fleet_cluster import ENGINE_CACHE, MODEL, serving_cluster  # noqa: E402
 
 from components.bootstrap import NODE_COMMAND, model_directory  # noqa: E402
 from components.topology import node_name  # noqa: E402
 
 NODE_PYTHON = "/opt/vllm-cluster/venv/bin/python"
-ENGINE_CACHE = "/var/cache/vllm-cluster/vllm"  # the node script's ENGINE_CACHE (VLLM_CACHE_ROOT)
-ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)")
 
 
 def loader_reads(cluster, index: int, folder: str) -> dict:
@@ -73,19 +71,12 @@ def model_bytes(cluster, nodes: int) -> list[dict]:
     return rows
 
 
-def warmup_key(cluster) -> str:
-    args = cluster.node_shell(0, "sudo cat /etc/vllm-cluster/prepare-serve.args").stdout.split()
-    return args[args.index("--warmup-key") + 1]
-
-
 def engine_start(cluster) -> tuple[float, float]:
     """Restart vLLM, wait until it serves; (its start from its log, its init engine)."""
     since = cluster.node_shell(0, "date +%s").stdout.strip()
     cluster.node_shell(0, "sudo systemctl restart vllm.service")
     cluster.wait_for_completion(timeout=900)
-    lines = cluster.node_shell(0, f"sudo journalctl -u vllm.service --since @{since} -o cat --no-pager").stdout
-    inits = [float(found.group(1)) for found in ENGINE_INIT.finditer(lines)]
-    return cluster.engine_start_seconds(), inits[-1]
+    return cluster.engine_start_seconds(), cluster.engine_inits(since)[-1]
 
 
 def as_replaced_nodes(cluster, nodes: int) -> None:
@@ -95,7 +86,7 @@ def as_replaced_nodes(cluster, nodes: int) -> None:
 
 
 def cold_and_warm(cluster, nodes: int) -> dict:
-    key = warmup_key(cluster)
+    key = cluster.warmup_key()
     as_replaced_nodes(cluster, nodes)
     cluster.node_shell(0, f"sudo rm -rf /mnt/vllm-models/warmup/{key}")
     cold = engine_start(cluster)

@@ -8,6 +8,7 @@ Used by tests/test_fleet.py and bench/bench_fleet.py.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import ssl
 import subprocess
@@ -50,6 +51,12 @@ MODEL = "vllm-cluster-tests/tiny-llama"
 # Ends in "=": a base64 key, which the node must keep whole (an `IFS==` read would not).
 API_KEY = "ZmxlZXQtdGVzdC1hcGkta2V5LXdpdGgtcGFkZGluZy0x="
 KV_CACHE_BYTES = "256M"
+# vLLM's compile cache on a node (VLLM_CACHE_ROOT), as the node script names it.
+ENGINE_CACHE = re.search(
+    r"^readonly ENGINE_CACHE=(\S+)$", (ROOT / "scripts" / "node" / "vllm-cluster-node").read_text(), re.MULTILINE
+).group(1)
+# vLLM's own line for its engine's start (the model's compile included), v1/engine/core.py.
+ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)")
 
 
 def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
@@ -303,6 +310,18 @@ class ClusterUnderTest:
         if not lines:
             raise RuntimeError("vLLM's log on the head has no 'Application startup complete'")
         return float(lines[-1].split()[0]) - began
+
+    def engine_inits(self, since: str | None = None) -> list[float]:
+        """vLLM's "init engine ... took N s" of every engine start on the head since it
+        booted, or since the epoch second `since`."""
+        window = f"--since @{since}" if since else "-b"
+        lines = self.node_shell(0, f"sudo journalctl {window} -u vllm.service -o cat --no-pager").stdout
+        return [float(found.group(1)) for found in ENGINE_INIT.finditer(lines)]
+
+    def warmup_key(self) -> str:
+        """The key the head's last prepare-serve seeded vLLM's compile cache under."""
+        args = self.node_shell(0, "sudo cat /etc/vllm-cluster/prepare-serve.args").stdout.split()
+        return args[args.index("--warmup-key") + 1]
 
     def unit_property(self, index: int, unit: str, name: str) -> str:
         return self.node_shell(index, f"systemctl show -p {name} --value {unit}").stdout.strip()

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from fleet import in_ci, node_ip, process_state, why_no_fleet
 from fleet_cluster import (
+    ENGINE_CACHE,
     MODEL,
     Load,
     fleet_config,
@@ -522,16 +523,6 @@ def stack_overrides(cluster) -> dict:
     return {key: value for key, value in cluster.config.items() if fleet_config(NODES).get(key) != value}
 
 
-ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)")
-
-
-def engine_inits(cluster) -> list[float]:
-    """vLLM's own "init engine (profile, create kv cache, warmup model) took N s" (its
-    compile included), of every engine start on the head since it booted."""
-    lines = cluster.node_shell(0, "sudo journalctl -b -u vllm.service -o cat --no-pager").stdout.splitlines()
-    return [float(found.group(1)) for line in lines if (found := ENGINE_INIT.search(line))]
-
-
 NEW_REVISION = "v2"
 
 
@@ -575,14 +566,12 @@ def test_a_node_seeded_from_the_kept_warmup_finds_the_engines_compile_cache(clus
     again due to a load failure from <the path>": the file is found, the load fails on
     its CPU platform) and recompiles with Inductor's kernels from the seeded cache; the
     GPU build loads it ("Directly load AOT compilation from path")."""
-    args = cluster.node_shell(0, "sudo cat /etc/vllm-cluster/prepare-serve.args").stdout.split()
-    key = args[args.index("--warmup-key") + 1]
-    shared = f"/mnt/vllm-models/warmup/{key}"
+    shared = f"/mnt/vllm-models/warmup/{cluster.warmup_key()}"
     kept = cluster.node_shell(0, f"find {shared} -path '*/rank_*' -name model -printf '%P\\n'").stdout.split()
     ranks = NODES * GPUS_PER_NODE  # PP = nodes, TP 1: one rank a GPU
     assert {path.split("/")[-2] for path in kept} == {f"rank_{r}_0" for r in range(ranks)}, kept
     for index in range(NODES):
-        cluster.node_shell(index, "sudo rm -rf /var/cache/vllm-cluster/vllm")
+        cluster.node_shell(index, f"sudo rm -rf {ENGINE_CACHE}")
         seeded = cluster.node_shell(index, "sudo /opt/vllm-cluster/bin/vllm-cluster-node prepare-serve --saved")
         said = re.search(r"seeded (\d+) of (\d+) pieces", seeded.stderr)
         assert said and int(said.group(1)) == int(said.group(2)) > 0, seeded.stderr
@@ -591,17 +580,17 @@ def test_a_node_seeded_from_the_kept_warmup_finds_the_engines_compile_cache(clus
     cluster.wait_for_completion(timeout=600)
     found = re.compile(
         r"(Compiling model again due to a load failure from|Directly load AOT compilation from path) "
-        r"/var/cache/vllm-cluster/vllm/torch_compile_cache/\S+/rank_\d+_\d+/model"
+        rf"{re.escape(ENGINE_CACHE)}/torch_compile_cache/\S+/rank_\d+_\d+/model"
     )
     said = [line for line in journal(cluster, "vllm.service", since) if found.search(line)]
     assert said, "the engine's log does not say it found its compiled model in the seeded cache"
-    inits = engine_inits(cluster)
+    inits = cluster.engine_inits()
     print(
         f"engine init: {inits[-2]:.1f} s compiling the new revision, {inits[-1]:.1f} s seeded from the kept "
         f"warm-up; the engine said: {said[0]}"
     )
     for index in range(NODES):  # what the nodes seeded is still there for the next start
-        local = cluster.node_shell(index, "sudo find /var/cache/vllm-cluster/vllm -path '*/rank_*' -name model")
+        local = cluster.node_shell(index, f"sudo find {ENGINE_CACHE} -path '*/rank_*' -name model")
         assert local.stdout.strip(), f"node {index} lost its compiled model"
 
 
@@ -980,7 +969,7 @@ def test_replacing_the_only_gang_fails_no_request(cluster):
     first, the old ones deleted last) while clients send completions: the pool is
     configured only after the new gang's vLLM served a completion, so the old gang
     serves until then and no request fails."""
-    overrides = {key: value for key, value in cluster.config.items() if fleet_config(NODES).get(key) != value}
+    overrides = stack_overrides(cluster)
     old = {f"vllm-{node_name(index)}": cluster.fleet.nodes[index] for index in range(NODES)}
     started = time.monotonic()
     with Load(cluster, clients=2) as load:
