@@ -24,8 +24,25 @@ RAY_DASHBOARD = 8265
 RAY_CLIENT = 10001
 # EFS (NFS): the mount helper's default; only the security groups use this.
 NFS = 2049
+# Ray's Prometheus endpoint on every node (`ray start --metrics-export-port`), scraped by
+# the gateway. Ray 2.60 has no default: unset, each node binds a random port
+# (ray/_private/node.py), which no scrape config can name. 8080 is KubeRay's default
+# metrics port (DefaultMetricsPort, ray-project/kuberay PR #954) and the one Ray's
+# metrics docs use (`ray start --head --metrics-export-port=8080`,
+# doc/source/ray-observability/ray-metrics.rst in ray 1.11); it lies below Linux's ephemeral range 32768-60999
+# (net.ipv4.ip_local_port_range), so no outgoing connection of NCCL, Ray or vLLM can
+# hold it first, and outside Ray's worker ports 10002-19999 (`ray start
+# --min-worker-port/--max-worker-port` defaults). The endpoint has no auth, even with
+# Ray's token auth: only the gateway may reach it.
+RAY_METRICS = 8080
+# Prometheus on the gateway: Prometheus's own default port (`--web.listen-address`
+# 0.0.0.0:9090) and where Ray's dashboard looks first (RAY_PROMETHEUS_HOST
+# http://localhost:9090). Bound to 127.0.0.1 only: nginx serves it on DASHBOARD_HTTPS
+# under /prometheus/ behind a login, and no security group opens it.
+PROMETHEUS = 9090
 
 # Ports that must never be reachable from the internet (Ray's own security guidance;
 # CVE-2023-48022 "ShadowRay" is exploited in the wild). tests/test_program.py checks
-# that no rule open to the whole internet admits one of them.
-NEVER_PUBLIC = (SSH, RAY_GCS, RAY_DASHBOARD, RAY_CLIENT)
+# that no rule open to the whole internet admits one of them. Ray's metrics and
+# Prometheus have no login of their own: the gateway reaches the one, nginx the other.
+NEVER_PUBLIC = (SSH, RAY_GCS, RAY_DASHBOARD, RAY_CLIENT, RAY_METRICS, PROMETHEUS)

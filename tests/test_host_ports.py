@@ -38,7 +38,12 @@ MOVED = {
     "RAY_CLIENT": 11001,
     "API_HTTPS": 10443,
     "DASHBOARD_HTTPS": 18443,
+    "RAY_METRICS": 18080,
+    "PROMETHEUS": 19090,
 }
+# Moved ports that cluster.env does not carry: the admin port is only in the nginx site,
+# and Ray's metrics port and Prometheus's reach no host yet (issue 21 wires them).
+NOT_CARRIED = ("DASHBOARD_HTTPS", "RAY_METRICS", "PROMETHEUS")
 ORIGINAL = {name: getattr(ports, name) for name in MOVED}
 
 HEAD_IP, WORKER_IP = "10.42.128.10", "10.42.128.11"
@@ -124,7 +129,7 @@ write_node_env
 
 
 def test_a_moved_port_reaches_cluster_env_and_node_env(tmp_path, moved):
-    expected = {f"PORT_{name}": str(port) for name, port in MOVED.items() if name != "DASHBOARD_HTTPS"}
+    expected = {f"PORT_{name}": str(port) for name, port in MOVED.items() if name not in NOT_CARRIED}
     assert bootstrap.port_env() == expected
     for index in (0, 1):
         assert parse_env(bootstrap.cluster_env(boot(index))).items() >= expected.items()

@@ -1,0 +1,422 @@
+"""Prometheus on the gateway, as plain text: its configuration, the targets it scrapes,
+the recording and alert rules, and its command-line flags (issue 21).
+
+Pure Python, no Pulumi: every function takes plain values (the stack's gangs, the
+gateway's disk) and returns text or lists, so all of it is unit-tested, and
+tests/test_metrics.py checks the rules against the metric names vLLM really exports and
+the files with the packaged `promtool`.
+
+What is scraped: vLLM's /metrics on each gang's head (the API port; vLLM does not put
+/metrics behind --api-key, vllm/entrypoints/serve/middleware/authenticate.py, so only
+the security group keeps others off) and Ray's metrics endpoint on every node. The
+targets sit in file_sd files the gateway rewrites alone when the gangs change:
+Prometheus watches them and applies a well-formed change at once, with no restart or
+reload (https://prometheus.io/docs/prometheus/2.45/configuration/configuration/#file_sd_config).
+
+The configuration keeps to what Prometheus 2.42 reads (Debian 12's package; Ubuntu
+24.04 has 2.45), so one file serves both: no `scrape_config_files` (new in 2.43).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+from dataclasses import dataclass
+
+import yaml
+
+from components import ports
+from components.topology import HEAD, WORKER, gang_name, node_name, node_role
+
+# Where the files live on the gateway. The Debian/Ubuntu package reads
+# /etc/prometheus/prometheus.yml and keeps its data in /var/lib/prometheus/metrics2/
+# (the package's /etc/default/prometheus and `prometheus --help`); ours sit beside it.
+CONFIG_FILE = "/etc/prometheus/prometheus.yml"
+DATA_DIR = "/var/lib/prometheus/metrics2/"
+CLUSTER_DIR = "/etc/prometheus/vllm-cluster"
+RECORDING_RULES = "recording-rules.yml"
+ALERT_RULES = "alert-rules.yml"
+VLLM_TARGETS = "targets/vllm.json"
+RAY_TARGETS = "targets/ray.json"
+
+# Served at https://<gateway>:DASHBOARD_HTTPS/prometheus/. With a path in
+# --web.external-url, Prometheus serves every endpoint under it (UI, /api/v1, /-/healthy,
+# /metrics; `prometheus --help`, --web.route-prefix "Defaults to path of
+# --web.external-url"), so nginx passes /prometheus/ through without stripping it.
+ROUTE_PREFIX = "/prometheus"
+
+JOB_VLLM = "vllm"
+JOB_RAY = "ray"
+JOB_PROMETHEUS = "prometheus"
+# Every target carries these, so every series names its gang, node and role.
+TARGET_LABELS = ("gang", "node", "role")
+
+# Debian's packaged prometheus.yml scrapes every 15 s (Prometheus's own default is 1 m).
+# The rules take rate() over RATE_WINDOW: at least four scrapes in the window, so one
+# missed scrape still leaves a rate (Robust Perception, "What range should I use with
+# rate()?", https://www.robustperception.io/what-range-should-i-use-with-rate/).
+SCRAPE_INTERVAL = "15s"
+EVALUATION_INTERVAL = "15s"
+RATE_WINDOW = "5m"
+
+# Retention: when neither limit is set Prometheus keeps 15 days ("the retention time
+# defaults to 15d", `prometheus --help`); keep that, and bound the size too.
+RETENTION_DAYS = 15
+# "it is recommended to set the retention size to at most 80-85% of your allocated
+# Prometheus disk space": the WAL and the head chunks count towards the limit but are
+# only cut every 2 h, and expired blocks can take up to 2 h to go
+# (https://prometheus.io/docs/prometheus/latest/storage/#operational-aspects).
+RETENTION_SHARE_OF_DISK = 0.80
+# What the gateway's root volume holds besides Prometheus: Ubuntu 24.04's server image,
+# nginx, the Prometheus package, the journal and apt's cache. An estimate, not a
+# measurement: check it with `df -h /` on a gateway.
+GATEWAY_SYSTEM_GIB = 4
+# Below this much room for Prometheus the limit would cut data within hours: the WAL
+# alone keeps at least three 128 MB segments (same storage page).
+MIN_PROMETHEUS_GIB = 2
+
+
+@dataclass(frozen=True)
+class ScrapeNode:
+    """One GPU node as Prometheus sees it: its name in the stack, its private IP and its
+    role in its gang (topology.HEAD or topology.WORKER)."""
+
+    name: str
+    ip: str
+    role: str
+
+
+@dataclass(frozen=True)
+class ScrapeGang:
+    """One gang (a head and its workers) by its name in the stack."""
+
+    name: str
+    nodes: tuple[ScrapeNode, ...]
+
+    @property
+    def head(self) -> ScrapeNode:
+        return next(node for node in self.nodes if node.role == HEAD)
+
+
+def scrape_gang(gang: int, node_ips: list[str]) -> ScrapeGang:
+    """Gang number `gang` from its nodes' private IPs in node order (head first), named
+    as the rest of the stack names them (topology.gang_name, node_name, node_role)."""
+    nodes = tuple(
+        ScrapeNode(name=node_name(index, gang), ip=ip, role=node_role(index)) for index, ip in enumerate(node_ips)
+    )
+    return ScrapeGang(name=gang_name(gang), nodes=nodes)
+
+
+# --- the gangs, checked -----------------------------------------------------------------
+
+
+def gang_problems(gangs: list[ScrapeGang]) -> list[str]:
+    """Everything wrong with the gangs the targets are made from, each naming the gang or
+    node: a target list built from them would scrape the wrong hosts or label them wrong."""
+    problems = []
+    problems += _duplicates("gang name", [gang.name for gang in gangs])
+    problems += _duplicates("node name", [node.name for gang in gangs for node in gang.nodes])
+    problems += _duplicates("node IP", [node.ip for gang in gangs for node in gang.nodes])
+    for gang in gangs:
+        problems += _head_problems(gang)
+        problems += [problem for node in gang.nodes for problem in _node_problems(gang, node)]
+    return problems
+
+
+def _duplicates(what: str, values: list[str]) -> list[str]:
+    return [
+        f"{what} {value!r} appears {values.count(value)} times"
+        for value in sorted(set(values))
+        if values.count(value) > 1
+    ]
+
+
+def _head_problems(gang: ScrapeGang) -> list[str]:
+    heads = [node.name for node in gang.nodes if node.role == HEAD]
+    if len(heads) == 1:
+        return []
+    return [f"gang {gang.name!r} has {len(heads)} heads ({', '.join(heads) or 'none'}); a gang has exactly one"]
+
+
+def _node_problems(gang: ScrapeGang, node: ScrapeNode) -> list[str]:
+    problems = []
+    if node.role not in (HEAD, WORKER):
+        problems.append(
+            f"node {node.name!r} of gang {gang.name!r} has role {node.role!r}; it must be {HEAD!r} or {WORKER!r}"
+        )
+    try:
+        ipaddress.ip_address(node.ip)
+    except ValueError:
+        problems.append(f"node {node.name!r} of gang {gang.name!r} has IP {node.ip!r}, which is not an IP address")
+    return problems
+
+
+def _checked(gangs: list[ScrapeGang]) -> list[ScrapeGang]:
+    problems = gang_problems(gangs)
+    if problems:
+        raise ValueError("cannot write Prometheus targets: " + "; ".join(problems))
+    return gangs
+
+
+# --- targets (file_sd) ------------------------------------------------------------------
+
+
+def _address(ip: str, port: int) -> str:
+    """host:port as Prometheus's __address__ takes it (an IPv6 address in brackets)."""
+    return f"[{ip}]:{port}" if ipaddress.ip_address(ip).version == 6 else f"{ip}:{port}"
+
+
+def _target_group(gang: ScrapeGang, node: ScrapeNode, port: int) -> dict:
+    """One file_sd target group: `targets` and `labels` are the format's two keys
+    (https://prometheus.io/docs/prometheus/2.45/configuration/configuration/#file_sd_config)."""
+    return {"targets": [_address(node.ip, port)], "labels": {"gang": gang.name, "node": node.name, "role": node.role}}
+
+
+def vllm_targets(gangs: list[ScrapeGang]) -> str:
+    """The `vllm` job's file_sd JSON: each gang's head on vLLM's API port. Only the head
+    runs the OpenAI server; the workers run Ray workers and no /metrics of vLLM's."""
+    groups = [_target_group(gang, gang.head, ports.VLLM_API) for gang in _checked(gangs)]
+    return json.dumps(groups, indent=2) + "\n"
+
+
+def ray_targets(gangs: list[ScrapeGang]) -> str:
+    """The `ray` job's file_sd JSON: every node on Ray's metrics export port, which
+    each node's dashboard agent serves (ray/dashboard/modules/reporter/reporter_agent.py)."""
+    groups = [_target_group(gang, node, ports.RAY_METRICS) for gang in _checked(gangs) for node in gang.nodes]
+    return json.dumps(groups, indent=2) + "\n"
+
+
+def target_files(gangs: list[ScrapeGang], directory: str = CLUSTER_DIR) -> dict[str, str]:
+    """Both target files by their path on the gateway: what a gateway command rewrites
+    (each atomically, by rename) when the gangs change; Prometheus needs no reload."""
+    return {f"{directory}/{VLLM_TARGETS}": vllm_targets(gangs), f"{directory}/{RAY_TARGETS}": ray_targets(gangs)}
+
+
+# --- the main configuration -------------------------------------------------------------
+
+
+def _file_sd_job(job: str, targets_file: str) -> dict:
+    return {"job_name": job, "metrics_path": "/metrics", "file_sd_configs": [{"files": [targets_file]}]}
+
+
+def _self_job() -> dict:
+    """Prometheus's own metrics, under the route prefix: prometheus_tsdb_head_series and
+    the samples appended per second are what to size the disk and memory by
+    (https://www.robustperception.io/how-much-ram-does-prometheus-2-x-need-for-cardinality-and-ingestion/)."""
+    return {
+        "job_name": JOB_PROMETHEUS,
+        "metrics_path": f"{ROUTE_PREFIX}/metrics",
+        "static_configs": [{"targets": [f"127.0.0.1:{ports.PROMETHEUS}"]}],
+    }
+
+
+def prometheus_config(directory: str = CLUSTER_DIR) -> str:
+    """prometheus.yml: the scrape interval, the rule files, and the jobs. It names no
+    host: the targets come from the file_sd files, so it changes only with this code."""
+    config = {
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": EVALUATION_INTERVAL},
+        "rule_files": [f"{directory}/{RECORDING_RULES}", f"{directory}/{ALERT_RULES}"],
+        "scrape_configs": [
+            _file_sd_job(JOB_VLLM, f"{directory}/{VLLM_TARGETS}"),
+            _file_sd_job(JOB_RAY, f"{directory}/{RAY_TARGETS}"),
+            _self_job(),
+        ],
+    }
+    header = "# Written by vllm-cluster (components/metrics.py). Do not edit on the host: `pulumi up` rewrites it.\n"
+    return header + _yaml(config)
+
+
+def _yaml(data: dict) -> str:
+    # A wide line so PromQL stays on one line and reads as written.
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=1000)
+
+
+# --- recording rules --------------------------------------------------------------------
+
+# vLLM 0.33's names, as prometheus_client exposes them (counters gain _total, histograms
+# _bucket): vllm/v1/metrics/loggers.py of vllm 0.33.0, byte-identical in 0.32.0.
+# Not the names of older guides: vllm:gpu_cache_usage_perc became vllm:kv_cache_usage_perc
+# (vllm PR #29330) and vllm:time_per_output_token_seconds became
+# vllm:inter_token_latency_seconds (vllm PR #32661); neither old name is exported.
+TTFT = "vllm:time_to_first_token_seconds"  # loggers.py:930-938
+INTER_TOKEN = "vllm:inter_token_latency_seconds"  # loggers.py:940-948
+E2E = "vllm:e2e_request_latency_seconds"  # loggers.py:960-968
+GENERATION_TOKENS = "vllm:generation_tokens_total"  # loggers.py:798-805
+RUNNING = "vllm:num_requests_running"  # loggers.py:527-535
+WAITING = "vllm:num_requests_waiting"  # loggers.py:537-545
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # loggers.py:619-627; 0..1, 1 is full
+PREEMPTIONS = "vllm:num_preemptions_total"  # loggers.py:738-745
+
+# The recorded series, named level:metric:operations
+# (https://prometheus.io/docs/practices/rules/#naming-and-aggregation).
+TTFT_P50 = "gang:vllm_time_to_first_token_seconds:p50"
+TTFT_P95 = "gang:vllm_time_to_first_token_seconds:p95"
+INTER_TOKEN_P50 = "gang:vllm_inter_token_latency_seconds:p50"
+INTER_TOKEN_P95 = "gang:vllm_inter_token_latency_seconds:p95"
+E2E_P95 = "gang:vllm_e2e_request_latency_seconds:p95"
+TOKENS_PER_SECOND = f"gang:vllm_generation_tokens:rate{RATE_WINDOW}"
+REQUESTS_RUNNING = "gang:vllm_num_requests_running:sum"
+REQUESTS_WAITING = "gang:vllm_num_requests_waiting:sum"
+KV_CACHE_USED = "gang:vllm_kv_cache_usage_perc:max"
+PREEMPTIONS_PER_SECOND = f"gang:vllm_num_preemptions:rate{RATE_WINDOW}"
+
+
+def _quantile(q: float, histogram: str) -> str:
+    """A quantile of a histogram across a gang's engines: the buckets are summed by gang
+    and le before histogram_quantile, the only order in which buckets may be added up
+    (https://prometheus.io/docs/practices/histograms/#quantiles)."""
+    return f"histogram_quantile({q}, sum by (gang, le) (rate({histogram}_bucket[{RATE_WINDOW}])))"
+
+
+def recording_rule_exprs() -> dict[str, str]:
+    """Each recorded series and its PromQL, one series per gang."""
+    return {
+        TTFT_P50: _quantile(0.5, TTFT),
+        TTFT_P95: _quantile(0.95, TTFT),
+        INTER_TOKEN_P50: _quantile(0.5, INTER_TOKEN),
+        INTER_TOKEN_P95: _quantile(0.95, INTER_TOKEN),
+        E2E_P95: _quantile(0.95, E2E),
+        TOKENS_PER_SECOND: f"sum by (gang) (rate({GENERATION_TOKENS}[{RATE_WINDOW}]))",
+        REQUESTS_RUNNING: f"sum by (gang) ({RUNNING})",
+        REQUESTS_WAITING: f"sum by (gang) ({WAITING})",
+        # The fullest engine's cache: with several engines (data parallel) an average hides
+        # the one that is out of room.
+        KV_CACHE_USED: f"max by (gang) ({KV_CACHE_USAGE})",
+        PREEMPTIONS_PER_SECOND: f"sum by (gang) (rate({PREEMPTIONS}[{RATE_WINDOW}]))",
+    }
+
+
+def recording_rules() -> str:
+    """The recording rules file (Prometheus's rule-file format, one group)."""
+    rules = [{"record": name, "expr": expr} for name, expr in recording_rule_exprs().items()]
+    return _yaml({"groups": [{"name": "vllm-cluster-gangs", "rules": rules}]})
+
+
+# --- alert rules ------------------------------------------------------------------------
+
+# How long each condition must hold before its alert fires. The issue names the KV
+# cache's 10 minutes; the others are ours: long enough to ride out a vLLM restart or a
+# burst, short enough to page while it matters.
+ENGINE_DOWN_FOR = "2m"
+HUNG_FOR = "5m"
+KV_CACHE_FULL_FOR = "10m"
+KV_CACHE_FULL_ABOVE = 0.95
+QUEUE_GROWING_WINDOW = "10m"
+QUEUE_GROWING_FOR = "15m"
+RAY_METRICS_GONE_FOR = "5m"
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    duration: str
+    severity: str
+    summary: str
+
+
+def alerts() -> list[Alert]:
+    """The five alerts of issue 21, each per gang (and per node for Ray)."""
+    return [
+        Alert(
+            "VllmEngineDown",
+            # The scrape of a gang's head fails: vLLM's API server is gone (it exits when
+            # its engine dies) or the head is unreachable.
+            f'min by (gang) (up{{job="{JOB_VLLM}"}}) == 0',
+            ENGINE_DOWN_FOR,
+            "critical",
+            "vLLM on gang {{ $labels.gang }}'s head does not answer /metrics",
+        ),
+        Alert(
+            "VllmGangHung",
+            # Requests in the batch but not one token made: a stuck collective (NCCL) or a
+            # dead pipeline stage leaves the API server up and every request waiting.
+            f"{REQUESTS_RUNNING} > 0 and {TOKENS_PER_SECOND} == 0",
+            HUNG_FOR,
+            "critical",
+            "gang {{ $labels.gang }} has requests running and made no token in " + RATE_WINDOW,
+        ),
+        Alert(
+            "VllmKvCacheFull",
+            f"{KV_CACHE_USED} > {KV_CACHE_FULL_ABOVE}",
+            KV_CACHE_FULL_FOR,
+            "warning",
+            "gang {{ $labels.gang }}'s KV cache is over "
+            f"{KV_CACHE_FULL_ABOVE:.0%} full: new requests wait, running ones may be preempted",
+        ),
+        Alert(
+            "VllmQueueGrowing",
+            # deriv: the slope of a gauge by linear regression, positive while the queue
+            # grows (https://prometheus.io/docs/prometheus/latest/querying/functions/#deriv).
+            f"deriv({REQUESTS_WAITING}[{QUEUE_GROWING_WINDOW}]) > 0 and {REQUESTS_WAITING} > 0",
+            QUEUE_GROWING_FOR,
+            "warning",
+            "gang {{ $labels.gang }}'s queue of waiting requests keeps growing",
+        ),
+        Alert(
+            "RayNodeMetricsGone",
+            # The node's dashboard agent does not answer on RAY_METRICS: the agent, Ray or
+            # the node is down. A node taken out of the stack leaves the targets instead.
+            f'max by (gang, node) (up{{job="{JOB_RAY}"}}) == 0',
+            RAY_METRICS_GONE_FOR,
+            "warning",
+            "Ray's metrics of node {{ $labels.node }} (gang {{ $labels.gang }}) are gone",
+        ),
+    ]
+
+
+def _alert_rule(alert: Alert) -> dict:
+    return {
+        "alert": alert.name,
+        "expr": alert.expr,
+        "for": alert.duration,
+        "labels": {"severity": alert.severity},
+        "annotations": {"summary": alert.summary},
+    }
+
+
+def alert_rules() -> str:
+    """The alert rules file. No Alertmanager: alerts show at /prometheus/alerts and in
+    the API (/prometheus/api/v1/alerts)."""
+    return _yaml({"groups": [{"name": "vllm-cluster-alerts", "rules": [_alert_rule(a) for a in alerts()]}]})
+
+
+def rule_files(directory: str = CLUSTER_DIR) -> dict[str, str]:
+    """Both rule files by their path on the gateway."""
+    return {f"{directory}/{RECORDING_RULES}": recording_rules(), f"{directory}/{ALERT_RULES}": alert_rules()}
+
+
+# --- command line -----------------------------------------------------------------------
+
+
+def retention_size_mib(disk_gib: int) -> int:
+    """The size limit for a gateway whose root volume is `disk_gib`: the share the
+    storage docs advise (RETENTION_SHARE_OF_DISK) of what the system leaves."""
+    room_gib = disk_gib - GATEWAY_SYSTEM_GIB
+    if room_gib < MIN_PROMETHEUS_GIB:
+        raise ValueError(
+            f"the gateway's disk of {disk_gib} GiB leaves {room_gib} GiB for Prometheus after the system's "
+            f"{GATEWAY_SYSTEM_GIB} GiB; it needs at least {MIN_PROMETHEUS_GIB} GiB. "
+            "Give the gateway a larger root volume."
+        )
+    return math.floor(room_gib * 1024 * RETENTION_SHARE_OF_DISK)
+
+
+def prometheus_flags(gateway_host: str, disk_gib: int, config_file: str = CONFIG_FILE) -> list[str]:
+    """Prometheus's arguments (the ARGS of /etc/default/prometheus, which the packaged
+    unit passes to /usr/bin/prometheus). `gateway_host` is the name or address users
+    open, for the links Prometheus writes."""
+    return [
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={DATA_DIR}",
+        # Whichever limit is reached first applies (storage docs, operational aspects).
+        f"--storage.tsdb.retention.time={RETENTION_DAYS}d",
+        # "A unit is required, supported units: B, KB, MB, GB, TB, PB, EB. Ex: "512MB".
+        # Based on powers-of-2, so 1KB is 1024B" (`prometheus --help`): MB is MiB.
+        f"--storage.tsdb.retention.size={retention_size_mib(disk_gib)}MB",
+        # Loopback only: nginx on the admin port is the way in, behind its login.
+        f"--web.listen-address=127.0.0.1:{ports.PROMETHEUS}",
+        f"--web.external-url=https://{gateway_host}:{ports.DASHBOARD_HTTPS}{ROUTE_PREFIX}/",
+        f"--web.route-prefix={ROUTE_PREFIX}",
+    ]
