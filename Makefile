@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test test-deps lint bench bench-fleet bench-install bench-replicas bench-model bench-cpu-floor local local-down up destroy pulumi-yaml clean
+.PHONY: test test-deps lint bench bench-fleet bench-install bench-replicas bench-model bench-metrics bench-cpu-floor local local-down up destroy pulumi-yaml clean
 
 # pip installs uv (its pin from requirements-dev.txt), and uv the rest: on a new machine
 # about half a minute where pip alone took over a minute. pip stays in the venv for `pulumi install`.
@@ -53,6 +53,11 @@ bench-replicas: $(VENV)/.installed
 # Needs what the fleet needs: a 2-node and then a 3-node gang, one after the other.
 bench-model: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_model.py
+
+# vLLM's and Ray's metric series on one node (the planner's Prometheus sizing), on
+# loopback with the fleet's environment and tiny model (about 3 min).
+bench-metrics: $(VENV)/.installed
+	$(VENV)/bin/python bench/bench_metrics_series.py
 
 # The test suite with the machine's CPU sampled: per module its work, and the floor
 # (work / cores) no schedule of that work could beat here. Run with nothing else busy.

@@ -7,11 +7,11 @@ is bad), builds the components and exports what users need to reach the service.
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, node_env, ports, sizing
+from components import bootstrap, metrics, node_env, ports, sizing
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
-from components.gateway import Gateway, GatewayArgs
+from components.gateway import GATEWAY_ROOT_GIB, Gateway, GatewayArgs
 from components.network import Network, NetworkArgs, first_zone
 from components.security import SecurityArgs, SecurityGroups
 from components.services import SSH_USER, ClusterServices, ServicesArgs, ServingGang, vllm_settings
@@ -250,6 +250,8 @@ services = ClusterServices(
         api_read_timeout_seconds=spec.api_read_timeout_seconds,
         api_rate_limit_per_second=spec.api_rate_limit_per_second,
         login_probe_private_key=credentials.login_probe_private_key,
+        metrics_password=credentials.metrics_password,
+        gateway_disk_gib=GATEWAY_ROOT_GIB,
         node_boot=node_boot,
         api_key=credentials.api_key,
         hf_token=spec.hf_token,
@@ -270,6 +272,13 @@ services = ClusterServices(
 key_file = f"vllm-cluster-{pulumi.get_stack()}.pem"
 pulumi.export("endpoint", pulumi.Output.concat("https://", certificate.hostname, "/v1"))
 pulumi.export("dashboardUrl", pulumi.Output.concat("https://", certificate.hostname, f":{ports.DASHBOARD_HTTPS}/"))
+# Prometheus on the gateway, behind adminCidrs and the metrics login (USER:PASSWORD, as
+# `curl -u` takes it; secret).
+pulumi.export(
+    "metricsUrl",
+    pulumi.Output.concat("https://", certificate.hostname, f":{ports.DASHBOARD_HTTPS}{metrics.ROUTE_PREFIX}/"),
+)
+pulumi.export("metricsLogin", pulumi.Output.concat(f"{metrics.METRICS_USER}:", credentials.metrics_password))
 pulumi.export("gatewayPublicIp", gateway.public_ip)
 # Gang 0's, as before replicas; `gangs` has every gang's nodes, head first.
 pulumi.export("headPrivateIp", nodes.head_private_ip)

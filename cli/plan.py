@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from cli.stack_file import read_stack
-from components import aws_contract, bootstrap, image, models, sizing
+from components import aws_contract, bootstrap, image, metrics, models, prometheus_sizing, sizing
 from components.catalog import InstanceType
 from components.topology import node_name, topology_summary
 
@@ -117,6 +117,7 @@ def build_plan(
     topology = topology_summary(spec.nodes, spec.gpus_per_node, tp, pp)
     layers = sizing.stage_layers(model.layers, pp) if model.layers else None
     contract = aws_contract.check(run.resources, run.id_of)
+    prometheus = _prometheus(spec)
     smallest = None
     if not the_fit.fits:
         option = sizing.smallest_fit(model, spec.gpu_memory_utilization, spec.max_model_len)
@@ -148,6 +149,7 @@ def build_plan(
         "costPerHourUsd": round(the_cost.per_hour, 4),
         "costPerDayUsd": round(the_cost.per_day, 2),
         "cost": _cost(the_cost, instance),
+        "prometheus": prometheus,
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
         "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
         "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
@@ -160,9 +162,61 @@ def build_plan(
         },
         "warnings": sizing.warnings_for(model, instance, tp, the_fit)
         + list(spec.warnings)
-        + [str(finding) for finding in contract.warnings],
+        + [str(finding) for finding in contract.warnings]
+        + prometheus["warnings"],
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
         "secretsNotRead": secret_keys,
+    }
+
+
+def _prometheus(spec) -> dict[str, Any]:
+    """Prometheus on the gateway (components/prometheus_sizing.py, issue 21): the series
+    per node and for the stack's gangs, the memory against the gateway type's, the disk
+    for the retention time against the retention size limit."""
+    from components.gateway import GATEWAY_ROOT_GIB  # the Gateway component's module: Pulumi, as the run above
+
+    sized = prometheus_sizing.gateway_sizing(
+        spec.replicas, spec.nodes, spec.gpus_per_node, spec.gateway_instance_type, GATEWAY_ROOT_GIB
+    )
+    load = sized.ingest
+    return {
+        "measuredOn": prometheus_sizing.MEASURED_ON,
+        "measuredBy": prometheus_sizing.MEASURED_BY,
+        "seriesPerNode": {
+            "head": load.head,
+            "worker": load.worker,
+            "vllm": prometheus_sizing.VLLM_HEAD_SERIES,
+            "ray": prometheus_sizing.ray_node_series(load.gpus_per_node),
+            "rayPerGpu": prometheus_sizing.RAY_SERIES_PER_GPU,
+        },
+        "gangs": load.gangs,
+        "nodesPerGang": load.nodes,
+        "targets": load.targets,
+        "prometheusSelfSeries": prometheus_sizing.PROMETHEUS_SELF_SERIES,
+        "seriesPerTarget": prometheus_sizing.SERIES_PER_TARGET,
+        "recordedSeriesPerGang": prometheus_sizing.recorded_series_per_gang(),
+        "series": load.series,
+        "scrapeInterval": metrics.SCRAPE_INTERVAL,
+        "samplesPerSecond": round(load.samples_per_second, 1),
+        "memory": {
+            "gatewayType": sized.gateway_type,
+            "gatewayMiB": sized.memory_mib,
+            "neededMiB": round(sized.needed_mib),
+            "baseMiB": prometheus_sizing.GATEWAY_BASE_MIB,
+            "seriesMiB": round(prometheus_sizing.series_mib(load.series), 1),
+            "bytesPerSeries": prometheus_sizing.BYTES_PER_HEAD_SERIES,
+            "share": prometheus_sizing.MEMORY_SHARE,
+            "fits": sized.memory_fits,
+        },
+        "disk": {
+            "rootGiB": GATEWAY_ROOT_GIB,
+            "retentionDays": sized.retention_days,
+            "retentionGiB": round(sized.retention_mib / 1024, 2),
+            "bytesPerSample": prometheus_sizing.BYTES_PER_SAMPLE,
+            "retentionLimitMiB": sized.retention_limit_mib,
+            "daysAtLimit": round(sized.days_at_limit, 1),
+        },
+        "warnings": list(sized.warnings),
     }
 
 
@@ -339,6 +393,49 @@ def _cost_lines(plan: dict[str, Any]) -> list[str]:
     ]
 
 
+def _prometheus_lines(plan: dict[str, Any]) -> list[str]:
+    """The series per node, the stack's, and what they take of the gateway's memory and disk."""
+    p = plan["prometheus"]
+    n, m, d = p["seriesPerNode"], p["memory"], p["disk"]
+    if m["fits"] is None:
+        verdict = f"of {m['gatewayType']}'s memory, which the planner does not know: not checked"
+    else:
+        state = "fits" if m["fits"] else "DOES NOT FIT"
+        verdict = f"of {m['gatewayType']}'s {m['gatewayMiB']:,} MiB: {state} within {m['share']:.0%}"
+    if d["daysAtLimit"] >= d["retentionDays"]:
+        limit = f"holds {d['daysAtLimit']:,.0f} days at this rate, so the {d['retentionDays']}-day time limit applies"
+    else:
+        limit = (
+            f"holds only {d['daysAtLimit']:.1f} days at this rate: it, not the {d['retentionDays']}-day limit, applies"
+        )
+    per_node = (
+        f"head {n['head']:,} series (vLLM {n['vllm']:,} + Ray {n['ray']:,}), worker {n['worker']:,} (Ray): "
+        f"measured {p['measuredOn']} ({p['measuredBy']}), Ray's {n['rayPerGpu']} per GPU counted from its source"
+    )
+    stack = (
+        f"{p['series']:,} series: {p['gangs']} gang(s) of {p['nodesPerGang']} node(s), "
+        f"{p['seriesPerTarget']} per target x {p['targets']}, {p['recordedSeriesPerGang']} rules per gang, "
+        f"Prometheus's own ~{p['prometheusSelfSeries']:,}; {p['samplesPerSecond']:,.0f} samples/s at a "
+        f"{p['scrapeInterval']} scrape"
+    )
+    memory = (
+        f"{m['neededMiB']:,} MiB ({m['baseMiB']} MiB gateway and Prometheus base + {m['seriesMiB']:g} MiB "
+        f"at {m['bytesPerSeries']:,} B per series, Robust Perception) {verdict}"
+    )
+    disk = (
+        f"{d['retentionGiB']:g} GiB for {d['retentionDays']} days at {d['bytesPerSample']} B per sample "
+        f"(Prometheus's storage docs: 1-2 B); the retention size limit, {d['retentionLimitMiB']:,} MiB "
+        f"of the {d['rootGiB']} GiB root volume, {limit}"
+    )
+    return [
+        "Metrics on the gateway (Prometheus; estimates, components/prometheus_sizing.py)",
+        f"  per node       {per_node}",
+        f"  stack          {stack}",
+        f"  memory         {memory}",
+        f"  disk           {disk}",
+    ]
+
+
 def _model_bytes_lines(plan: dict[str, Any]) -> list[str]:
     """Per node: the bytes it copies, from where, at which rate, the time, and whether it
     serves from its local disk or the cache and why; every figure with its source."""
@@ -439,6 +536,7 @@ def render(plan: dict[str, Any]) -> str:
         _topology_lines,
         _fit_lines,
         _cost_lines,
+        _prometheus_lines,
         _model_bytes_lines,
         _time_to_first_token_lines,
         _warning_lines,

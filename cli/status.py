@@ -16,6 +16,12 @@ named); 2 down (no gang serves); 3 unknown (the tool could not look: no outputs,
 answer from any head, and no completion either). A gang drained from the gateway's
 pool makes the pool degraded, named: during a roll that is the truth (it serves with
 less), and a roll that failed leaves it so until an operator returns it.
+
+Beside the verdicts, from Prometheus on the gateway (cli/prometheus_view.py): each
+gang's serving figures over the rules' window (TTFT, inter-token latency, tokens/s,
+the queue, the KV cache), the active alerts, and with --watch the trends of the last
+15 minutes. They inform and never judge: an alert firing or Prometheus unreachable
+changes no verdict and no exit code.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
+from cli import prometheus_view
 from cli.cluster import Cluster, Gang, stack_outputs
 from cli.stack_file import read_stack
 from components import bootstrap
@@ -39,6 +46,9 @@ GANG_STATES = {GANG_DEGRADED: "is degraded", GANG_DOWN: "is not serving", GANG_U
 # (30 s at most, scripts/node/vllm-cluster-node), two metric samples 2 s apart.
 FACTS_TIMEOUT = 120
 DRAINED = "drained"  # the gateway's word for a gang out of its pool
+# Prometheus's questions on the gateway: three curls of prometheus_view.CURL_MAX_TIME
+# at most, and the SSH login.
+PROMETHEUS_TIMEOUT = 30
 
 
 def _head_answer(result) -> dict:
@@ -70,19 +80,27 @@ def _gateway_pool(result) -> dict:
     return {"view": None, "error": error or f"exit {result.returncode}"}
 
 
-def snapshot(cluster: Cluster, spec) -> dict:
-    """Every gang's head's status-facts, a completion through the endpoint and the
-    gateway's pool, asked at once (each bounded by its own timeout)."""
+def _prometheus(result, trends: bool) -> dict:
+    return prometheus_view.read(result.returncode, result.stdout, result.stderr, trends)
+
+
+def snapshot(cluster: Cluster, spec, trends: bool = False) -> dict:
+    """Every gang's head's status-facts, a completion through the endpoint, the
+    gateway's pool and Prometheus's figures and alerts (with `trends`, the last 15
+    minutes' too), asked at once (each bounded by its own timeout). Prometheus's
+    questions go in one SSH call: a login costs more than all of them."""
     facts_command = f"sudo {bootstrap.NODE_COMMAND} status-facts"
-    with ThreadPoolExecutor(len(cluster.gangs) + 2) as pool:
+    with ThreadPoolExecutor(len(cluster.gangs) + 3) as pool:
         heads = [pool.submit(cluster.ssh, gang.head, facts_command, FACTS_TIMEOUT) for gang in cluster.gangs]
         endpoint = pool.submit(cluster.completion, bootstrap.served_model_name(spec))
         gateway = pool.submit(cluster.ssh_gateway, f"sudo {bootstrap.GATEWAY_COMMAND} pool")
+        prometheus = pool.submit(cluster.ssh_gateway, prometheus_view.gateway_command(trends), PROMETHEUS_TIMEOUT)
         status, seconds, error = endpoint.result()
         return {
             "gangs": [_head_answer(head.result()) for head in heads],
             "completion": {"status": status, "seconds": round(seconds, 3), "error": error},
             "gateway": _gateway_pool(gateway.result()),
+            "prometheus": _prometheus(prometheus.result(), trends),
         }
 
 
@@ -207,6 +225,10 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         verdict = DOWN
     else:
         verdict = DEGRADED if problems else HEALTHY
+    # Informative only, after the verdict: nothing below may change it.
+    prometheus = snap["prometheus"]
+    for gang in gangs:
+        gang["prometheus"] = prometheus_view.gang_view(prometheus, gang["name"])
     first = gangs[0]
     return {
         "verdict": VERDICTS[verdict],
@@ -224,6 +246,8 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         "vllm": first["vllm"],
         "completion": completion,
         "metrics": first["metrics"],
+        "prometheus": {"reachable": prometheus["reachable"], "error": prometheus["error"]},
+        "alerts": prometheus["alerts"],
     }
 
 
@@ -250,12 +274,35 @@ def _gang_lines(gang: dict, width: int) -> list[str]:
             f"  metrics     running {metrics['running']:g}, waiting {metrics['waiting']:g}, "
             f"KV cache {metrics['kv_cache_usage'] * 100:.1f}%, {metrics['tokens_per_second']:.1f} tokens/s"
         )
+    figures = gang["prometheus"]
+    if figures:
+        lines.append(f"  {'last ' + figures['window']:12s}{prometheus_view.figures_line(figures)}")
+        if "trends" in figures:  # asked for --watch only
+            charts = prometheus_view.trend_lines(figures["trends"])
+            minutes = figures["trends"]["seconds"] // 60
+            lines += [f"  {f'{minutes} min' if i == 0 else '':12s}{chart}" for i, chart in enumerate(charts)]
+    return lines
+
+
+def _prometheus_lines(report: dict, now: datetime) -> list[str]:
+    """Prometheus unreachable in one line naming why, or the active alerts (none said)."""
+    prometheus, alerts = report["prometheus"], report["alerts"]
+    lines = []
+    if not prometheus["reachable"]:
+        where = prometheus_view.API_URL.removesuffix("/api/v1")
+        return [f"  prometheus  unreachable ({where} on the gateway): {prometheus['error']}"]
+    if prometheus["error"]:
+        lines.append(f"  prometheus  {prometheus['error']}")
+    if alerts is not None:
+        described = [prometheus_view.alert_line(alert, now) for alert in alerts] or ["none"]
+        lines += [f"  {'alerts' if i == 0 else '':12s}{text}" for i, text in enumerate(described)]
     return lines
 
 
 def render(stack: str, report: dict, endpoint: str) -> str:
     """One block per gang, then the pool; with one gang, no gang headings."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    now = datetime.now(timezone.utc)
+    stamp = now.strftime("%Y-%m-%d %H:%M:%S UTC")
     gangs = report["gangs"]
     width = max(10, *(len(n["node"]) + 2 for g in gangs for n in g["nodes"]))
     lines = [f"vllm-cluster status: stack {stack}   {stamp}"]
@@ -269,6 +316,7 @@ def render(stack: str, report: dict, endpoint: str) -> str:
             lines += [f"    - {problem}" for problem in gang["problems"]]
     completion, pool = report["completion"], report["pool"]
     lines.append("")
+    lines += _prometheus_lines(report, now)
     if len(gangs) > 1:
         drained = f"; drained: {', '.join(pool['drained']) or 'none'}" if pool["drained"] is not None else ""
         unseen = f" (no pool view from the gateway: {pool['gatewayError']})" if pool["drained"] is None else ""
@@ -290,7 +338,7 @@ def main(args) -> int:
     report = None
     try:
         while True:
-            report = assess(cluster, spec, snapshot(cluster, spec))
+            report = assess(cluster, spec, snapshot(cluster, spec, trends=args.watch))
             if args.watch and args.json:
                 print(json.dumps(report), flush=True)  # one document a line, for scripts
             elif args.watch:

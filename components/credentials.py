@@ -9,6 +9,9 @@ when the stack sets apiKey):
 - Ray token: 48 random letters and digits that every Ray node and client of a gang
   presents (Ray's token authentication); each gang has its own (a gang is its own Ray
   cluster), and every node of the gang receives it.
+- metrics password: 48 random letters and digits, the login of Prometheus on the
+  gateway (nginx's auth_basic at /prometheus/ on the admin port, components/metrics.py);
+  the gateway keeps only its salted hash.
 - login probe: an Ed25519 key whose public half the nodes authorize only to print
   one word (user data, vllm-cluster-first-boot); the gateway holds the private half,
   so it can tell when a booting node accepts logins without the stack's SSH key.
@@ -34,6 +37,7 @@ from components.topology import gang_prefix
 
 API_KEY_LENGTH = 48
 RAY_TOKEN_LENGTH = 48
+METRICS_PASSWORD_LENGTH = 48
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Credentials(pulumi.ComponentResource):
     ray_tokens: list[pulumi.Output[str]]
     login_probe_private_key: pulumi.Output[str]
     login_probe_public_key: pulumi.Output[str]
+    metrics_password: pulumi.Output[str]
 
     def __init__(self, name: str, args: CredentialsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Credentials", name, None, opts)
@@ -89,6 +94,13 @@ class Credentials(pulumi.ComponentResource):
         ]
         self.ray_token = self.ray_tokens[0]
 
+        # Letters and digits: it travels in a Basic auth header, as USER:PASSWORD.
+        self.metrics_password = pulumi.Output.secret(
+            random.RandomPassword(
+                f"{name}-metrics-password", length=METRICS_PASSWORD_LENGTH, special=False, opts=child
+            ).result
+        )
+
         probe = tls.PrivateKey(f"{name}-login-probe", algorithm="ED25519", opts=child)
         self.login_probe_private_key = pulumi.Output.secret(probe.private_key_openssh)
         self.login_probe_public_key = probe.public_key_openssh
@@ -103,5 +115,6 @@ class Credentials(pulumi.ComponentResource):
                 "rayTokens": self.ray_tokens,
                 "loginProbePrivateKey": self.login_probe_private_key,
                 "loginProbePublicKey": self.login_probe_public_key,
+                "metricsPassword": self.metrics_password,
             }
         )

@@ -19,9 +19,12 @@ The configuration keeps to what Prometheus 2.42 reads (Debian 12's package; Ubun
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import yaml
@@ -415,8 +418,79 @@ def prometheus_flags(gateway_host: str, disk_gib: int, config_file: str = CONFIG
         # "A unit is required, supported units: B, KB, MB, GB, TB, PB, EB. Ex: "512MB".
         # Based on powers-of-2, so 1KB is 1024B" (`prometheus --help`): MB is MiB.
         f"--storage.tsdb.retention.size={retention_size_mib(disk_gib)}MB",
-        # Loopback only: nginx on the admin port is the way in, behind its login.
-        f"--web.listen-address=127.0.0.1:{ports.PROMETHEUS}",
+        # Every interface: nginx on the admin port reaches it on loopback (behind the
+        # metrics login) and Ray's dashboard on each head through the private network;
+        # the security groups admit only the nodes (components/ports.py PROMETHEUS).
+        f"--web.listen-address=0.0.0.0:{ports.PROMETHEUS}",
         f"--web.external-url=https://{gateway_host}:{ports.DASHBOARD_HTTPS}{ROUTE_PREFIX}/",
         f"--web.route-prefix={ROUTE_PREFIX}",
     ]
+
+
+# --- the login, and what the gateway is sent ------------------------------------------
+
+# The user of the metrics login (nginx auth_basic in front of /prometheus/); its password
+# is the stack's own (components/credentials.py), exported as the secret metricsLogin.
+METRICS_USER = "metrics"
+# Read by nginx's workers (www-data on Debian and Ubuntu) for every request to
+# /prometheus/: a changed file needs no reload.
+HTPASSWD_FILE = "/etc/nginx/vllm-cluster-metrics.htpasswd"
+# The packaged unit's EnvironmentFile: `ExecStart=/usr/bin/prometheus $ARGS`.
+DEFAULTS_FILE = "/etc/default/prometheus"
+
+
+def htpasswd_line(user: str, password: str) -> str:
+    """`user:{SSHA}...`, a line nginx's auth_basic_user_file takes ("{SSHA}" is salted
+    SHA-1, https://nginx.org/en/docs/http/ngx_http_auth_basic_module.html): base64 of
+    SHA-1(password + salt) followed by the salt. The password is 48 random letters and
+    digits (285 bits), so no guess can find it from the hash, however fast SHA-1 is;
+    a slow hash (bcrypt) would cost the gateway ~50 ms of CPU on every request of
+    Prometheus's UI. The salt comes from the password, so the same password gives the
+    same line on every `pulumi up` (the command does not run again for nothing)."""
+    if ":" in user or "\n" in user + password:
+        raise ValueError("the metrics user may hold no ':' and neither value a line break")
+    salt = hashlib.sha256(b"vllm-cluster metrics salt\0" + password.encode()).digest()[:8]
+    digest = hashlib.sha1(password.encode() + salt).digest()  # noqa: S324 (nginx's {SSHA} is SHA-1)
+    return f"{user}:{{SSHA}}{base64.b64encode(digest + salt).decode()}\n"
+
+
+def prometheus_defaults(flags: list[str]) -> str:
+    """/etc/default/prometheus: the ARGS the packaged unit passes to Prometheus."""
+    for flag in flags:
+        if not re.fullmatch(r"--[a-z.-]+=[A-Za-z0-9._:/=,@+%-]+", flag):
+            raise ValueError(f"Prometheus flag {flag!r} is not a plain word /etc/default/prometheus can carry")
+    return (
+        "# Written by vllm-cluster (components/metrics.py). Do not edit: `pulumi up` rewrites it.\n"
+        f'ARGS="{" ".join(flags)}"\n'
+    )
+
+
+def gateway_files(gangs: list[ScrapeGang], gateway_host: str, disk_gib: int, htpasswd: str) -> dict[str, str]:
+    """Every file of the metrics on the gateway, by its path there: the configuration, the
+    rules, the targets, Prometheus's flags and the login. `vllm-cluster-gateway metrics`
+    installs them, checks them with promtool first, and restarts Prometheus only for new
+    flags, reloads it for a new configuration or rules, and neither for new targets."""
+    return {
+        CONFIG_FILE: prometheus_config(),
+        **rule_files(),
+        **target_files(gangs),
+        DEFAULTS_FILE: prometheus_defaults(prometheus_flags(gateway_host, disk_gib)),
+        HTPASSWD_FILE: htpasswd,
+    }
+
+
+def ready_url() -> str:
+    """Prometheus's readiness endpoint as the gateway itself asks it (on loopback)."""
+    return f"http://127.0.0.1:{ports.PROMETHEUS}{ROUTE_PREFIX}/-/ready"
+
+
+def api_url() -> str:
+    """Prometheus's HTTP API as hosts inside the stack reach it, on loopback of the gateway."""
+    return f"http://127.0.0.1:{ports.PROMETHEUS}{ROUTE_PREFIX}/api/v1"
+
+
+def ray_prometheus_host(gateway_private_ip: str) -> str:
+    """RAY_PROMETHEUS_HOST for the head's dashboard: Ray appends /api/v1/query to it
+    (ray/dashboard/modules/metrics/metrics_head.py), so it carries the route prefix and
+    no trailing slash. Over the private network, to the port only the nodes may reach."""
+    return f"http://{_address(gateway_private_ip, ports.PROMETHEUS)}{ROUTE_PREFIX}"

@@ -37,8 +37,11 @@ NFS = 2049
 RAY_METRICS = 8080
 # Prometheus on the gateway: Prometheus's own default port (`--web.listen-address`
 # 0.0.0.0:9090) and where Ray's dashboard looks first (RAY_PROMETHEUS_HOST
-# http://localhost:9090). Bound to 127.0.0.1 only: nginx serves it on DASHBOARD_HTTPS
-# under /prometheus/ behind a login, and no security group opens it.
+# http://localhost:9090). It has no login: users reach it through nginx on
+# DASHBOARD_HTTPS under /prometheus/ behind the stack's metrics login, and only the GPU
+# nodes may reach this port (Ray's dashboard on each head reads it), by a security
+# group rule from the nodes' group. Its admin and lifecycle APIs stay off (Prometheus's
+# --web.enable-admin-api and --web.enable-lifecycle are off by default).
 PROMETHEUS = 9090
 
 # Ports that must never be reachable from the internet (Ray's own security guidance;

@@ -134,6 +134,13 @@ class SecurityGroups(pulumi.ComponentResource):
             group=nodes,
             why="Readiness check: a real completion from the head through the gateway TLS and route allowlist",
         )
+        self._ingress(
+            "gateway-prometheus-from-nodes",
+            gateway,
+            ports.PROMETHEUS,
+            group=nodes,
+            why="The Ray dashboard on each head reads Prometheus (RAY_PROMETHEUS_HOST), which has no login",
+        )
         self._egress(
             "gateway-to-vllm", gateway, ports.VLLM_API, group=nodes, why="Proxy API requests to vLLM on the head node"
         )
@@ -143,6 +150,13 @@ class SecurityGroups(pulumi.ComponentResource):
             ports.RAY_DASHBOARD,
             group=nodes,
             why="Proxy the Ray dashboard on the head node for admins",
+        )
+        self._egress(
+            "gateway-to-ray-metrics",
+            gateway,
+            ports.RAY_METRICS,
+            group=nodes,
+            why="Prometheus on the gateway scrapes the Ray metrics of every node",
         )
         self._egress(
             "gateway-to-ssh",
@@ -175,6 +189,13 @@ class SecurityGroups(pulumi.ComponentResource):
             why="Ray dashboard, proxied by the gateway for admins only",
         )
         self._ingress(
+            "nodes-ray-metrics-from-gateway",
+            nodes,
+            ports.RAY_METRICS,
+            group=gateway,
+            why="Ray metrics (no auth of their own), scraped by Prometheus on the gateway only",
+        )
+        self._ingress(
             "nodes-ssh-from-gateway", nodes, ports.SSH, group=gateway, why="SSH through the gateway as jump host"
         )
         self._egress(
@@ -190,6 +211,13 @@ class SecurityGroups(pulumi.ComponentResource):
             80,
             cidr="0.0.0.0/0",
             why="Ubuntu package mirrors over HTTP (apt checks signatures), through the NAT gateway",
+        )
+        self._egress(
+            "nodes-to-prometheus",
+            nodes,
+            ports.PROMETHEUS,
+            group=gateway,
+            why="The Ray dashboard on each head reads Prometheus on the gateway",
         )
         self._egress("nodes-nfs-out", nodes, ports.NFS, group=efs, why="Mount the EFS model cache (NFS over TLS)")
 

@@ -39,13 +39,14 @@ stdin (secret in state), never in a command line or the user data.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap, image, ports
+from components import bootstrap, image, metrics, ports
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
@@ -122,6 +123,10 @@ class ServicesArgs:
     api_read_timeout_seconds: int
     api_rate_limit_per_second: int
     login_probe_private_key: pulumi.Output[str]
+    # Prometheus on the gateway: its login's password (components/credentials.py), and
+    # the gateway's root volume its retention is sized by.
+    metrics_password: pulumi.Output[str]
+    gateway_disk_gib: int
 
     # The node bootstrap: what each node was told at boot (setup sends it again) and its secrets.
     node_boot: NodeBootArgs
@@ -369,10 +374,42 @@ class ClusterServices(pulumi.ComponentResource):
             secret=True,
             triggers=self._gateway_triggers,
         )
+        self._metrics(args, [setup])
         commands = GatewayCommands(tls=tls, login_probe=login_probe)
         if args.rolling:
             commands.proxy = self._pool(args, [tls])
         return commands
+
+    def _metrics(self, args: ServicesArgs, after: list[command.remote.Command]) -> command.remote.Command:
+        """Prometheus on the gateway (installed by its setup): its configuration, rules,
+        flags and login, and the targets: every node of every gang, by private IP. New
+        gangs or replaced nodes change only the targets, which Prometheus reads without a
+        restart. Nothing waits for it: the service serves without its metrics."""
+        node_ips = [ip for gang in args.gangs for ip in gang.node_ips]
+        sizes = [len(gang.node_ips) for gang in args.gangs]
+
+        def script(values: list[str]) -> str:
+            host, password, *ips = values
+            gangs, start = [], 0
+            for gang, size in zip(args.gangs, sizes, strict=True):
+                gangs.append(metrics.scrape_gang(gang.index, ips[start : start + size]))
+                start += size
+            login = metrics.htpasswd_line(metrics.METRICS_USER, password)
+            files = metrics.gateway_files(gangs, host, args.gateway_disk_gib, login)
+            return bootstrap.gateway_metrics_script(files, metrics.ready_url())
+
+        stdin = pulumi.Output.secret(
+            pulumi.Output.all(args.endpoint_host, args.metrics_password, *node_ips).apply(script)
+        )
+        return self._run(
+            "gateway-metrics",
+            self._on_gateway(),
+            "sudo bash -s",
+            stdin=stdin,
+            after=after,
+            secret=True,
+            triggers=self._gateway_triggers,
+        )
 
     def _pool(self, args: ServicesArgs, after: list[command.remote.Command]) -> command.remote.Command:
         """nginx's site and the gangs' pool: with replicas before the gangs, with one
@@ -442,8 +479,14 @@ class ClusterServices(pulumi.ComponentResource):
                 ),
                 after=[login_probe, instance],
             )
-            setup_script = node_boot(args.node_boot, index, None if index == 0 else head_ip, gang.index).apply(
-                bootstrap.node_setup_script
+            # The head's dashboard reads Prometheus on the gateway: its address comes here,
+            # not in the user data (which would make every node wait for the gateway).
+            setup_script = pulumi.Output.all(
+                node_boot(args.node_boot, index, None if index == 0 else head_ip, gang.index), args.gateway_private_ip
+            ).apply(
+                lambda values: bootstrap.node_setup_script(
+                    dataclasses.replace(values[0], prometheus_url=metrics.ray_prometheus_host(values[1]))
+                )
             )
             setup = self._run(
                 f"setup-{node}",

@@ -983,18 +983,24 @@ def _check_exposure(reader: _Reader) -> Exposure:
     return Exposure(api_allowed_cidrs, admin_cidrs, allow_public_api)
 
 
+# The gateway's inbound rules that name the nodes' group (components/security.py
+# _gateway_rules): the readiness completion on the API port, and Prometheus.
+GATEWAY_RULES_FROM_NODES = 2
+
+
 def _check_gateway_rule_quota(
     reader: _Reader, api_allowed_cidrs: tuple[str, ...], admin_cidrs: tuple[str, ...]
 ) -> None:
     """The gateway's group takes one inbound rule per API CIDR, two per admin CIDR (SSH
-    and the dashboard) and one for the nodes' readiness completion (components/security.py).
+    and the dashboard) and two from the nodes' group (the readiness completion, Ray's
+    dashboards reading Prometheus; components/security.py).
     EC2 refuses a group's 61st inbound rule of a family (the default quota, IPv4 and IPv6
     counted apart) in the middle of `pulumi up`; refuse such lists here instead. A rule
     that names a group counts against both families (aws_contract's reading)."""
     for version, family in ((4, "IPv4"), (6, "IPv6")):
         api = sum(1 for cidr in api_allowed_cidrs if ipaddress.ip_network(cidr).version == version)
         admin = sum(1 for cidr in admin_cidrs if ipaddress.ip_network(cidr).version == version)
-        rules = api + 2 * admin + 1
+        rules = api + 2 * admin + GATEWAY_RULES_FROM_NODES
         if rules <= aws_contract.RULES_PER_GROUP:
             continue
         key = "adminCidrs" if 2 * admin >= api else "apiAllowedCidrs"
@@ -1002,10 +1008,10 @@ def _check_gateway_rule_quota(
             key,
             f"with apiAllowedCidrs ({api} {family}) and adminCidrs ({admin} {family}) the gateway's security "
             f"group needs {rules} inbound {family} rules (1 per API CIDR, 2 per admin CIDR for SSH and the "
-            f"dashboard, 1 for the nodes' readiness check); AWS refuses more than {aws_contract.RULES_PER_GROUP} "
-            f"per group and family by default ({aws_contract.VPC_QUOTAS_SOURCE}). Fix: merge neighbouring "
-            "CIDRs into wider ones (e.g. four /26 into one /24), or reach the admin paths through one VPN or "
-            "office CIDR",
+            f"dashboard, {GATEWAY_RULES_FROM_NODES} from the nodes); AWS refuses more than "
+            f"{aws_contract.RULES_PER_GROUP} per group and family by default ({aws_contract.VPC_QUOTAS_SOURCE}). "
+            "Fix: merge neighbouring CIDRs into wider ones (e.g. four /26 into one /24), or reach the admin "
+            "paths through one VPN or office CIDR",
         )
 
 

@@ -78,7 +78,7 @@ BASE_PACKAGES = (
 # What the hosts install from the package mirror: the gateway nginx at boot, the nodes
 # their Python's headers at setup (the image may lack them as Debian's does: vLLM's
 # engine compiles its kernels against them).
-MIRROR_PACKAGES = ("nginx", "python3.11-dev")
+MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev")
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -325,6 +326,64 @@ class ClusterUnderTest:
 
     def unit_property(self, index: int, unit: str, name: str) -> str:
         return self.node_shell(index, f"systemctl show -p {name} --value {unit}").stdout.strip()
+
+    def metrics_request(self, path: str, login: str | None = "default", **params: str) -> tuple[int, Any]:
+        """(HTTP status, parsed JSON or text) of GET metricsUrl + `path`, from this machine
+        (in adminCidrs) through the gateway's TLS, with the stack's metrics login unless
+        `login` is None or another USER:PASSWORD."""
+        import base64
+
+        url = self.run.outputs["metricsUrl"] + path.lstrip("/")
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        request = urllib.request.Request(url)
+        if login is not None:
+            pair = self.run.outputs["metricsLogin"] if login == "default" else login
+            request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
+        try:
+            with urllib.request.urlopen(request, context=self.tls(), timeout=30) as response:
+                raw = response.read()
+                status = response.status
+        except urllib.error.HTTPError as error:
+            raw, status = error.read(), error.code
+        try:
+            return status, json.loads(raw)
+        except json.JSONDecodeError:
+            return status, raw.decode(errors="replace")
+
+    def prometheus_query(self, query: str) -> dict[tuple[str, ...], float]:
+        """An instant query through metricsUrl: {label values of gang, node: value}."""
+        status, answer = self.metrics_request("api/v1/query", query=query)
+        assert status == 200 and answer["status"] == "success", (status, answer)
+        return {
+            (sample["metric"].get("gang", ""), sample["metric"].get("node", "")): float(sample["value"][1])
+            for sample in answer["data"]["result"]
+        }
+
+    def prometheus_alerts(self) -> list[dict]:
+        status, answer = self.metrics_request("api/v1/alerts")
+        assert status == 200 and answer["status"] == "success", (status, answer)
+        return answer["data"]["alerts"]
+
+    def wait_for_alert(self, name: str, gang: str, state: str | None, timeout: float) -> float:
+        """Seconds until alert `name` of `gang` is in `state` ("firing", "pending"), or
+        gone when `state` is None; fails after `timeout`."""
+        started = time.monotonic()
+        while True:
+            states = [
+                a["state"]
+                for a in self.prometheus_alerts()
+                if a["labels"].get("alertname") == name and a["labels"].get("gang") == gang
+            ]
+            if (state is None and not states) or (state is not None and state in states):
+                return time.monotonic() - started
+            assert time.monotonic() - started < timeout, (
+                f"{name} of {gang} is {states or 'inactive'} after {timeout:g} s"
+            )
+            time.sleep(5)
+
+    def prometheus_pid(self) -> str:
+        return self.fleet.ssh(self.fleet.gateway, "systemctl show -p MainPID --value prometheus").stdout.strip()
 
 
 @dataclass

@@ -123,10 +123,11 @@ def test_the_gateway_user_data_is_measured_as_ec2_decodes_it():
 
 
 def test_the_longest_cidr_lists_the_spec_accepts_fit_the_gateways_group():
-    """29 admin CIDRs (2 rules each), the API CIDR and the nodes' rule are the gateway
-    group's 60 inbound IPv4 rules: accepted, and within AWS's quota."""
-    admins = [f"198.51.100.{i}/32" for i in range(29)]
-    run = run_stack("dev", {"adminCidrs": admins})
+    """28 admin CIDRs (2 rules each), two API CIDRs and the nodes' two rules (the
+    readiness completion, Ray's dashboards reading Prometheus) are the gateway group's
+    60 inbound IPv4 rules: accepted, and within AWS's quota."""
+    admins = [f"198.51.100.{i}/32" for i in range(28)]
+    run = run_stack("dev", {"adminCidrs": admins, "apiAllowedCidrs": ["203.0.113.0/25", "203.0.113.128/25"]})
     assert run.error is None, run.error
     assert contract_of(run).errors == [], shown(contract_of(run).errors)
 
@@ -135,7 +136,8 @@ def test_the_longest_cidr_lists_the_spec_accepts_fit_the_gateways_group():
     "overrides",
     [
         {"adminCidrs": [f"198.51.100.{i}/32" for i in range(30)]},
-        {"apiAllowedCidrs": [f"203.0.113.{i}/32" for i in range(60)]},
+        {"adminCidrs": [f"198.51.100.{i}/32" for i in range(29)]},
+        {"apiAllowedCidrs": [f"203.0.113.{i}/32" for i in range(59)]},
         {"adminCidrs": [f"2001:db8::{i:x}/128" for i in range(30)]},
     ],
 )

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import select
+import shlex
 import signal
 import stat
 import subprocess
@@ -38,7 +39,7 @@ from fleet_cluster import (
 from pulumi_mocks import run_program
 from replay import COMMAND, replay
 
-from components import node_env, ports, versions
+from components import metrics, node_env, ports, versions
 from components.bootstrap import GATEWAY_COMMAND, local_model_directory
 from components.catalog import CATALOG
 from components.topology import node_name
@@ -147,7 +148,10 @@ def test_streaming_through_the_gateway_arrives_token_by_token(cluster):
 def test_the_local_target_says_how_to_reach_it_and_that_works_from_this_machine(cluster):
     lines = cluster.printed.splitlines()
     outputs = json.loads(Path(lines[-1]).read_text())
-    assert {"endpoint", "apiKey", "dashboardUrl", "tlsCertificate"} <= set(outputs)
+    assert {"endpoint", "apiKey", "dashboardUrl", "tlsCertificate", "metricsUrl", "metricsLogin"} <= set(outputs)
+    assert any(outputs["metricsUrl"] in line for line in lines) and any(
+        outputs["metricsLogin"] in line for line in lines
+    )
     assert oct(Path(lines[-1]).stat().st_mode & 0o777) == "0o600"
     assert any(outputs["endpoint"] in line for line in lines) and any(outputs["apiKey"] in line for line in lines)
     curl = next(line.strip() for line in lines if line.strip().startswith("curl "))
@@ -174,6 +178,110 @@ def test_routes_outside_the_allowlist_are_refused_at_the_gateway(cluster):
     for path in ("/metrics", "/collective_rpc", "/v1/embeddings", "/version"):
         assert cluster.request(path)[0] == 404, path
     assert cluster.request("/health")[0] == 200
+
+
+# --- Prometheus on the gateway (issue 21) ---------------------------------------------------
+
+
+def test_prometheus_is_reachable_only_on_the_admin_port_with_its_login(cluster):
+    """From this machine (in adminCidrs) the stack's login gets in and none or a wrong
+    one gets 401; from a node's address (outside adminCidrs) nginx refuses before any
+    login; the API port answers 404 for every Prometheus and metrics path."""
+    status, answer = cluster.metrics_request("api/v1/query", query="up")
+    assert status == 200 and answer["status"] == "success", answer
+    assert cluster.metrics_request("api/v1/query", login=None, query="up")[0] == 401
+    user, password = cluster.run.outputs["metricsLogin"].split(":", 1)
+    assert cluster.metrics_request("api/v1/query", login=f"{user}:{password[:-1]}", query="up")[0] == 401
+    assert cluster.metrics_request("graph")[0] == 200  # Prometheus's own UI, under the prefix
+    outside = cluster.node_shell(
+        0, f"curl -sk -o /dev/null -w %{{http_code}} '{cluster.run.outputs['metricsUrl']}api/v1/query?query=up'"
+    ).stdout
+    assert outside == "403", outside
+    for path in (
+        "/prometheus/",
+        "/prometheus/graph",
+        "/prometheus/api/v1/query?query=up",
+        "/prometheus/-/ready",
+        "/api/v1/query?query=up",
+        "/metrics",
+        "/federate",
+    ):
+        assert cluster.request(path)[0] == 404, path
+        assert cluster.request(path, key=None)[0] == 404, path
+
+
+def test_the_ray_dashboard_finds_prometheus_on_the_gateway(cluster):
+    """RAY_PROMETHEUS_HOST on the head: the dashboard's own health check of Prometheus
+    (ray/dashboard/modules/metrics/metrics_head.py, a query through the private network)."""
+    answer = head_shell(
+        cluster,
+        'curl -s -w " %{http_code}" -H "Authorization: Bearer $(cat $RAY_AUTH_TOKEN_PATH)" '
+        "http://$NODE_IP:$PORT_RAY_DASHBOARD/api/prometheus_health",
+    ).stdout
+    body, code = answer.rsplit(" ", 1)
+    assert code == "200" and json.loads(body)["msg"] == "prometheus running", answer
+
+
+def recorded(cluster, series: str, start: float, end: float) -> set[float | None]:
+    """Every value the recorded `series` of gang0 had between `start` and `end` (epoch
+    seconds), as Prometheus's own query API gives it: a range query a second apart, so
+    no evaluation of the rule in the window is missed. NaN (no request in the window) is
+    None, as status reports it."""
+    status, answer = cluster.metrics_request(
+        "api/v1/query_range", query=f'{series}{{gang="gang0"}}', start=f"{start:.3f}", end=f"{end:.3f}", step="1"
+    )
+    assert status == 200 and answer["status"] == "success", answer
+    values = {
+        None if value == "NaN" else float(value) for result in answer["data"]["result"] for _, value in result["values"]
+    }
+    return values or {None}
+
+
+def test_prometheus_scrapes_every_node_and_the_gangs_figures_agree_with_status(cluster):
+    """After completions through the gateway: every node's Ray metrics and the head's
+    vLLM are scraped, labelled by gang, node and role; each recording rule has gang0's
+    value; and `status` shows exactly what Prometheus's own query API holds."""
+    gang = "gang0"
+    nodes = {(gang, node_name(index)) for index in range(NODES)}
+    deadline = time.monotonic() + 180
+    while True:
+        for _ in range(3):
+            assert cluster.completion() == 200
+        ray = cluster.prometheus_query('up{job="ray"}')
+        vllm = cluster.prometheus_query('up{job="vllm"}')
+        tokens = cluster.prometheus_query(f'{metrics.TOKENS_PER_SECOND}{{gang="{gang}"}}')
+        if (
+            set(ray) == nodes
+            and set(ray.values()) == {1.0}
+            and vllm == {(gang, node_name(0)): 1.0}
+            and any(value > 0 for value in tokens.values())
+        ):
+            break
+        assert time.monotonic() < deadline, f"after 180 s: ray {ray}, vllm {vllm}, tokens/s {tokens}"
+        time.sleep(10)
+    roles = cluster.prometheus_query('count by (gang, node, role) (up{job="ray"})')
+    assert len(roles) == NODES
+    for name in metrics.recording_rule_exprs():
+        assert cluster.prometheus_query(f'{name}{{gang="{gang}"}}'), f"{name} has no value for {gang}"
+    before = time.time()
+    result = cluster.operator("status", "--json")
+    after = time.time()
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["prometheus"]["reachable"], report.get("prometheus")
+    figures = report["gangs"][0]["prometheus"]
+    for key, series in (
+        ("ttftP50", metrics.TTFT_P50),
+        ("ttftP95", metrics.TTFT_P95),
+        ("interTokenP50", metrics.INTER_TOKEN_P50),
+        ("tokensPerSecond", metrics.TOKENS_PER_SECOND),
+        ("requestsRunning", metrics.REQUESTS_RUNNING),
+        ("requestsWaiting", metrics.REQUESTS_WAITING),
+        ("kvCacheUsed", metrics.KV_CACHE_USED),
+    ):
+        assert figures[key] in recorded(cluster, series, before - 1, after + 1), (key, figures[key])
+    assert report["alerts"] == [], report["alerts"]
+    printed = cluster.operator("status").stdout
+    assert "last 5m" in printed and "TTFT p50" in printed and "alerts      none" in printed, printed
 
 
 def test_the_model_list_names_the_configured_model(cluster):
@@ -678,6 +786,47 @@ def test_status_watch_redraws_in_place(cluster):
     assert process.returncode == 0
 
 
+def test_status_watch_draws_the_trends_as_charts_in_a_terminal(cluster):
+    """In a real terminal (tmux): each frame has the gang's charts of the last 15 minutes
+    for tokens/s, TTFT p95 and the queue, drawn from Prometheus's range query, with the
+    lowest, highest and last value beside each."""
+    assert cluster.completion() == 200
+    session = f"vllm-cluster-status-{os.getpid()}"
+    command = shlex.join(
+        [
+            str(ROOT / "scripts" / "vllm-cluster"),
+            "status",
+            "--watch",
+            "--interval",
+            "2",
+            *cluster.operator_files(cluster.fleet.workdir),
+        ]
+    )
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "220", "-y", "70", "-c", str(ROOT), command], check=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            screen = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
+            ).stdout
+            charts = {
+                label: line
+                for line in screen.splitlines()
+                for label in ("tokens/s", "TTFT p95", "waiting")
+                if re.search(rf"(15 min|^)\s+{re.escape(label)}\s+[ ▁▂▃▄▅▆▇█]+  (min |no data)", line)
+            }
+            if len(charts) == 3 and "15 min" in screen:
+                break
+            assert time.monotonic() < deadline, f"no charts within 120 s; the terminal shows:\n{screen}"
+            time.sleep(2)
+        assert "min " in charts["tokens/s"] and re.search(r"[▁▂▃▄▅▆▇█]", charts["tokens/s"]), charts
+        assert screen.count("vllm-cluster status:") == 1, screen  # redrawn in place, not appended
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+
+
 # --- faults --------------------------------------------------------------------------------
 
 
@@ -817,6 +966,13 @@ def test_a_saturated_server_is_not_restarted_by_the_watchdog(cluster):
         assert seen.returncode != 2 and gang["serving"], seen.stdout
         if gang["completion"]["status"] != 200:
             assert any(p.startswith("vLLM is saturated") for p in gang["problems"]), gang
+        # Prometheus sees the queue, and no engine down: its scrapes of the busy server work.
+        waiting_deadline = time.monotonic() + 90
+        while not any(v > 0 for v in cluster.prometheus_query(f'{metrics.REQUESTS_WAITING}{{gang="gang0"}}').values()):
+            assert time.monotonic() < waiting_deadline, "Prometheus saw no request waiting within 90 s"
+            time.sleep(5)
+        assert cluster.prometheus_query('up{job="vllm",gang="gang0"}') == {("gang0", node_name(0)): 1.0}
+        assert not [a for a in cluster.prometheus_alerts() if a["labels"]["alertname"] == "VllmEngineDown"]
         while True:
             lines = watchdog_lines(cluster, since)
             assert cluster.unit_property(0, "vllm.service", "MainPID") == pid, (

@@ -19,12 +19,15 @@ from fleet import in_ci, why_no_fleet
 from fleet_cluster import Load, fleet_program, replace_nodes, serving_cluster
 from replay import COMMAND, replay
 
-from components import ports
+from components import metrics, ports
 from components.bootstrap import GATEWAY_COMMAND
 from components.topology import gang_name, node_name
 
 NODES_PER_GANG = 1
 REPLICAS = 2
+# VllmEngineDown's rule holds for ENGINE_DOWN_FOR (2 min); a scrape (15 s) and an
+# evaluation (15 s) may come after the condition starts, and the test's own polling.
+ENGINE_DOWN_WITHIN = 2 * 60 + 60
 # The day-2 change the rolling test makes, which the stack keeps from then on.
 ROLLED = {"maxModelLen": 2048}
 
@@ -85,6 +88,25 @@ def test_status_shows_each_gang_and_a_healthy_pool(gangs):
     assert [(g["name"], g["verdict"]) for g in report["gangs"]] == [("gang0", "serving"), ("gang1", "serving")]
     for gang in report["gangs"]:
         assert gang["completion"]["status"] == 200 and gang["metrics"], gang
+
+
+def test_prometheus_has_each_gangs_figures_after_completions(gangs):
+    """Both gangs scraped, and every recording rule has a value of each after traffic
+    through the gateway went to both (the balancing test before this one)."""
+    deadline = time.monotonic() + 180
+    while True:
+        with Load(gangs, clients=2) as load:
+            time.sleep(10)
+        assert load.failed == [], load.failed[:3]
+        tokens = gangs.prometheus_query(metrics.TOKENS_PER_SECOND)
+        if {gang for (gang, _), value in tokens.items() if value > 0} == {gang_name(g) for g in range(REPLICAS)}:
+            break
+        assert time.monotonic() < deadline, f"tokens/s per gang after 180 s: {tokens}"
+    for name in metrics.recording_rule_exprs():
+        have = {gang for gang, _ in gangs.prometheus_query(name)}
+        assert have == {gang_name(g) for g in range(REPLICAS)}, (name, have)
+    code, report = status(gangs)
+    assert [g["prometheus"]["tokensPerSecond"] is not None for g in report["gangs"]] == [True] * REPLICAS
 
 
 def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_other(gangs):
@@ -155,6 +177,20 @@ def test_a_powered_off_gang_is_ejected_named_and_returns_after_boot(gangs):
         assert code == 1 and report["verdict"] == "degraded", report
         assert any("gang1" in problem for problem in report["problems"]), report["problems"]
         assert not any("gang0" in problem for problem in report["problems"]), report["problems"]
+        # Prometheus: gang 1's engine down fires once it held for the rule's time; gang 0's does not.
+        fired = gangs.wait_for_alert("VllmEngineDown", "gang1", "firing", timeout=ENGINE_DOWN_WITHIN)
+        print(
+            f"VllmEngineDown of gang1 fired {fired:.0f} s after the status check (rule: for {metrics.ENGINE_DOWN_FOR})"
+        )
+        assert not [
+            a
+            for a in gangs.prometheus_alerts()
+            if a["labels"]["alertname"] == "VllmEngineDown" and a["labels"]["gang"] == "gang0"
+        ]
+        code, report = status(gangs)
+        assert [a["name"] for a in report["alerts"] if a["gang"] == "gang1" and a["state"] == "firing"].count(
+            "VllmEngineDown"
+        ) == 1, report["alerts"]
     finally:
         gangs.fleet.boot(lost)
     # After its boot the gang starts Ray and vLLM by itself and the gateway sends to it again.
@@ -169,6 +205,8 @@ def test_a_powered_off_gang_is_ejected_named_and_returns_after_boot(gangs):
     with Load(gangs, clients=2) as load:
         time.sleep(15)
     assert load.failed == [] and served_requests(gangs, 1) > before, (load.sent, load.failed[:3])
+    # Serving again: the alert clears at the rules' next evaluations.
+    gangs.wait_for_alert("VllmEngineDown", "gang1", None, timeout=90)
 
 
 def test_replacing_a_gangs_node_fails_no_request_the_old_head_serving_until_the_new_one_did(gangs):
@@ -178,6 +216,7 @@ def test_replacing_a_gangs_node_fails_no_request_the_old_head_serving_until_the_
     the new head passed start-vllm's completion, then switches."""
     old_head = gangs.fleet.nodes[1 * NODES_PER_GANG]
     since = gateway_shell(gangs, "date +%s").stdout.strip()
+    prometheus = gangs.prometheus_pid()
     started = time.monotonic()
     with Load(gangs, clients=2) as load:
         time.sleep(5)
@@ -191,8 +230,26 @@ def test_replacing_a_gangs_node_fails_no_request_the_old_head_serving_until_the_
     )
     assert load.failed == [], f"{len(load.failed)} of {load.sent} failed: {load.failed[:5]}"
     assert load.sent >= 30, load.sent
-    # Only gang 1's commands ran again, and the pool's configure (its address changed).
-    assert {name for name in replaced.changed if "gang1" not in name} == {"vllm-gateway-proxy"}, replaced.changed
+    # Only gang 1's commands ran again, the pool's configure (its address changed) and
+    # Prometheus's targets.
+    assert {name for name in replaced.changed if "gang1" not in name} == {
+        "vllm-gateway-proxy",
+        "vllm-gateway-metrics",
+    }, replaced.changed
+    # Prometheus read its new targets itself: not restarted, and it scrapes the new head.
+    assert gangs.prometheus_pid() == prometheus
+    assert "targets: ray.json vllm.json rewritten" in replaced.outcomes["vllm-gateway-metrics"].stderr
+    deadline = time.monotonic() + 90
+    while True:
+        _, answer = gangs.metrics_request("api/v1/query", query='up{gang="gang1"}')
+        scraped = {
+            (s["metric"]["job"], s["metric"]["instance"].rsplit(":", 1)[0], s["value"][1])
+            for s in answer["data"]["result"]
+        }
+        if scraped == {("vllm", new_head.ip, "1"), ("ray", new_head.ip, "1")}:
+            break
+        assert time.monotonic() < deadline, f"gang1's targets after 90 s: {scraped}"
+        time.sleep(5)
     assert pool(gangs) == {
         "gang0": [f"{gangs.fleet.nodes[0].ip}:{ports.VLLM_API}", "in-pool", "serving"],
         "gang1": [f"{new_head.ip}:{ports.VLLM_API}", "in-pool", "serving"],

@@ -263,6 +263,8 @@ def gateway(tmp_path):
     # Every host path the script and its library use, moved under the scratch root.
     moved = (
         "/etc/nginx",
+        "/etc/prometheus",
+        "/etc/default",
         "/etc/ssh",
         "/etc/vllm-cluster",
         "/opt/vllm-cluster",

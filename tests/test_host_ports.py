@@ -42,8 +42,8 @@ MOVED = {
     "PROMETHEUS": 19090,
 }
 # Moved ports that cluster.env does not carry: the admin port is only in the nginx site,
-# and Ray's metrics port and Prometheus's reach no host yet (issue 21 wires them).
-NOT_CARRIED = ("DASHBOARD_HTTPS", "RAY_METRICS", "PROMETHEUS")
+# and Prometheus's in the gateway's Prometheus flags and nginx site.
+NOT_CARRIED = ("DASHBOARD_HTTPS", "PROMETHEUS")
 ORIGINAL = {name: getattr(ports, name) for name in MOVED}
 
 HEAD_IP, WORKER_IP = "10.42.128.10", "10.42.128.11"

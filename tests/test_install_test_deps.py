@@ -25,6 +25,7 @@ BY_COMMAND = [
     "iproute2",
     "openssl",
     "curl",
+    "tmux",
 ]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the root branch of tools/install-test-deps needs root")
 
@@ -41,7 +42,17 @@ def run_script(tmp_path: Path, apt_exit: int = 0, ci: bool = False, as_nobody: b
     log = tmp_path / "apt-get.log"
     (bin_dir / "apt-get").write_text(f'#!/bin/bash\necho "$*" >> "{log}"\nexit {apt_exit}\n')
     (bin_dir / "apt-get").chmod(0o755)
-    env = {"PATH": str(bin_dir), **({"VLLM_CLUSTER_CI": "1"} if ci else {})}
+    # promtool is not a package here but unpacked from one: give the script one, so only
+    # the packages it installs with apt-get are in play.
+    promtool = tmp_path / "cache" / "prometheus-deb" / "usr" / "bin" / "promtool"
+    promtool.parent.mkdir(parents=True, exist_ok=True)
+    promtool.write_text("#!/bin/sh\n")
+    promtool.chmod(0o755)
+    env = {
+        "PATH": str(bin_dir),
+        "VLLM_CLUSTER_TESTBED_CACHE": str(tmp_path / "cache"),
+        **({"VLLM_CLUSTER_CI": "1"} if ci else {}),
+    }
     # As root, drop to nobody to see what a user without root gets.
     prefix = (
         [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups"]

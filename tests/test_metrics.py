@@ -227,9 +227,12 @@ def test_a_disk_too_small_for_prometheus_is_refused_with_what_to_do():
         metrics.prometheus_flags("gw.example.com", metrics.GATEWAY_SYSTEM_GIB + 1)
 
 
-def test_prometheus_listens_on_loopback_only_and_serves_under_the_route_prefix():
+def test_prometheus_serves_under_the_route_prefix_with_its_write_apis_off():
+    """It listens where Ray's dashboards on the heads reach it (the security groups admit
+    only the nodes: tests/test_program.py); none of them may delete series or stop it."""
     flags = metrics.prometheus_flags("gw.example.com", 20)
-    assert f"--web.listen-address=127.0.0.1:{ports.PROMETHEUS}" in flags
+    assert f"--web.listen-address=0.0.0.0:{ports.PROMETHEUS}" in flags
+    assert not any(f.startswith(("--web.enable-admin-api", "--web.enable-lifecycle")) for f in flags)
     assert f"--web.external-url=https://gw.example.com:{ports.DASHBOARD_HTTPS}/prometheus/" in flags
     assert "--web.route-prefix=/prometheus" in flags
     assert any(f.startswith("--storage.tsdb.retention.time=") for f in flags)
@@ -256,15 +259,22 @@ def test_each_alert_of_the_issue_is_there_with_a_duration():
 # --- the packaged promtool ----------------------------------------------------------------
 
 
+# Where tools/install-test-deps unpacks Debian's prometheus package for its promtool
+# (installing the package would start a Prometheus on this machine).
+UNPACKED_PROMTOOL = TESTBED_CACHE / "prometheus-deb" / "usr" / "bin" / "promtool"
+
+
 def promtool() -> str:
-    candidates = [
-        os.environ.get("PROMTOOL"),
-        shutil.which("promtool"),
-        *map(str, Path("/tmp/notes-deb").glob("*/usr/bin/promtool")),
-    ]
+    candidates = [os.environ.get("PROMTOOL"), shutil.which("promtool"), str(UNPACKED_PROMTOOL)]
     found = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
     if found is None:
-        pytest.skip("no promtool: install Debian's `prometheus` package (it ships /usr/bin/promtool) or set PROMTOOL")
+        if os.environ.get("VLLM_CLUSTER_CI"):
+            pytest.fail(
+                f"no promtool: .ci/run (tools/install-test-deps) should have unpacked it at {UNPACKED_PROMTOOL}"
+            )
+        pytest.skip(
+            f"no promtool: run tools/install-test-deps as root (it unpacks it at {UNPACKED_PROMTOOL}) or set PROMTOOL"
+        )
     return found
 
 
@@ -365,3 +375,135 @@ def test_promtool_sees_each_alert_fire_after_its_duration_and_per_gang(rendered,
     (rendered / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = run_promtool("test", "rules", str(rendered / "test.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the metrics login --------------------------------------------------------------------
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def world_passable_dir():
+    """A folder nginx's workers (www-data) can pass through: pytest's own are root's
+    alone (0700 above tmp_path)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="vllm-cluster-metrics-login-"))
+    folder.chmod(0o711)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_debians_nginx_lets_the_metrics_login_in_and_nobody_else(world_passable_dir):
+    """The line htpasswd_line writes is one nginx's auth_basic takes: the right password
+    reaches what it guards, a wrong one or none gets 401. nginx on loopback, guarding a
+    static file as the site guards Prometheus (not a `return`: that runs before the
+    access phase, where auth_basic checks)."""
+    import base64
+    import time
+    import urllib.error
+    import urllib.request
+
+    if NGINX is None:
+        if os.environ.get("VLLM_CLUSTER_CI"):
+            pytest.fail("nginx is missing: .ci/run should have installed Debian's nginx")
+        pytest.skip("Debian's nginx is not installed (apt-get install nginx; .ci/run installs it)")
+    tmp_path = world_passable_dir
+    password = "Zq3" * 16
+    users = tmp_path / "htpasswd"
+    users.write_text(metrics.htpasswd_line(metrics.METRICS_USER, password))
+    # As the gateway keeps it (vllm-cluster-gateway metrics): root's, readable by the
+    # group nginx's workers run as, and by nobody else.
+    shutil.chown(users, group="www-data")
+    users.chmod(0o640)
+    port = free_port()
+    (tmp_path / "www" / metrics.ROUTE_PREFIX.strip("/")).mkdir(parents=True)
+    (tmp_path / "www" / metrics.ROUTE_PREFIX.strip("/") / "graph").write_text("inside\n")
+    (tmp_path / "nginx.conf").write_text(
+        f"""daemon off;
+user www-data;
+pid {tmp_path}/nginx.pid;
+error_log {tmp_path}/error.log;
+events {{}}
+http {{
+    access_log off;
+    client_body_temp_path {tmp_path};
+    proxy_temp_path {tmp_path};
+    fastcgi_temp_path {tmp_path};
+    uwsgi_temp_path {tmp_path};
+    scgi_temp_path {tmp_path};
+    server {{
+        listen 127.0.0.1:{port};
+        location {metrics.ROUTE_PREFIX}/ {{
+            auth_basic "vllm-cluster metrics";
+            auth_basic_user_file {users};
+            root {tmp_path}/www;
+        }}
+    }}
+}}
+"""
+    )
+    server = subprocess.Popen([NGINX, "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "error.log")])
+    try:
+
+        def status(login: str | None) -> int:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{metrics.ROUTE_PREFIX}/graph")
+            if login is not None:
+                request.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    return answer.status
+            except urllib.error.HTTPError as refused:
+                return refused.code
+
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                first = status(None)
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, (tmp_path / "error.log").read_text()
+                time.sleep(0.2)
+        assert first == 401
+        assert status(f"{metrics.METRICS_USER}:{password}") == 200
+        assert status(f"{metrics.METRICS_USER}:{password[:-1]}x") == 401
+        assert status(f"admin:{password}") == 401
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def test_the_same_password_gives_the_same_line_and_another_another():
+    """pulumi up sends the files again only when they change: the line must not change
+    for the same password (a fresh random salt would re-run the command every time)."""
+    line = metrics.htpasswd_line("metrics", "a" * 48)
+    assert line == metrics.htpasswd_line("metrics", "a" * 48)
+    assert line != metrics.htpasswd_line("metrics", "b" * 48)
+    assert line.startswith("metrics:{SSHA}") and line.endswith("\n")
+
+
+def test_every_file_the_gateway_gets_sits_where_the_package_and_nginx_read_it():
+    files = metrics.gateway_files(GANGS, "gw.example.com", 20, metrics.htpasswd_line("metrics", "x" * 48))
+    assert set(files) == {
+        "/etc/prometheus/prometheus.yml",
+        f"{metrics.CLUSTER_DIR}/{metrics.RECORDING_RULES}",
+        f"{metrics.CLUSTER_DIR}/{metrics.ALERT_RULES}",
+        f"{metrics.CLUSTER_DIR}/{metrics.VLLM_TARGETS}",
+        f"{metrics.CLUSTER_DIR}/{metrics.RAY_TARGETS}",
+        "/etc/default/prometheus",
+        metrics.HTPASSWD_FILE,
+    }
+    args = bootstrap.env_file({"X": "y"}, "h")  # the same reader rules as node.env: plain words
+    assert args
+    defaults = files["/etc/default/prometheus"]
+    assert re.search(
+        r'^ARGS="--config\.file=/etc/prometheus/prometheus\.yml .*--web\.route-prefix=/prometheus"$', defaults, re.M
+    )

@@ -12,7 +12,7 @@ import pytest
 from pulumi_mocks import stack_config, stack_names
 
 from cli import plan
-from components import aws_contract, bootstrap, image, sizing
+from components import aws_contract, bootstrap, image, prometheus_sizing, sizing
 from components.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,9 +67,9 @@ def test_every_resource_the_program_declares_is_listed():
     listed = sum(n for counts in document["resources"].values() for n in counts.values())
     components = len(document["resources"])
     assert listed + components == document["resourceCount"]
-    # 4 gateway (setup, login probe, TLS, site) + per node (login wait, setup, secrets, ray, prepare,
+    # 5 gateway (setup, login probe, TLS, site, metrics) + per node (login wait, setup, secrets, ray, prepare,
     # preflight facts, warmup) + cluster-ready, model, preflight, vllm, readiness + the worker's model part
-    assert document["resources"]["vllm (ClusterServices)"]["command:remote:Command"] == 4 + 2 * 7 + 5 + 1
+    assert document["resources"]["vllm (ClusterServices)"]["command:remote:Command"] == 5 + 2 * 7 + 5 + 1
 
 
 def test_a_model_outside_the_table_is_sized_from_params_and_dtype():
@@ -110,8 +110,8 @@ def test_replicas_multiply_the_gpu_cost_and_the_resources_but_not_the_gang(tmp_p
 
 
 def test_what_aws_would_refuse_is_a_problem_of_the_stack_before_anything_exists(tmp_path, monkeypatch, capsys):
-    """30 admin CIDRs are 60 inbound rules of the gateway's group, plus its API and
-    readiness rules: past EC2's 60. The spec refuses such lists (tests/test_aws_contract.py);
+    """30 admin CIDRs are 60 inbound rules of the gateway's group, plus its API rule and
+    the two from the nodes (readiness, Prometheus): past EC2's 60. The spec refuses such lists (tests/test_aws_contract.py);
     with that check taken out, as for any rule the spec does not know, the plan names the
     group, the count, the quota and AWS's page, and `plan` exits 1."""
     import argparse
@@ -126,7 +126,7 @@ def test_what_aws_would_refuse_is_a_problem_of_the_stack_before_anything_exists(
     stack_file.write_text(text.replace("    - 198.51.100.7/32\n", admins))
     document = plan.build_plan("dev", stack_file=str(stack_file))
     [problem] = document["problems"]
-    assert problem.startswith("vllm-gateway-sg (SecurityGroup) inbound IPv4 rules: 62 rules across the stack")
+    assert problem.startswith("vllm-gateway-sg (SecurityGroup) inbound IPv4 rules: 63 rules across the stack")
     assert aws_contract.VPC_QUOTAS_SOURCE in problem
     [error] = document["awsContract"]["errors"]
     assert error["rule"] == "rules-per-group" and error["resource"] == "vllm-gateway-sg"
@@ -225,3 +225,60 @@ def test_the_plan_serves_from_where_the_bootstrap_decides(stack):
     local, reason = sizing.serves_from_local_disk(load_spec(config, stack=stack))
     assert (document["modelBytes"]["servesFromLocalDisk"], document["modelBytes"]["reason"]) == (local, reason)
     assert len(document["modelBytes"]["perNode"]) == len(document["nodes"])
+
+
+# --- Prometheus on the gateway (issue 21) ----------------------------------------------------
+
+
+def test_the_dev_plan_sizes_prometheus_on_its_default_gateway_and_warns_of_nothing():
+    """dev: one gang of one g6.xlarge (one GPU) behind the default t3.small: the series are
+    the sizing's, the memory fits, 15 days fit the retention limit, and no warning."""
+    document = plan.build_plan("dev")
+    p = document["prometheus"]
+    assert p["series"] == prometheus_sizing.ingest(1, 1, 1).series
+    assert p["seriesPerNode"]["head"] == prometheus_sizing.VLLM_HEAD_SERIES + p["seriesPerNode"]["ray"]
+    assert p["memory"]["gatewayType"] == "t3.small" and p["memory"]["fits"] is True
+    assert p["disk"]["daysAtLimit"] > p["disk"]["retentionDays"] == 15 and p["warnings"] == []
+    printed = plan.render(document)
+    assert "\nMetrics on the gateway (Prometheus; estimates, components/prometheus_sizing.py)\n" in printed
+    assert "of t3.small's 2,048 MiB: fits within 80%\n" in printed
+    assert "so the 15-day time limit applies\n" in printed
+    assert document["warnings"] == []
+
+
+def _stack_file(tmp_path, stack: str, *lines: str) -> str:
+    text = (ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text()
+    stack_file = tmp_path / f"Pulumi.{stack}.yaml"
+    stack_file.write_text(text.replace("config:\n", "config:\n" + "".join(f"  {line}\n" for line in lines), 1))
+    return str(stack_file)
+
+
+def test_the_plan_counts_every_gang_and_node_of_the_stack(tmp_path):
+    """prod with 3 replicas: 3 gangs of 2 p4d nodes (8 GPUs each) behind the gateway."""
+    stack_file = _stack_file(tmp_path, "prod", "vllm-cluster:replicas: 3")
+    p = plan.build_plan("prod", stack_file=stack_file)["prometheus"]
+    assert (p["gangs"], p["nodesPerGang"], p["targets"]) == (3, 2, 3 + 6 + 1)
+    assert p["series"] == prometheus_sizing.ingest(3, 2, 8).series
+
+
+def test_a_gateway_too_small_for_prometheus_is_a_warning_of_the_plan(tmp_path, monkeypatch):
+    """The plan carries the sizing's memory warning and says DOES NOT FIT; here with the
+    gateway's own share raised so that prod's one gang outgrows a t3.micro."""
+    monkeypatch.setattr(prometheus_sizing, "GATEWAY_BASE_MIB", 1000)
+    stack_file = _stack_file(tmp_path, "prod", "vllm-cluster:gatewayInstanceType: t3.micro")
+    document = plan.build_plan("prod", stack_file=stack_file)
+    [warning] = [w for w in document["warnings"] if w.startswith("gatewayInstanceType t3.micro (1,024 MiB)")]
+    assert "use t3.small or t4g.small" in warning
+    printed = plan.render(document)
+    assert "of t3.micro's 1,024 MiB: DOES NOT FIT within 80%\n" in printed and f"  - {warning}\n" in printed
+
+
+def test_an_unknown_gateway_type_is_named_not_guessed(tmp_path):
+    stack_file = _stack_file(tmp_path, "dev", "vllm-cluster:gatewayInstanceType: m7i.large")
+    document = plan.build_plan("dev", stack_file=stack_file)
+    assert document["prometheus"]["memory"]["fits"] is None
+    assert any(
+        w.startswith("gatewayInstanceType m7i.large: its memory is not in the planner's table")
+        for w in document["warnings"]
+    )
+    assert "of m7i.large's memory, which the planner does not know: not checked\n" in plan.render(document)

@@ -130,18 +130,41 @@ def test_gateway_admits_api_from_api_cidrs_and_admin_ports_from_admin_cidrs_only
         by_port.setdefault(rule.inputs["fromPort"], set()).add(
             rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6")
         )
-    # Inside the VPC, only the head's readiness check calls the API through the gateway.
-    assert from_groups == [(ports.API_HTTPS, group_id(run, "nodes"))]
+    # Inside the VPC, only the head's readiness check calls the API through the gateway,
+    # and Ray's dashboards on the heads read Prometheus.
+    assert sorted(from_groups) == [
+        (ports.API_HTTPS, group_id(run, "nodes")),
+        (ports.PROMETHEUS, group_id(run, "nodes")),
+    ]
     assert set(by_port) == {ports.API_HTTPS, ports.SSH, ports.DASHBOARD_HTTPS}
     assert by_port[ports.API_HTTPS] == set(cfg(run, "apiAllowedCidrs"))
     assert by_port[ports.SSH] == by_port[ports.DASHBOARD_HTTPS] == set(cfg(run, "adminCidrs"))
 
 
-def test_nodes_admit_the_gateway_only_on_proxied_ports_and_ssh(run):
+def test_nodes_admit_the_gateway_only_on_proxied_ports_scraped_ports_and_ssh(run):
     gateway = group_id(run, "gateway")
     rules = rules_of(run, INGRESS, "nodes")
-    assert {r.inputs["fromPort"] for r in rules} == {ports.VLLM_API, ports.RAY_DASHBOARD, ports.SSH}
+    assert {r.inputs["fromPort"] for r in rules} == {ports.VLLM_API, ports.RAY_DASHBOARD, ports.RAY_METRICS, ports.SSH}
     assert all(r.inputs["referencedSecurityGroupId"] == gateway for r in rules)
+
+
+def test_the_gateway_scrapes_the_nodes_and_the_nodes_read_prometheus_both_ways_and_nothing_else_does(run):
+    """Between two groups a connection needs the sender's egress and the receiver's
+    ingress rule: the gateway to every node's Ray metrics, the nodes (Ray's dashboard)
+    to Prometheus on the gateway. Neither port admits an address range."""
+    gateway, nodes = group_id(run, "gateway"), group_id(run, "nodes")
+
+    def pairs(type_, role, port):
+        return [
+            r.inputs.get("referencedSecurityGroupId") or r.inputs.get("cidrIpv4") or r.inputs.get("cidrIpv6")
+            for r in rules_of(run, type_, role)
+            if r.inputs.get("fromPort") == port
+        ]
+
+    assert pairs(EGRESS, "gateway", ports.RAY_METRICS) == [nodes]
+    assert pairs(INGRESS, "nodes", ports.RAY_METRICS) == [gateway]
+    assert pairs(EGRESS, "nodes", ports.PROMETHEUS) == [gateway]
+    assert pairs(INGRESS, "gateway", ports.PROMETHEUS) == [nodes]
 
 
 def test_cluster_group_references_itself_for_all_traffic_both_ways(run):
@@ -484,12 +507,17 @@ EXPORTS = {
     "apiKey",
     "modelCacheFileSystemId",
     "topology",
+    "metricsUrl",
+    "metricsLogin",
 }
 
 
 def test_exports_are_present_and_secrets_are_secret(run):
     assert EXPORTS <= set(run.outputs)
-    assert {"apiKey", "sshPrivateKey"} <= run.secret_outputs
+    assert {"apiKey", "sshPrivateKey", "metricsLogin"} <= run.secret_outputs
+    assert run.outputs["metricsUrl"] == f"https://{run.outputs['gatewayPublicIp']}:{ports.DASHBOARD_HTTPS}/prometheus/"
+    user, password = run.outputs["metricsLogin"].split(":")
+    assert user == "metrics" and len(password) >= 32
     assert run.outputs["endpoint"] == f"https://{run.outputs['gatewayPublicIp']}/v1"
     assert run.outputs["dashboardUrl"].startswith(f"https://{run.outputs['gatewayPublicIp']}:")
     assert len(run.outputs["workerPrivateIps"]) == cfg(run, "nodes", 1) - 1
@@ -498,7 +526,7 @@ def test_exports_are_present_and_secrets_are_secret(run):
 
 
 def test_no_secret_value_appears_in_a_plain_output(run):
-    secrets = [run.outputs["apiKey"], run.outputs["sshPrivateKey"]]
+    secrets = [run.outputs["apiKey"], run.outputs["sshPrivateKey"], run.outputs["metricsLogin"].split(":")[1]]
     for key, value in run.outputs.items():
         if key not in run.secret_outputs:
             assert not any(secret in json.dumps(value) for secret in secrets), key
@@ -518,7 +546,7 @@ def test_a_configured_api_key_is_exported_as_a_secret_and_not_generated():
     result = run_stack("dev", {"apiKey": key}, secret_keys=["apiKey"])
     assert result.outputs["apiKey"] == key and "apiKey" in result.secret_outputs
     generated = [r.name for r in result.of_type("random:index/randomPassword:RandomPassword")]
-    assert generated == ["vllm-ray-token"]
+    assert "vllm-api-key" not in generated and "vllm-ray-token" in generated
 
 
 # --- bad config -----------------------------------------------------------------------
@@ -600,6 +628,14 @@ ADDED_SINCE_DEPLOYED = {
         for step in ("prepare", "warmup")
         for node in ("head", *(f"worker-{i}" for i in range(1, 16)))
     ),
+    # Issue 21: Prometheus on the gateway scrapes the nodes; Ray's dashboards read it;
+    # its metrics login.
+    "vllm-gateway-prometheus-from-nodes",
+    "vllm-gateway-to-ray-metrics",
+    "vllm-nodes-ray-metrics-from-gateway",
+    "vllm-nodes-to-prometheus",
+    "vllm-gateway-metrics",
+    "vllm-metrics-password",
 }
 
 

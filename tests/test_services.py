@@ -159,7 +159,17 @@ def test_setup_tells_the_node_what_the_instance_booted_with(run):
         booted = gzip.decompress(base64.b64decode(instance.inputs["userDataBase64"])).decode()
         setup = commands(run)[f"vllm-setup-{node}"]
         assert setup.inputs["create"] == "sudo bash -s"
-        assert cluster_env_in(plain(setup.inputs["stdin"])) == cluster_env_in(booted)
+        sent, at_boot = cluster_env_in(plain(setup.inputs["stdin"])), cluster_env_in(booted)
+        # Only the gateway's Prometheus for the head's Ray dashboard comes with the setup:
+        # in the user data it would make every node wait for the gateway's instance.
+        prometheus = re.search(rf"^RAY_PROMETHEUS_HOST=http://([\d.]+):{ports.PROMETHEUS}/prometheus$", sent, re.M)
+        assert bool(prometheus) == (node == "head"), sent
+        assert "RAY_PROMETHEUS_HOST=\n" in at_boot
+        if prometheus:
+            node_ips = {n["ip"] for g in run.outputs["gangs"] for n in g["nodes"]}
+            assert prometheus.group(1) not in node_ips  # the gateway's own address
+            sent = sent.replace(prometheus.group(0), "RAY_PROMETHEUS_HOST=")
+        assert sent == at_boot
         assert "userDataBase64" in instance.ignore_changes
 
 
@@ -340,6 +350,50 @@ def test_a_new_admin_cidr_reconfigures_only_the_gateway():
     assert changed_commands(before, after) == {"vllm-gateway-proxy"}
 
 
+# --- Prometheus on the gateway (issue 21) -----------------------------------------------
+
+
+def staged_files(script: str) -> dict[str, str]:
+    """The files the metrics command's script stages, by their path on the gateway
+    (bootstrap.gateway_metrics_script writes each under $staged)."""
+    found = re.findall(r"install -D -m \d+ /dev/stdin \$staged(\S+) <<'(\w+)'\n(.*?)\n\2\n", script, re.S)
+    return {path: body + "\n" for path, _, body in found}
+
+
+def test_prometheus_gets_every_node_of_every_gang_labelled_and_its_login_as_a_hash_only():
+    import json
+
+    result = run_stack("prod", {"replicas": 2})
+    assert result.error is None, result.error
+    metrics_command = commands(result)["vllm-gateway-metrics"]
+    script, secret = unwrap(metrics_command.inputs["stdin"])
+    assert secret and metrics_command.inputs.get("logging") == "none"
+    assert plain(metrics_command.inputs["create"]) == "sudo bash -s"
+    assert "vllm-gateway-setup" in depends_on(result, "vllm-gateway-metrics")
+    files = staged_files(script)
+    ray = json.loads(files["/etc/prometheus/vllm-cluster/targets/ray.json"])
+    vllm = json.loads(files["/etc/prometheus/vllm-cluster/targets/vllm.json"])
+    gangs = result.outputs["gangs"]
+    nodes = {(g["name"], n["name"], n["ip"]) for g in gangs for n in g["nodes"]}
+    assert {(t["labels"]["gang"], t["labels"]["node"], t["targets"][0].split(":")[0]) for t in ray} == nodes
+    assert all(t["targets"][0].endswith(f":{ports.RAY_METRICS}") for t in ray)
+    assert [(t["labels"]["gang"], t["labels"]["role"]) for t in vllm] == [(g["name"], "head") for g in gangs]
+    user, password = result.outputs["metricsLogin"].split(":", 1)
+    assert password not in script
+    assert files["/etc/nginx/vllm-cluster-metrics.htpasswd"].startswith(f"{user}:{{SSHA}}")
+    assert script.rstrip().endswith(f"--ready-url http://127.0.0.1:{ports.PROMETHEUS}/prometheus/-/ready")
+
+
+def test_more_gangs_change_the_metrics_targets_and_nothing_of_the_running_gangs():
+    before = run_stack("prod", {"replicas": 2})
+    after = run_stack("prod", {"replicas": 3})
+    assert before.error is None and after.error is None
+    a, b = command_inputs(before), command_inputs(after)
+    assert a["vllm-gateway-metrics"] != b["vllm-gateway-metrics"]
+    old_gangs = {name for name in a if name.startswith(("vllm-gang1", "vllm-setup-", "vllm-ray-"))}
+    assert {name for name in old_gangs if a[name] != b.get(name)} == set()
+
+
 # --- secrets ------------------------------------------------------------------------------
 
 
@@ -351,6 +405,8 @@ def secret_values(result, config_secrets: dict[str, str]) -> dict[str, str]:
         "apiKey": result.outputs["apiKey"],
         "rayToken": result.outputs["rayToken"],
         "tls private key": tls_key.split("\n", 1)[1].strip(),
+        # The gateway gets only its salted hash (components/metrics.py htpasswd_line).
+        "metrics password": result.outputs["metricsLogin"].split(":", 1)[1],
         **config_secrets,
     }
 

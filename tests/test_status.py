@@ -1,22 +1,36 @@
 """How `scripts/vllm-cluster status` judges a snapshot: each gang serving, degraded,
 down or unknown from its own head's facts (its own completion included), and the pool
 healthy, degraded (naming the gang, node or GPU), down when no gang serves, or unknown
-when nothing answered. With one gang it judges as it did before replicas."""
+when nothing answered. With one gang it judges as it did before replicas. Prometheus's
+figures and alerts are shown beside the verdicts and never change them."""
 
 import http.server
 import json
+import re
 import subprocess
 import threading
 from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from cli import status
+from cli import prometheus_view, status
 from cli.cluster import Node, OutputsError, gangs_of, stack_outputs
-from components import bootstrap
+from components import bootstrap, metrics, ports
 from components.spec import load_spec
+from tests.test_prometheus_view import (
+    AT,
+    GANG0_FIGURES,
+    IDLE_GANG1,
+    NOW,
+    alert,
+    alerts_answer,
+    gateway_output,
+    matrix,
+    vector,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = load_spec(
@@ -95,11 +109,21 @@ def head(
     return {"facts": facts, "factsError": None}
 
 
-def snap(*heads, endpoint=200, pool=None, pool_error="usage: vllm-cluster-gateway setup|..."):
+# Prometheus answering, with no alert: gang0 busy, gang1 idle (its quantiles NaN).
+PROMETHEUS_OUTPUT = gateway_output(figures=vector(GANG0_FIGURES | IDLE_GANG1), alerts=alerts_answer())
+
+
+def prometheus_seen(output=PROMETHEUS_OUTPUT, code=0, stderr="", trends=False):
+    """The snapshot's view of Prometheus from the gateway command's output."""
+    return prometheus_view.read(code, output, stderr, trends)
+
+
+def snap(*heads, endpoint=200, pool=None, pool_error="usage: vllm-cluster-gateway setup|...", prometheus=None):
     return {
         "gangs": list(heads) or [head()],
         "completion": {"status": endpoint, "seconds": 0.1, "error": "" if endpoint == 200 else "boom"},
         "gateway": {"view": pool, "error": None if pool else pool_error},
+        "prometheus": prometheus or prometheus_seen(),
     }
 
 
@@ -312,12 +336,40 @@ def test_a_gangs_output_of_another_shape_is_one_line_naming_the_file(tmp_path, g
 # --- what is asked, and what is printed ----------------------------------------------------
 
 
+# The last 15 minutes as Prometheus gives them for gang0 (a step every 20 s): tokens/s
+# climbing, TTFT p95 with a gap where no request came, the queue filling at the end.
+STEPS = [NOW - 900 + 20 * i for i in range(46)]
+TRENDS_ANSWER = matrix(
+    {
+        (metrics.TOKENS_PER_SECOND, "gang0"): [(t, str(10.0 * i)) for i, t in enumerate(STEPS)],
+        (metrics.TTFT_P95, "gang0"): [(t, "NaN" if 20 <= i < 25 else "0.5") for i, t in enumerate(STEPS)],
+        (metrics.REQUESTS_WAITING, "gang0"): [(t, "14" if i >= 40 else "0") for i, t in enumerate(STEPS)],
+    }
+)
+
+
+def prometheus_answering(command: str) -> tuple[int, str, str]:
+    """Prometheus as the gateway command finds it: answering what it is asked, gang0's
+    KV cache alert firing."""
+    trends = TRENDS_ANSWER if "/query_range" in command else None
+    alerts = alerts_answer(alert("VllmKvCacheFull", "gang0", summary="gang gang0's KV cache is over 95% full"))
+    return 0, gateway_output(figures=vector(GANG0_FIGURES | IDLE_GANG1), alerts=alerts, trends=trends), ""
+
+
+def prometheus_refusing(command: str) -> tuple[int, str, str]:
+    """No Prometheus listening on the gateway: each curl says so on its line."""
+    refused = "curl: (7) Failed to connect to 127.0.0.1 port 9090 after 0 ms: Couldn't connect to server"
+    return 0, gateway_output(figures=refused, alerts=refused, trends=refused if "/query_range" in command else None), ""
+
+
 class AskedCluster(FakeCluster):
     """Answers as the heads and the gateway would, recording who was asked what."""
 
-    def __init__(self, outputs, answers, pool_lines="", pool_code=0):
+    def __init__(self, outputs, answers, pool_lines="", pool_code=0, prometheus=None):
         super().__init__(outputs)
         self.answers, self.pool_answer, self.asked = answers, (pool_code, pool_lines), []
+        # Prometheus on the gateway: what it prints for the command it is given.
+        self.outputs, self.prometheus = outputs, prometheus or prometheus_answering
 
     def ssh(self, node, command, timeout=60):
         self.asked.append((node.ip, command, timeout))
@@ -326,8 +378,13 @@ class AskedCluster(FakeCluster):
 
     def ssh_gateway(self, command, timeout=30):
         self.asked.append(("gateway", command, timeout))
+        if "/api/v1/" in command:  # Prometheus's questions
+            return subprocess.CompletedProcess([], *self.prometheus(command))
         code, lines = self.pool_answer
         return subprocess.CompletedProcess([], code, lines, "" if code == 0 else "usage: ...")
+
+    def close(self):
+        pass  # nothing to clean up: the real one removes its key file
 
     def completion(self, model, timeout=60):
         return 200, 0.1, ""
@@ -343,7 +400,12 @@ def test_the_snapshot_asks_every_gangs_own_head_and_the_gateways_pool():
     taken = status.snapshot(cluster, SPEC)
     facts_command = f"sudo {bootstrap.NODE_COMMAND} status-facts"
     assert sorted(a[:2] for a in cluster.asked) == sorted(
-        [(IPS[0], facts_command), (GANG1_IPS[0], facts_command), ("gateway", f"sudo {bootstrap.GATEWAY_COMMAND} pool")]
+        [
+            (IPS[0], facts_command),
+            (GANG1_IPS[0], facts_command),
+            ("gateway", f"sudo {bootstrap.GATEWAY_COMMAND} pool"),
+            ("gateway", prometheus_view.gateway_command()),
+        ]
     )
     assert [g["facts"] is not None for g in taken["gangs"]] == [True, False]
     assert taken["gateway"]["view"]["gang1"] == {
@@ -379,6 +441,181 @@ def test_several_gangs_print_one_block_each_then_the_pool():
     assert "  pool        1 of 2 gangs serving; drained: gang1" in text
     assert text.rstrip().splitlines()[-2:] == ["  verdict     DEGRADED", f"    - {report['problems'][0]}"]
     json.dumps(report)  # --json prints it as it is
+
+
+# --- Prometheus's figures and alerts: shown, never judged ------------------------------------
+
+REFUSED = "curl: (7) Failed to connect to 127.0.0.1 port 9090 after 0 ms: Couldn't connect to server"
+PROMETHEUS_VIEWS = {
+    "answering": prometheus_seen(),
+    "alerts firing": prometheus_seen(
+        gateway_output(
+            figures=vector(GANG0_FIGURES | IDLE_GANG1),
+            alerts=alerts_answer(
+                alert("VllmEngineDown", "gang0", severity="critical"),
+                alert("VllmGangHung", "gang1", severity="critical"),
+                alert("RayNodeMetricsGone", "gang1", node="gang1-worker-2"),
+            ),
+        )
+    ),
+    "refused": prometheus_seen(gateway_output(figures=REFUSED, alerts=REFUSED)),
+    "gateway silent": prometheus_seen("", 255, "no answer from the gateway (203.0.113.5) in 30 s"),
+    "not the API": prometheus_seen(gateway_output(figures="404 page not found", alerts="404 page not found")),
+}
+
+
+@pytest.mark.parametrize("seen", PROMETHEUS_VIEWS, ids=list(PROMETHEUS_VIEWS))
+@pytest.mark.parametrize(
+    "heads", [(head(IPS), head(GANG1_IPS)), (head(IPS), head(GANG1_IPS, alive=GANG1_IPS[:2]))], ids=["whole", "short"]
+)
+def test_prometheus_never_changes_a_verdict_or_the_exit_code(seen, heads):
+    """Its figures inform: an alert firing, or no Prometheus at all, leaves status's own
+    verdicts, problems and exit code as the heads and the endpoint make them."""
+    without = status.assess(TWO_GANGS, SPEC, snap(*heads, prometheus=PROMETHEUS_VIEWS["refused"]))
+    report = status.assess(TWO_GANGS, SPEC, snap(*heads, prometheus=PROMETHEUS_VIEWS[seen]))
+    judged = ("verdict", "exitCode", "problems", "pool")
+    assert {k: report[k] for k in judged} == {k: without[k] for k in judged}
+    assert [g["verdict"] for g in report["gangs"]] == [g["verdict"] for g in without["gangs"]]
+    assert report["exitCode"] == (0 if heads[1]["facts"]["alive"].keys() == set(GANG1_IPS) else 1)
+
+
+@pytest.mark.parametrize("watch", [False, True])
+def test_the_snapshot_asks_prometheus_in_one_ssh_call_to_the_gateway(watch):
+    cluster = AskedCluster(
+        {**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)},
+        {IPS[0]: head(IPS)["facts"], GANG1_IPS[0]: head(GANG1_IPS)["facts"]},
+        "gang0 10.0.0.1:8000 in-pool serving\ngang1 10.0.1.1:8000 in-pool serving\n",
+    )
+    report = status.assess(cluster, SPEC, status.snapshot(cluster, SPEC, trends=watch))
+    (asked,) = [(command, timeout) for who, command, timeout in cluster.asked if "/api/v1/" in command]
+    assert asked == (prometheus_view.gateway_command(trends=watch), status.PROMETHEUS_TIMEOUT)
+    assert ("/api/v1/query_range" in asked[0]) is watch
+    assert report["gangs"][0]["prometheus"]["tokensPerSecond"] == 412.25
+    assert ("trends" in report["gangs"][0]["prometheus"]) is watch
+
+
+def two_gangs_report(prometheus=None):
+    cluster = AskedCluster(
+        {**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)},
+        {IPS[0]: head(IPS)["facts"], GANG1_IPS[0]: head(GANG1_IPS)["facts"]},
+        "gang0 10.0.0.1:8000 in-pool serving\ngang1 10.0.1.1:8000 in-pool serving\n",
+        prometheus=prometheus,
+    )
+    return status.assess(cluster, SPEC, status.snapshot(cluster, SPEC))
+
+
+def block_of(text: str, heading: str) -> str:
+    """A gang's lines: from its heading to the next gang's, or to the pool's lines."""
+    rest = text[text.index(heading) :]
+    end = re.search(r"\n  (gang\d+ +[A-Z]+|alerts |prometheus |pool )", rest[len(heading) :])
+    return rest[: len(heading) + end.start()] if end else rest
+
+
+def test_each_gang_shows_its_last_5_minutes_beside_its_verdict_and_the_alerts_are_listed():
+    text = status.render("t", two_gangs_report(), "https://x/v1")
+    gang0, gang1 = block_of(text, "  gang0       SERVING"), block_of(text, "  gang1       SERVING")
+    assert (
+        "  last 5m     TTFT p50 210 ms, p95 840 ms; ITL p50 32 ms; 412.2 tokens/s; running 3, waiting 1; KV cache 41%"
+        in gang0.splitlines()
+    )
+    # gang1 served no request in the window: its quantiles are NaN, shown as "-".
+    assert "  last 5m     TTFT p50 -, p95 -; ITL p50 -; 0.0 tokens/s; running 0, waiting 0; KV cache 0%" in gang1
+    assert "nan" not in text.lower()
+    (alert_line,) = [line for line in text.splitlines() if line.startswith("  alerts ")]
+    assert alert_line.startswith("  alerts      VllmKvCacheFull on gang0: firing since 2026-12-02 04:53 UTC (")
+    assert alert_line.endswith("), warning: gang gang0's KV cache is over 95% full")
+    # The trends are --watch's only.
+    assert "15 min" not in text and not set(prometheus_view.BARS) & set(text)
+    assert text.rstrip().splitlines()[-1] == "  verdict     HEALTHY"
+
+
+def test_no_alert_active_says_none():
+    text = status.render("t", status.assess(TWO_GANGS, SPEC, snap(head(IPS), head(GANG1_IPS))), "https://x/v1")
+    assert "  alerts      none" in text.splitlines()
+
+
+def test_prometheus_unreachable_is_one_line_naming_why_and_the_verdict_stands():
+    report = two_gangs_report(prometheus_refusing)
+    text = status.render("t", report, "https://x/v1")
+    mentions = [line for line in text.splitlines() if "prometheus" in line.lower() or "last 5m" in line]
+    assert mentions == [
+        f"  prometheus  unreachable (http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX} on the gateway): "
+        f"{REFUSED}"
+    ]
+    assert "alerts" not in text and report["exitCode"] == 0 and "  verdict     HEALTHY" in text
+
+
+def test_json_carries_each_gangs_figures_the_alerts_and_whether_prometheus_answered():
+    report = two_gangs_report()
+    document = json.loads(json.dumps(report, allow_nan=False))  # strict JSON: NaN is null
+    assert document["prometheus"] == {"reachable": True, "error": None}
+    (active,) = document["alerts"]
+    assert (active["name"], active["state"], active["gang"], active["node"], active["activeAt"]) == (
+        "VllmKvCacheFull",
+        "firing",
+        "gang0",
+        None,
+        AT,
+    )
+    gang0, gang1 = (g["prometheus"] for g in document["gangs"])
+    assert gang0["window"] == "5m" and set(prometheus_view.FIGURES) <= set(gang0)
+    assert (gang0["ttftP95"], gang0["tokensPerSecond"], gang0["kvCacheUsed"]) == (0.84, 412.25, 0.41)
+    assert (gang1["ttftP50"], gang1["requestsWaiting"]) == (None, 0.0)
+    # The keys that were there before stay.
+    assert {"verdict", "exitCode", "problems", "pool", "gangs", "nodes", "ray", "vllm", "completion", "metrics"} <= set(
+        document
+    )
+    unreachable = json.loads(json.dumps(two_gangs_report(prometheus_refusing), allow_nan=False))
+    assert unreachable["prometheus"] == {"reachable": False, "error": REFUSED}
+    assert unreachable["alerts"] is None and [g["prometheus"] for g in unreachable["gangs"]] == [None, None]
+
+
+def run_main(monkeypatch, capsys, **flags):
+    """status.main on the two-gang AskedCluster for one refresh (a watch is stopped by
+    Ctrl-C where it would sleep): (exit code, what it printed)."""
+    cluster = AskedCluster(
+        {**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)},
+        {IPS[0]: head(IPS)["facts"], GANG1_IPS[0]: head(GANG1_IPS)["facts"]},
+        "gang0 10.0.0.1:8000 in-pool serving\ngang1 10.0.1.1:8000 in-pool serving\n",
+    )
+    monkeypatch.setattr(status, "read_stack", lambda stack, stack_file: SimpleNamespace(spec=SPEC))
+    monkeypatch.setattr(status, "stack_outputs", lambda stack, outputs: cluster.outputs)
+    monkeypatch.setattr(status, "Cluster", lambda outputs: cluster)
+
+    def interrupt(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(status.time, "sleep", interrupt)
+    args = {"stack": "t", "stack_file": None, "outputs": None, "json": False, "watch": False, "interval": 1} | flags
+    code = status.main(SimpleNamespace(**args))
+    return code, capsys.readouterr().out
+
+
+def test_watch_draws_each_gangs_last_15_minutes_and_the_one_shot_does_not(monkeypatch, capsys):
+    code, watched = run_main(monkeypatch, capsys, watch=True)
+    assert code == 0
+    gang0 = block_of(watched.split("\x1b[H\x1b[2J")[-1], "  gang0       SERVING").splitlines()
+    charts = gang0[gang0.index(next(line for line in gang0 if line.startswith("  last 5m "))) + 1 :]
+    tokens, ttft, waiting = charts[:3]
+    rising = "".join(prometheus_view.BARS[round(i / 45 * 7)] for i in range(46))
+    assert tokens == "  15 min      tokens/s  " + rising + "  min 0.0, max 450.0, last 450.0"
+    # The steps without a request are gaps in the TTFT chart, not zeros.
+    assert ttft == "              TTFT p95  " + "▁" * 20 + " " * 5 + "▁" * 21 + "  min 500 ms, max 500 ms, last 500 ms"
+    assert waiting == "              waiting   " + "▁" * 40 + "█" * 6 + "  min 0, max 14, last 14"
+    # gang1 has no series in the window: its charts are empty, and say so.
+    gang1 = block_of(watched.split("\x1b[H\x1b[2J")[-1], "  gang1       SERVING")
+    assert "  15 min      tokens/s  " + " " * 46 + "  no data" in gang1.splitlines()
+
+    code, once = run_main(monkeypatch, capsys)
+    assert code == 0 and "last 5m " in once and "15 min" not in once
+
+
+def test_watch_json_carries_the_trends(monkeypatch, capsys):
+    code, printed = run_main(monkeypatch, capsys, watch=True, json=True)
+    (line,) = printed.splitlines()
+    trends = json.loads(line)["gangs"][0]["prometheus"]["trends"]
+    assert (trends["seconds"], trends["step"]) == (900, 20)
+    assert trends["tokensPerSecond"][-1] == 450.0 and trends["ttftP95"][20:25] == [None] * 5
 
 
 # --- the head's own completion (ray-cluster-check, run by status-facts) ---------------------

@@ -124,6 +124,8 @@ def detach(cluster, state_dir: Path, seconds: float) -> str:
             f"  API key        {key}",
             f"  model          {cluster.served_model}",
             f"  Ray dashboard  {outputs['dashboardUrl']}   (admin only: from this machine's bridge address)",
+            f"  metrics        {outputs['metricsUrl']}   (Prometheus; admin only, with the login below)",
+            f"  metrics login  {outputs['metricsLogin']}",
             f"  certificate    {certificate}",
             "From this machine:",
             f"  {curl}",
