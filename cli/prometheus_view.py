@@ -4,8 +4,8 @@ gang's serving figures over the rules' window, the alerts that are active, and f
 
 Pure Python: the shell command that asks Prometheus (run on the gateway over one SSH
 call by cli/status.py), the reading of its answers, and the text. Prometheus is asked
-on the gateway's loopback (it listens nowhere else, components/metrics.py), where it
-needs no login. Its HTTP API answers JSON documents
+on the gateway's loopback, where it needs no login (only nginx on the admin port asks
+for one, and only the GPU nodes may reach its own port: components/ports.py). Its HTTP API answers JSON documents
 (https://prometheus.io/docs/prometheus/latest/querying/api/): {"status": "success",
 "data": ...} or {"status": "error", "errorType": ..., "error": ...}, sample values as
 strings ("NaN" and "+Inf" included).

@@ -19,7 +19,7 @@ from fleet import in_ci, why_no_fleet
 from fleet_cluster import Load, fleet_program, replace_nodes, serving_cluster
 from replay import COMMAND, replay
 
-from components import metrics, ports
+from components import metrics, ports, prometheus_sizing
 from components.bootstrap import GATEWAY_COMMAND
 from components.topology import gang_name, node_name
 
@@ -107,6 +107,15 @@ def test_prometheus_has_each_gangs_figures_after_completions(gangs):
         assert have == {gang_name(g) for g in range(REPLICAS)}, (name, have)
     code, report = status(gangs)
     assert [g["prometheus"]["tokensPerSecond"] is not None for g in report["gangs"]] == [True] * REPLICAS
+    # The series Prometheus keeps per node here, against the planner's per-node figures
+    # (components/prometheus_sizing.py, measured on loopback by bench/bench_metrics_series.py).
+    by_job = {job: gangs.prometheus_query(f'count by (gang, node) ({{job="{job}"}})') for job in ("ray", "vllm")}
+    itself = gangs.prometheus_query('count({job="prometheus"})')
+    print(f"Prometheus keeps per node: ray {by_job['ray']}, vllm {by_job['vllm']}; itself {itself}")
+    assert set(by_job["vllm"]) == {(gang_name(g), node_name(0, g)) for g in range(REPLICAS)}, by_job
+    for job, planned in (("ray", prometheus_sizing.RAY_NODE_SERIES), ("vllm", prometheus_sizing.VLLM_HEAD_SERIES)):
+        for where, count in by_job[job].items():
+            assert count <= planned * 1.3, f"{job} on {where}: {count:.0f} series, the planner counts {planned}"
 
 
 def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_other(gangs):
