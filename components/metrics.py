@@ -238,7 +238,8 @@ def _yaml(data: dict) -> str:
 # --- recording rules --------------------------------------------------------------------
 
 # vLLM 0.33's names, as prometheus_client exposes them (counters gain _total, histograms
-# _bucket): vllm/v1/metrics/loggers.py of vllm 0.33.0, byte-identical in 0.32.0.
+# _bucket): vllm/v1/metrics/loggers.py of the release components/versions.py pins,
+# byte-identical in the CPU build the local hosts run (one minor release older).
 # Not the names of older guides: vllm:gpu_cache_usage_perc became vllm:kv_cache_usage_perc
 # (vllm PR #29330) and vllm:time_per_output_token_seconds became
 # vllm:inter_token_latency_seconds (vllm PR #32661); neither old name is exported.
@@ -299,9 +300,12 @@ def recording_rules() -> str:
 # --- alert rules ------------------------------------------------------------------------
 
 # How long each condition must hold before its alert fires. The issue names the KV
-# cache's 10 minutes; the others are ours: long enough to ride out a vLLM restart or a
-# burst, short enough to page while it matters.
-ENGINE_DOWN_FOR = "2m"
+# cache's 10 minutes; the others are ours: long enough to ride out a burst or a missed
+# scrape, short enough to page while it matters. A gang whose head has not answered for
+# a minute serves nothing: the gateway already sends its requests elsewhere. A planned
+# restart (a roll, the watchdog) of a large model takes longer and fires it too, which is
+# true while it lasts.
+ENGINE_DOWN_FOR = "1m"
 HUNG_FOR = "5m"
 KV_CACHE_FULL_FOR = "10m"
 KV_CACHE_FULL_ABOVE = 0.95

@@ -23,7 +23,7 @@ from components import metrics
 # --- series per node ----------------------------------------------------------------------
 
 # Measured on 2026-12-02 on the 2-core test machine, on loopback, with the fleet's
-# environment (vLLM 0.32.0's CPU build with the GPU-build double, Ray 2.60.0) and the tiny
+# environment (vLLM's CPU build with the GPU-build double, and the pinned Ray) and the tiny
 # model (tests/tiny_model.py):
 #     /work/main/venv/bin/python bench/bench_metrics_series.py
 #     ... metrics series: ray node 944, vllm head 445
@@ -38,8 +38,11 @@ VLLM_HEAD_SERIES = 445
 # Ray's `--metrics-export-port` on a head that runs the GCS, the dashboard and vLLM's
 # engine worker (one logical GPU). Before vLLM started the same endpoint had 564: most of
 # the difference is gRPC methods and task/actor series that appear once used. Used for
-# workers too: they run no GCS or dashboard, so it is an upper bound for them.
-RAY_NODE_SERIES = 944
+# workers too: they run no GCS or dashboard, so it is an upper bound for them. The
+# loopback bench counted 944; Prometheus on the local hosts keeps more of each head
+# after the replicas fleet's traffic: 1064 and 1065 (tests/test_fleet_replicas.py prints
+# `count by (gang, node) ({job="ray"})`, 2026-12-02), the figure used here.
+RAY_NODE_SERIES = 1065
 RAY_NODE_IDLE_SERIES = 564
 # No GPU here, so Ray's GPU series are not in the measurement: counted from Ray 2.60's
 # source (ray/dashboard/modules/reporter/reporter_agent.py). Per GPU, labelled GpuIndex:
@@ -57,9 +60,10 @@ RAY_GPU_COMPONENT_SERIES = 2
 # (https://prometheus.io/docs/concepts/jobs_instances/#automatically-generated-labels-and-time-series).
 SERIES_PER_TARGET = 5
 # Prometheus's own /metrics (job prometheus): Go runtime, HTTP handlers' histograms, TSDB,
-# rule groups, service discovery. An estimate, not measured here (no Prometheus on the
-# test machine): check it on a gateway with count({job="prometheus"}).
-PROMETHEUS_SELF_SERIES = 1000
+# rule groups, service discovery. Measured on the local hosts' gateway (Debian's 2.42):
+# count({job="prometheus"}) = 468 (tests/test_fleet_replicas.py, 2026-12-02); more HTTP
+# handlers appear as the UI is used, so rounded up.
+PROMETHEUS_SELF_SERIES = 600
 
 # --- memory ----------------------------------------------------------------------------------
 

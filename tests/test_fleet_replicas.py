@@ -25,9 +25,9 @@ from components.topology import gang_name, node_name
 
 NODES_PER_GANG = 1
 REPLICAS = 2
-# VllmEngineDown's rule holds for ENGINE_DOWN_FOR (2 min); a scrape (15 s) and an
+# VllmEngineDown's rule holds for ENGINE_DOWN_FOR (1 min); a scrape (15 s) and an
 # evaluation (15 s) may come after the condition starts, and the test's own polling.
-ENGINE_DOWN_WITHIN = 2 * 60 + 60
+ENGINE_DOWN_WITHIN = 60 + 60
 # The day-2 change the rolling test makes, which the stack keeps from then on.
 ROLLED = {"maxModelLen": 2048}
 

@@ -319,7 +319,7 @@ def series(metric: str, gang: str, values: str, job: str = "vllm", node: str = "
 
 
 ALERT_CASES = {
-    "VllmEngineDown": ([series("up", "gang0", "0x30"), series("up", "gang1", "1x30")], "1m", "3m"),
+    "VllmEngineDown": ([series("up", "gang0", "0x30"), series("up", "gang1", "1x30")], "30s", "2m"),
     "VllmGangHung": (
         [
             series("vllm:num_requests_running", "gang0", "2x30"),

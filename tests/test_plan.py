@@ -111,9 +111,10 @@ def test_replicas_multiply_the_gpu_cost_and_the_resources_but_not_the_gang(tmp_p
 
 def test_what_aws_would_refuse_is_a_problem_of_the_stack_before_anything_exists(tmp_path, monkeypatch, capsys):
     """30 admin CIDRs are 60 inbound rules of the gateway's group, plus its API rule and
-    the two from the nodes (readiness, Prometheus): past EC2's 60. The spec refuses such lists (tests/test_aws_contract.py);
-    with that check taken out, as for any rule the spec does not know, the plan names the
-    group, the count, the quota and AWS's page, and `plan` exits 1."""
+    the two from the nodes (readiness, Prometheus): past EC2's 60. The spec refuses such
+    lists (tests/test_aws_contract.py); with that check taken out, as for any rule the spec
+    does not know, the plan names the group, the count, the quota and AWS's page, and
+    `plan` exits 1."""
     import argparse
 
     from cli.__main__ import run_command
