@@ -31,7 +31,9 @@ from components import metrics
 # bucket one), after 8 completions (plain and chat, streamed and not): vLLM's histograms
 # and finish reasons appear only once used.
 MEASURED_ON = "2026-12-02"
-MEASURED_BY = "bench/bench_metrics_series.py"
+# vLLM's on loopback by the bench; Ray's and Prometheus's own as Prometheus on the local
+# hosts keeps them (tests/test_fleet_replicas.py prints them).
+MEASURED_BY = "bench/bench_metrics_series.py; Ray's by Prometheus on the local hosts"
 # vLLM's OpenAI server on a gang's head: its own vllm:* series for the one model and
 # engine, plus the API server's HTTP and Python process series.
 VLLM_HEAD_SERIES = 445
