@@ -5,10 +5,10 @@ gang's serving figures over the rules' window, the alerts that are active, and f
 Pure Python: the shell command that asks Prometheus (run on the gateway over one SSH
 call by cli/status.py), the reading of its answers, and the text. Prometheus is asked
 on the gateway's loopback, where it needs no login (only nginx on the admin port asks
-for one, and only the GPU nodes may reach its own port: components/ports.py). Its HTTP API answers JSON documents
-(https://prometheus.io/docs/prometheus/latest/querying/api/): {"status": "success",
-"data": ...} or {"status": "error", "errorType": ..., "error": ...}, sample values as
-strings ("NaN" and "+Inf" included).
+for one, and only the GPU nodes may reach its own port: components/ports.py). Its HTTP
+API answers JSON documents (https://prometheus.io/docs/prometheus/latest/querying/api/):
+{"status": "success", "data": ...} or {"status": "error", "errorType": ..., "error": ...},
+sample values as strings ("NaN" and "+Inf" included).
 
 The figures are informative: nothing here takes part in status's verdict.
 """
@@ -21,10 +21,10 @@ import re
 import shlex
 from datetime import datetime, timezone
 
-from components import metrics, ports
+from components import metrics
 
 # Prometheus's HTTP API on the gateway, from the port and prefix Prometheus is given.
-API_URL = f"http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX}/api/v1"
+API_URL = metrics.api_url()
 # Each curl's bound: three of them stay well inside status's wait for the gateway.
 CURL_MAX_TIME = 5
 # The figures are the recorded series, each a rate or quantile over this window.

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from cli import prometheus_view
 from cli.cluster import Cluster, Gang, stack_outputs
 from cli.stack_file import read_stack
-from components import bootstrap
+from components import bootstrap, metrics
 
 HEALTHY, DEGRADED, DOWN, UNKNOWN = 0, 1, 2, 3
 VERDICTS = {HEALTHY: "healthy", DEGRADED: "degraded", DOWN: "down", UNKNOWN: "unknown"}
@@ -289,7 +289,7 @@ def _prometheus_lines(report: dict, now: datetime) -> list[str]:
     prometheus, alerts = report["prometheus"], report["alerts"]
     lines = []
     if not prometheus["reachable"]:
-        where = prometheus_view.API_URL.removesuffix("/api/v1")
+        where = metrics.loopback_url()
         return [f"  prometheus  unreachable ({where} on the gateway): {prometheus['error']}"]
     if prometheus["error"]:
         lines.append(f"  prometheus  {prometheus['error']}")

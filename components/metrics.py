@@ -483,14 +483,20 @@ def gateway_files(gangs: list[ScrapeGang], gateway_host: str, disk_gib: int, htp
     }
 
 
+def loopback_url() -> str:
+    """Prometheus as the gateway itself reaches it (loopback, no login), under its route
+    prefix: the metrics command's readiness wait and `status`'s questions."""
+    return f"http://127.0.0.1:{ports.PROMETHEUS}{ROUTE_PREFIX}"
+
+
 def ready_url() -> str:
-    """Prometheus's readiness endpoint as the gateway itself asks it (on loopback)."""
-    return f"http://127.0.0.1:{ports.PROMETHEUS}{ROUTE_PREFIX}/-/ready"
+    """Prometheus's readiness endpoint, asked on the gateway."""
+    return f"{loopback_url()}/-/ready"
 
 
 def api_url() -> str:
-    """Prometheus's HTTP API as hosts inside the stack reach it, on loopback of the gateway."""
-    return f"http://127.0.0.1:{ports.PROMETHEUS}{ROUTE_PREFIX}/api/v1"
+    """Prometheus's HTTP API, asked on the gateway."""
+    return f"{loopback_url()}/api/v1"
 
 
 def ray_prometheus_host(gateway_private_ip: str) -> str:

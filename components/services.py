@@ -385,21 +385,18 @@ class ClusterServices(pulumi.ComponentResource):
         flags and login, and the targets: every node of every gang, by private IP. New
         gangs or replaced nodes change only the targets, which Prometheus reads without a
         restart. Nothing waits for it: the service serves without its metrics."""
-        node_ips = [ip for gang in args.gangs for ip in gang.node_ips]
-        sizes = [len(gang.node_ips) for gang in args.gangs]
+        # Each gang's IPs, head first: one list a gang.
+        gang_ips = [pulumi.Output.all(*gang.node_ips) for gang in args.gangs]
 
-        def script(values: list[str]) -> str:
+        def script(values: list) -> str:
             host, password, *ips = values
-            gangs, start = [], 0
-            for gang, size in zip(args.gangs, sizes, strict=True):
-                gangs.append(metrics.scrape_gang(gang.index, ips[start : start + size]))
-                start += size
+            gangs = [metrics.scrape_gang(gang.index, ip) for gang, ip in zip(args.gangs, ips, strict=True)]
             login = metrics.htpasswd_line(metrics.METRICS_USER, password)
             files = metrics.gateway_files(gangs, host, args.gateway_disk_gib, login)
             return bootstrap.gateway_metrics_script(files, metrics.ready_url())
 
         stdin = pulumi.Output.secret(
-            pulumi.Output.all(args.endpoint_host, args.metrics_password, *node_ips).apply(script)
+            pulumi.Output.all(args.endpoint_host, args.metrics_password, *gang_ips).apply(script)
         )
         return self._run(
             "gateway-metrics",

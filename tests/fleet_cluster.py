@@ -7,6 +7,7 @@ Used by tests/test_fleet.py and bench/bench_fleet.py.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -236,16 +237,22 @@ class ClusterUnderTest:
             headers["Authorization"] = f"Bearer {self.api_key if key == 'default' else key}"
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+        return self._answer(request, timeout)
+
+    def _answer(self, request: urllib.request.Request, timeout: float) -> tuple[int, Any]:
+        """(HTTP status, body) of `request` through the gateway's TLS: the body parsed as
+        JSON, None when empty, else its text (an error page, Prometheus's UI)."""
         try:
             with urllib.request.urlopen(request, context=self.tls(), timeout=timeout) as response:
-                raw = response.read()
-                return response.status, (json.loads(raw) if raw.strip() else None)
+                status, raw = response.status, response.read()
         except urllib.error.HTTPError as error:
-            raw = error.read()
-            try:
-                return error.code, json.loads(raw)
-            except json.JSONDecodeError:
-                return error.code, raw.decode(errors="replace")
+            status, raw = error.code, error.read()
+        if not raw.strip():
+            return status, None
+        try:
+            return status, json.loads(raw)
+        except json.JSONDecodeError:
+            return status, raw.decode(errors="replace")
 
     def completion(self, timeout: float = 60) -> int:
         try:
@@ -331,8 +338,6 @@ class ClusterUnderTest:
         """(HTTP status, parsed JSON or text) of GET metricsUrl + `path`, from this machine
         (in adminCidrs) through the gateway's TLS, with the stack's metrics login unless
         `login` is None or another USER:PASSWORD."""
-        import base64
-
         url = self.run.outputs["metricsUrl"] + path.lstrip("/")
         if params:
             url += "?" + urllib.parse.urlencode(params)
@@ -340,16 +345,7 @@ class ClusterUnderTest:
         if login is not None:
             pair = self.run.outputs["metricsLogin"] if login == "default" else login
             request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
-        try:
-            with urllib.request.urlopen(request, context=self.tls(), timeout=30) as response:
-                raw = response.read()
-                status = response.status
-        except urllib.error.HTTPError as error:
-            raw, status = error.read(), error.code
-        try:
-            return status, json.loads(raw)
-        except json.JSONDecodeError:
-            return status, raw.decode(errors="replace")
+        return self._answer(request, timeout=30)
 
     def prometheus_query(self, query: str) -> dict[tuple[str, ...], float]:
         """An instant query through metricsUrl: {label values of gang, node: value}."""
