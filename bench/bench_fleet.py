@@ -2,7 +2,7 @@
 running: still booting, refusing logins for a while, the gateway's first-boot apt
 holding the package lists lock) to the first successful completion through the
 gateway, for 2 and 4 GPU-node hosts, running the program's real user data and
-remote commands (tests/fleet_cluster.py) and the real vLLM engine (its CPU build,
+remote commands (localhosts/cluster.py) and the real vLLM engine (its CPU build,
 one pipeline stage per node). Beside it, the engine's own start from its log
 (process start to "Application startup complete") and the difference: what the
 orchestration (boot, bootstrap, Ray, staging, waits) adds to the engine.
@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
-from fleet import why_no_fleet  # noqa: E402
-from fleet_cluster import serving_cluster  # noqa: E402
+from localhosts.cluster import serving_cluster  # noqa: E402
+from localhosts.fleet import why_no_fleet  # noqa: E402
 
 
 def bring_up(nodes: int) -> tuple[float, float, dict]:

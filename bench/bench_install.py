@@ -14,7 +14,7 @@ larger (tools/wheelhouse_size.py gives its size).
     make bench-install    (or: venv/bin/python bench/bench_install.py [--runs 1])
 
 Needs the index (PyPI) for the first two; the wheelhouse is filled first, outside the
-timing, as the tests fill it (tests/fleet.py fleet_wheelhouse). Before them it times that
+timing, as the tests fill it (localhosts/fleet.py fleet_wheelhouse). Before them it times that
 fill on its own (pip downloading every locked wheel into an empty folder: what the first
 node does once per lock). Ends with the line
 `install: index-pip A s, index-fast B s, wheelhouse C s, ratio A/C R`.
@@ -32,11 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from fleet import VLLM_GPU_BUILD_DOUBLE, fleet_wheelhouse  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from components import node_env  # noqa: E402
+from localhosts.fleet import VLLM_GPU_BUILD_DOUBLE, fleet_wheelhouse  # noqa: E402
 from tools import pure_wheel  # noqa: E402
 
 NODE_ENV = ROOT / "scripts" / "node" / "node-env"

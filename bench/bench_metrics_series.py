@@ -4,7 +4,7 @@ components/prometheus_sizing.py sizes the gateway's Prometheus by.
     venv/bin/python bench/bench_metrics_series.py [--completions 8]
 
 On loopback only, with the fleet's virtualenv (vLLM's CPU build and Ray, the local
-hosts' lock: tests/fleet.py fleet_venv) and the tiny model (tests/tiny_model.py):
+hosts' lock: localhosts/fleet.py fleet_venv) and the tiny model (tests/tiny_model.py):
 1. a Ray head as the nodes start it (scripts/node/units/ray-head.service), plus
    `--metrics-export-port` on a free port, every other port of its free too, and one
    logical GPU (the fleet's GPU-build double, tests/doubles/vllm_gpu_build, places
@@ -45,13 +45,12 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from fleet import fleet_venv  # noqa: E402
-from fleet_cluster import MODEL, fleet_config, tiny_model  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from components.bootstrap import serving_directory, vllm_serve_args  # noqa: E402
 from components.spec import load_spec  # noqa: E402
+from localhosts.cluster import MODEL, fleet_config, tiny_model  # noqa: E402
+from localhosts.fleet import fleet_venv  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
 # vLLM's CPU build compiles its graphs at start on 2 cores: minutes, not seconds.

@@ -4,7 +4,7 @@ engine's start cold and with the kept warm-up (issue 20).
 
     make bench-model    (or: venv/bin/python bench/bench_model.py [--configs 2 3])
 
-Per configuration (PP = nodes, TP 1; tests/fleet_cluster.py brings it up with the
+Per configuration (PP = nodes, TP 1; localhosts/cluster.py brings it up with the
 program's real user data and commands) and per node:
 - before: what the node read from the cache when vLLM served from it. vLLM's own loader
   (bench/loader_reads.py, run on the node) picks its weight files in the cache's folder;
@@ -33,13 +33,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from fleet import why_no_fleet  # noqa: E402
-from fleet_cluster import ENGINE_CACHE, MODEL, serving_cluster  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from components.bootstrap import NODE_COMMAND, model_directory  # noqa: E402
 from components.topology import node_name  # noqa: E402
+from localhosts.cluster import ENGINE_CACHE, MODEL, serving_cluster  # noqa: E402
+from localhosts.fleet import why_no_fleet  # noqa: E402
 
 NODE_PYTHON = "/opt/vllm-cluster/venv/bin/python"
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
         "aws:region": "us-east-1",
     }
     started = time.perf_counter()
-    from pulumi_mocks import run_program  # imports pulumi and pulumi_aws, part of a cold run
+    from cli.mock_runtime import run_program  # imports pulumi and pulumi_aws, part of a cold run
 
     timings = []
     for _ in range(args.runs):

@@ -1,6 +1,6 @@
 """Throughput of the gang pool on the local fleet: completions per second through the
 gateway with one gang and with two, side by side in one run. One bring-up of two gangs
-of one node each (tests/fleet_cluster.py: the program's real user data and remote
+of one node each (localhosts/cluster.py: the program's real user data and remote
 commands, the real vLLM engine, its CPU build); the one-gang figure is taken with
 gang 1 drained from the gateway's pool (`vllm-cluster-gateway drain`, as a rolling
 update does), so both figures come from the same hosts, engines and gateway.
@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from fleet import why_no_fleet  # noqa: E402
-from fleet_cluster import serving_cluster  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from components.bootstrap import GATEWAY_COMMAND  # noqa: E402
+from localhosts.cluster import serving_cluster  # noqa: E402
+from localhosts.fleet import why_no_fleet  # noqa: E402
 
 MAX_TOKENS = 16
 

@@ -28,10 +28,10 @@ def pytest_collection_finish(session):
     """When the fleet's tests will run, its images start building now, beside the other
     tests (minutes on a new machine, mostly downloads and disk)."""
     if any(item.path.name in FLEET_TESTS for item in session.items):
-        from fleet import why_no_fleet
+        from localhosts.fleet import why_no_fleet
 
         if why_no_fleet() is None:
-            from fleet_cluster import images_in_background
+            from localhosts.cluster import images_in_background
 
             images_in_background()
 
@@ -39,5 +39,5 @@ def pytest_collection_finish(session):
 def pytest_sessionfinish(session):
     """A run that ends before the fleet's tests (a failure under -x, Ctrl-C) waits for the
     images' build it started rather than leave it running."""
-    if "fleet_cluster" in sys.modules:
-        sys.modules["fleet_cluster"].wait_for_images()
+    if "localhosts.cluster" in sys.modules:
+        sys.modules["localhosts.cluster"].wait_for_images()

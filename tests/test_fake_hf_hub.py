@@ -27,9 +27,9 @@ from types import SimpleNamespace
 import pytest
 import tiny_model
 from doubles import fake_hf_hub
-from fleet import CACHE_DIR
 
 from components import versions
+from localhosts.fleet import CACHE_DIR
 
 REPO = "vllm-cluster-tests/tiny"
 CONFIG = b'{"architectures": ["LlamaForCausalLM"]}\n'
@@ -200,7 +200,7 @@ def test_download_counts_are_per_file_and_a_resumption_is_no_new_download(hub):
 @cache
 def python_with(check: str) -> Path | None:
     """A Python on this machine that passes `check` (Python code): this one, or one of
-    the fleet's cached virtualenvs (tests/fleet.py fleet_venv), which are never built here."""
+    the fleet's cached virtualenvs (localhosts/fleet.py fleet_venv), which are never built here."""
     candidates = [Path(sys.executable), *sorted(CACHE_DIR.glob("venv-*/bin/python"))]
     for python in candidates:
         if python.parent.parent.joinpath(".complete").exists() or python == Path(sys.executable):

@@ -24,11 +24,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from fleet import in_ci, node_ip, process_state, why_no_fleet
-from fleet_cluster import (
+from fleet_helpers import Load, downloads_per_file
+from pulumi_mocks import run_program
+
+from components import metrics, node_env, ports, versions
+from components.bootstrap import GATEWAY_COMMAND, local_model_directory
+from components.catalog import CATALOG
+from components.topology import node_name
+from components.versions import RAY_VERSION
+from localhosts.cluster import (
     ENGINE_CACHE,
     MODEL,
-    Load,
     fleet_config,
     fleet_program,
     replace_nodes,
@@ -36,14 +42,8 @@ from fleet_cluster import (
     stop_cluster,
     tiny_model,
 )
-from pulumi_mocks import run_program
-from replay import COMMAND, replay
-
-from components import metrics, node_env, ports, versions
-from components.bootstrap import GATEWAY_COMMAND, local_model_directory
-from components.catalog import CATALOG
-from components.topology import node_name
-from components.versions import RAY_VERSION
+from localhosts.fleet import in_ci, node_ip, process_state, why_no_fleet
+from localhosts.replay import COMMAND, replay
 from scripts.lib import model_stage
 from scripts.lib.vllm_cluster_lib import metric_totals  # the watchdog's reader of /metrics
 from tools import local_target
@@ -293,7 +293,7 @@ def test_the_model_list_names_the_configured_model(cluster):
 def test_the_model_was_staged_once_without_its_training_checkpoint(cluster):
     weights_and_tokenizer = sorted(p.name for p in tiny_model().iterdir())
     assert "model.safetensors.index.json" in weights_and_tokenizer and "tokenizer.json" in weights_and_tokenizer
-    assert cluster.hub.downloads_per_file() == dict.fromkeys(weights_and_tokenizer, 1)
+    assert downloads_per_file(cluster.hub) == dict.fromkeys(weights_and_tokenizer, 1)
     marker = cluster.node_shell(0, f"cat /mnt/vllm-models/complete/{MODEL}/main").stdout
     assert marker.startswith("staged ") and f"in {NODES} parts" in marker, marker
 
@@ -461,7 +461,7 @@ def test_hosts_refused_logins_while_booting_and_the_bootstrap_rode_it_out(cluste
 
 # A NAT gateway drops a TCP flow idle for 350 s, some firewalls sooner (issue 19, point 5):
 # every long step prints at least every 30 s, so no command of the bring-up stays silent
-# for a minute (tests/replay.py OutputClock, from when each line arrived).
+# for a minute (localhosts/replay.py OutputClock, from when each line arrived).
 MAX_SILENCE_S = 60
 
 
@@ -567,7 +567,7 @@ def test_running_raylets_and_vllm_may_lock_all_the_memory_the_host_allows(cluste
     """The limits of the running processes, not the unit files. This machine cannot grant
     more locked memory than its own hard limit (it lacks CAP_SYS_RESOURCE), so "all the
     host allows" is that limit here and unlimited on EC2; a service that does not lift
-    its limits keeps the hosts' lower default (tests/fleet.py), as sshd shows."""
+    its limits keeps the hosts' lower default (localhosts/fleet.py), as sshd shows."""
     for index in range(NODES):
         host_max = limits(cluster, index, "1")  # the host's init: the most any service can get
         default = limits(cluster, index, cluster.unit_property(index, "ssh.service", "MainPID"))
@@ -650,7 +650,7 @@ def test_a_new_revision_is_downloaded_once_copied_to_every_node_and_served(clust
     cluster.run = updated
     cluster.config["modelRevision"] = NEW_REVISION
     weights_and_tokenizer = sorted(p.name for p in tiny_model().iterdir())
-    assert cluster.hub.downloads_per_file(NEW_REVISION) == dict.fromkeys(weights_and_tokenizer, 1)
+    assert downloads_per_file(cluster.hub, NEW_REVISION) == dict.fromkeys(weights_and_tokenizer, 1)
     new_local = local_model_directory(MODEL, NEW_REVISION)
     for index in range(NODES):
         prepare = outcomes[f"vllm-prepare-{node_name(index)}"]

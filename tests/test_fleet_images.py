@@ -7,8 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-import fleet_cluster
 import pytest
+
+from localhosts import cluster
 
 
 @pytest.fixture
@@ -20,16 +21,16 @@ def fake_build(monkeypatch):
         time.sleep(0.3)
         ran.set()
 
-    monkeypatch.setattr(fleet_cluster, "_images", None)
-    monkeypatch.setattr(fleet_cluster, "_build_images", build)
+    monkeypatch.setattr(cluster, "_images", None)
+    monkeypatch.setattr(cluster, "_build_images", build)
     return ran
 
 
 def test_the_build_starts_once_and_waiting_returns_when_it_has_ended(fake_build):
-    first = fleet_cluster.images_in_background()
-    assert fleet_cluster.images_in_background() is first
+    first = cluster.images_in_background()
+    assert cluster.images_in_background() is first
     assert not fake_build.is_set()  # started in the background: the caller goes on
-    fleet_cluster.wait_for_images()
+    cluster.wait_for_images()
     assert fake_build.is_set() and first.done() and first.result() is None
 
 
@@ -37,15 +38,15 @@ def test_a_failed_build_is_raised_to_whoever_waits_for_the_images(monkeypatch):
     def broken() -> None:
         raise RuntimeError("debootstrap exited 1")
 
-    monkeypatch.setattr(fleet_cluster, "_images", None)
-    monkeypatch.setattr(fleet_cluster, "_build_images", broken)
+    monkeypatch.setattr(cluster, "_images", None)
+    monkeypatch.setattr(cluster, "_build_images", broken)
     with pytest.raises(RuntimeError, match="debootstrap exited 1"):
-        fleet_cluster.images_in_background().result(timeout=5)
-    fleet_cluster.wait_for_images()  # an ended build, even a failed one, is not waited on again
+        cluster.images_in_background().result(timeout=5)
+    cluster.wait_for_images()  # an ended build, even a failed one, is not waited on again
 
 
 def test_without_a_build_started_there_is_nothing_to_wait_for(monkeypatch):
-    monkeypatch.setattr(fleet_cluster, "_images", None)
+    monkeypatch.setattr(cluster, "_images", None)
     started = time.monotonic()
-    fleet_cluster.wait_for_images()
+    cluster.wait_for_images()
     assert time.monotonic() - started < 0.1

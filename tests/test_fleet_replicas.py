@@ -15,13 +15,14 @@ import re
 import time
 
 import pytest
-from fleet import in_ci, why_no_fleet
-from fleet_cluster import Load, fleet_program, replace_nodes, serving_cluster
-from replay import COMMAND, replay
+from fleet_helpers import Load
 
 from components import metrics, ports, prometheus_sizing
 from components.bootstrap import GATEWAY_COMMAND
 from components.topology import gang_name, node_name
+from localhosts.cluster import fleet_program, replace_nodes, serving_cluster
+from localhosts.fleet import in_ci, why_no_fleet
+from localhosts.replay import COMMAND, replay
 
 NODES_PER_GANG = 1
 REPLICAS = 2

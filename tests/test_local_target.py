@@ -43,8 +43,7 @@ def test_local_down_with_nothing_running_removes_nothing(tmp_path):
 
 
 def test_bad_replicas_are_refused_naming_the_key_before_anything_is_made(tmp_path):
-    sys.path[:0] = [str(ROOT / "tests")]
-    from fleet import why_no_fleet
+    from localhosts.fleet import why_no_fleet
 
     if why_no_fleet():
         pytest.skip(f"the local target cannot run here: {why_no_fleet()}")

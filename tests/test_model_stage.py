@@ -137,7 +137,7 @@ def copy(source: Path, target: Path, stages, pp: int, revision: str = "main", **
 
 @cache
 def vllm_python() -> Path | None:
-    """The Python of a complete testbed virtualenv (tests/fleet.py fleet_venv) that imports
+    """The Python of a complete testbed virtualenv (localhosts/fleet.py fleet_venv) that imports
     vLLM, or None on a machine without one."""
     for python in sorted(TESTBED_CACHE.glob("venv-*/bin/python")):
         if (python.parent.parent / ".complete").exists():
@@ -154,7 +154,7 @@ def vllm_python() -> Path | None:
 def need_vllm() -> Path:
     python = vllm_python()
     if python is None:
-        pytest.skip(f"no testbed virtualenv with vLLM under {TESTBED_CACHE} (tests/fleet.py fleet_venv builds it)")
+        pytest.skip(f"no testbed virtualenv with vLLM under {TESTBED_CACHE} (localhosts/fleet.py fleet_venv builds it)")
     return python
 
 

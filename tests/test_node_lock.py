@@ -56,7 +56,7 @@ def test_the_cpu_lock_holds_the_fleets_engine_and_the_pinned_ray_and_hub():
 
 
 def test_the_cpu_lock_is_for_the_python_the_fleet_builds_its_virtualenv_with():
-    # tests/fleet.py builds the local hosts' virtualenv with the Python running the tests.
+    # localhosts/fleet.py builds the local hosts' virtualenv with the Python running the tests.
     assert locked("cpu").header["python-version"] == f"{sys.version_info.major}.{sys.version_info.minor}", (
         "the local hosts run this machine's Python: set node_env.LOCAL_HOST_PYTHON_VERSION to it and lock again"
     )

@@ -1,11 +1,12 @@
-"""tests/replay.py orders what it runs as Pulumi does: a command waits for every command
+"""localhosts/replay.py orders what it runs as Pulumi does: a command waits for every command
 it depends on, also through commands that do not run again (their step still waits for
 theirs), so a replay of only the changed commands keeps the program's order."""
 
 import time
 
 from pulumi_mocks import run_stack
-from replay import COMMAND, OutputClock, steps_of
+
+from localhosts.replay import COMMAND, OutputClock, steps_of
 
 
 def test_only_the_changed_commands_still_wait_through_the_unchanged_ones():
@@ -74,9 +75,9 @@ def test_a_command_that_never_started_has_no_silence():
 
 
 def test_the_session_hands_every_chunk_to_the_clock_as_it_arrives():
-    """tests/ssh_dial.py's reading loop, on a stand-in channel that delivers output in
+    """localhosts/ssh_dial.py's reading loop, on a stand-in channel that delivers output in
     chunks over time, feeds the clock with each chunk when it is read."""
-    import ssh_dial
+    from localhosts import ssh_dial
 
     class Channel:
         def __init__(self):
@@ -132,7 +133,7 @@ def test_the_session_hands_every_chunk_to_the_clock_as_it_arrives():
 
 
 def test_a_replaced_gang_is_replayed_new_head_first_switch_after_its_vllm():
-    """What tests/fleet_cluster.replace_nodes replays when gang 1's node gets a new IP:
+    """What localhosts/cluster.replace_nodes replays when gang 1's node gets a new IP:
     the commands whose inputs changed, in the program's order through the unchanged ones
     (the pool's configure, then gang 1's drain, its bootstrap, its vLLM, the switch, the
     check through the gateway)."""

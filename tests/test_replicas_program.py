@@ -113,7 +113,7 @@ def test_each_gang_has_its_own_placement_group_template_and_nodes(two_gangs):
 
 
 def test_a_gangs_workers_join_their_own_head_under_the_gangs_names(two_gangs):
-    from replay import user_data_of
+    from localhosts.replay import user_data_of
 
     run = two_gangs
     scripts = user_data_of(run)

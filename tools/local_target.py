@@ -7,11 +7,11 @@
 
 `make local` runs the real program (under Pulumi's mock engine, since there is no
 cloud here) for a stack of its own, boots Debian hosts that stand in for the EC2
-instances (tests/fleet.py: a gateway and GPU-node hosts, systemd, sshd, in network
+instances (localhosts/fleet.py: a gateway and GPU-node hosts, systemd, sshd, in network
 namespaces on a bridge), and replays the stack's remote commands over SSH as
 `pulumi up` would: the real bootstrap, Ray, nginx with TLS, and the real vLLM
 engine (its CPU build) serving a tiny model across the nodes with pipeline
-parallelism. What stands in for the GPU and AWS is listed in tests/fleet.py.
+parallelism. What stands in for the GPU and AWS is listed in localhosts/fleet.py.
 
 It prints the endpoint, the API key, the Ray dashboard and how to call them from
 this machine, and writes the stack's outputs, as
@@ -31,12 +31,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from fleet import Fleet, adopt, process_state, why_no_fleet  # noqa: E402
-from fleet_cluster import FakeHub, fleet_config, start_cluster, stop_cluster  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from components.spec import SpecError, load_spec  # noqa: E402
+from localhosts.cluster import FakeHub, fleet_config, start_cluster, stop_cluster  # noqa: E402
+from localhosts.fleet import Fleet, adopt, process_state, why_no_fleet  # noqa: E402
 
 STATE_DIR = Path(os.environ.get("VLLM_CLUSTER_LOCAL_DIR", "/var/lib/vllm-cluster-local"))
 NEEDS = (

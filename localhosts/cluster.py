@@ -2,7 +2,9 @@
 stack config for the fleet, its instances mapped to the fleet's hosts, the user
 data run as cloud-init would, then every declared command replayed over SSH.
 
-Used by tests/test_fleet.py and bench/bench_fleet.py.
+Used by `make local` (tools/local_target.py), the fleet tests and the benches. The
+fake Hugging Face hub (tests/doubles/fake_hf_hub.py) and the tiny model's builder
+(tests/tiny_model.py) run as programs, by path.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from fleet import (
+from cli.mock_runtime import ProgramRun, run_program
+from components import node_env
+from components.catalog import CATALOG
+from components.topology import efa_interface_count, node_name
+from localhosts.fleet import (
     BRIDGE_IP,
     CACHE_DIR,
     GATEWAY_IP,
@@ -37,12 +43,7 @@ from fleet import (
     fleet_venv,
     node_ip,
 )
-from pulumi_mocks import ProgramRun, run_program
-from replay import COMMAND, Outcome, replay, user_data_of
-
-from components import node_env
-from components.catalog import CATALOG
-from components.topology import efa_interface_count, node_name
+from localhosts.replay import COMMAND, Outcome, replay, user_data_of
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
@@ -185,14 +186,6 @@ class FakeHub:
 
     def downloads(self) -> int:
         return len(self.files())
-
-    def downloads_per_file(self, revision: str | None = None) -> dict[str, int]:
-        """How often each file was downloaded from its first byte (a resumption is not a
-        second download), of one revision's commit or of any."""
-        from doubles.fake_hf_hub import download_counts, revision_commit
-
-        commit = revision_commit(self.root, MODEL, revision) if revision else None
-        return download_counts(self.log, MODEL, commit)
 
     def files(self) -> list[str]:
         """Every file the hub served, in order (a file twice means a second download)."""
@@ -420,46 +413,6 @@ def replace_nodes(cluster: ClusterUnderTest, instances: dict[str, Host], **overr
         fleet.power_off(host)
     cluster.run = updated
     return Replacement(updated, changed, outcomes, hosts, booted_at, replayed_at, time.monotonic())
-
-
-@dataclass
-class Load:
-    """A bounded, steady stream of completions through the gateway, as clients send them."""
-
-    cluster: object
-    clients: int = 2
-    sent: int = 0
-    failed: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def _client(self) -> None:
-        while not self._stop.is_set():
-            try:
-                code, body = self.cluster.request(
-                    "/v1/completions",
-                    {"model": self.cluster.served_model, "prompt": "Hello", "max_tokens": 4},
-                    timeout=120,
-                )
-                error = None if code == 200 else f"HTTP {code}: {str(body)[:200]}"
-            except OSError as failure:
-                error = f"{type(failure).__name__}: {failure}"
-            with self._lock:
-                self.sent += 1
-                if error:
-                    self.failed.append(error)
-            time.sleep(0.1)
-
-    def __enter__(self) -> "Load":
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=150)
 
 
 def efa_devices(config: dict[str, Any]) -> int:

@@ -18,14 +18,17 @@ cloud-init's final stage after multi-user.target; on the gateway, an apt run tha
 holds the package lists lock at first boot, and nginx installed from a package
 mirror (a local one on the bridge, with Debian's own packages); on the nodes,
 nvidia-smi and fi_info where the image has them, and the instance store's mount point
-(/opt/dlami/nvme, a directory of the host's own). The stand-ins are test doubles
-from tests/doubles, put where the real tools live.
+(/opt/dlami/nvme, a directory of the host's own). The stand-ins are test doubles that
+live in tests/doubles (the project keeps every stand-in there, named as one): this
+module copies them into the hosts, where the real tools live, as files by path, and
+never imports them.
 
 Needs root, systemd-nspawn, debootstrap, overlayfs and network namespaces.
 The base root file system, the wheelhouse and the tests' own virtualenv are cached in
 $VLLM_CLUSTER_TESTBED_CACHE (default /var/cache/vllm-cluster-testbed).
 
-As a command:  python tests/fleet.py --nodes 3   (boots, prints, tears down on Ctrl-C)
+As a command, from the repository's root:
+    python -m localhosts.fleet --nodes 3   (boots, prints, tears down on Ctrl-C)
 """
 
 from __future__ import annotations
@@ -43,12 +46,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from cli.cluster import ssh_args
+from components import image, node_env
+from tools import pure_wheel
 
-from cli.cluster import ssh_args  # noqa: E402
-from components import image, node_env  # noqa: E402
-from tools import pure_wheel  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CACHE_DIR = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
 SUITE = "bookworm"

@@ -5,7 +5,7 @@ fleet runs it at boot as cloud-init's final stage does). `replay` runs every
 `remote.Command` the program declared, with its own connection (host, user, key,
 jump host, dial limits), command line and stdin, each as soon as the commands it
 depends on have finished, so independent ones run in parallel, and dials as
-pulumi-command does (tests/ssh_dial.py), so it can start while the hosts still
+pulumi-command does (ssh_dial.py), so it can start while the hosts still
 boot, as `pulumi up` does once EC2 reports an instance running. Nothing is
 re-typed here: what the program declares is what runs.
 """
@@ -19,8 +19,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from pulumi_mocks import ProgramRun, unsecret
-from ssh_dial import DialLog, Endpoint, Session
+from cli.mock_runtime import ProgramRun, unsecret
+from localhosts.ssh_dial import DialLog, Endpoint, Session
 
 COMMAND = "command:remote:Command"
 
@@ -44,7 +44,7 @@ class OutputClock:
     """When each line of a command's output arrived over its SSH session: a remote
     command silent for longer than a NAT's or firewall's idle timeout loses its
     connection (pulumi-command's client sends no keepalives). Fed by the session
-    (tests/ssh_dial.py `Session.run(on_output=...)`) with every chunk as it is read; a
+    (ssh_dial.py `Session.run(on_output=...)`) with every chunk as it is read; a
     line counts when its end arrives, each stream (stdout, stderr) on its own."""
 
     opened: float | None = None  # when the command started (its session was open)
