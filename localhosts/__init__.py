@@ -6,7 +6,9 @@ and the benches (bench/). It is not the product: nothing the stack deploys impor
 
 - fleet.py: the hosts themselves (Debian with systemd and sshd, booted with
   systemd-nspawn in network namespaces on one bridge), their cached image, package
-  mirror, wheelhouse and virtualenv, and the check that each host booted.
+  mirror, wheelhouse and virtualenv.
+- boot_check.py: the check of each host's boot, which names a unit of the hosts' own
+  that failed as the local machinery's fault and boots the host again, once.
 - replay.py: every remote command the program declared, run over SSH in the
   program's dependency order, dialled by ssh_dial.py as pulumi-command dials.
 - cluster.py: the whole bring-up: the program under the mock runtime with a stack

@@ -43,7 +43,7 @@ from localhosts.fleet import (
     fleet_venv,
     node_ip,
 )
-from localhosts.replay import COMMAND, Outcome, replay, user_data_of
+from localhosts.replay import COMMAND, Outcome, ReplayError, replay, user_data_of
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
@@ -478,7 +478,8 @@ def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnd
     """Start the fleet's hosts with the program's user data (cloud-init's final stage
     runs it at boot) and replay the program's commands at once, while the hosts still
     boot, as `pulumi up` does; returns once `pulumi up` would have finished (the
-    readiness command passed). On failure, removes what it made."""
+    readiness command passed). A host whose boot failed twice (localhosts/boot_check.py)
+    raises HostBootError, the machinery's fault. On failure, removes what it made."""
     key_store: dict = {}
     run = fleet_program(nodes, key_store, **overrides)
     config = fleet_config(nodes, **overrides)
@@ -506,7 +507,14 @@ def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnd
         cluster = ClusterUnderTest(
             run, fleet, hub, key_store, config=config, booted_at=time.monotonic(), started_wall=time.time()
         )
-        cluster.outcomes = replay(run)
+        try:
+            cluster.outcomes = replay(run)
+        except ReplayError as failure:
+            # A host that could not boot explains the failed command: the machinery's fault, named first.
+            fleet.raise_boot_failures(cause=failure)
+            raise
+        # A host that could not boot is broken machinery, even where the commands got through.
+        fleet.raise_boot_failures()
         cluster.ready_at = time.monotonic()
         return cluster
     except BaseException:

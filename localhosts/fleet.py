@@ -23,6 +23,10 @@ live in tests/doubles (the project keeps every stand-in there, named as one): th
 module copies them into the hosts, where the real tools live, as files by path, and
 never imports them.
 
+Every boot of a host is checked in the background (localhosts/boot_check.py): a unit
+of the hosts' own that fails at boot is reported on stderr at once, as the local
+machinery's fault, and the host booted again, once.
+
 Needs root, systemd-nspawn, debootstrap, overlayfs and network namespaces.
 The base root file system, the wheelhouse and the tests' own virtualenv are cached in
 $VLLM_CLUSTER_TESTBED_CACHE (default /var/cache/vllm-cluster-testbed).
@@ -41,6 +45,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,6 +53,7 @@ from pathlib import Path
 
 from cli.cluster import ssh_args
 from components import image, node_env
+from localhosts import boot_check
 from tools import pure_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -383,6 +389,14 @@ class Fleet:
         self.run_id = f"{os.getpid()}{int(time.time()) % 100000}"
         self._netns: list[str] = []
         self._mounts: list[Path] = []
+        # Host name -> the check of its latest boot (localhosts/boot_check.py), and the
+        # threads that check them. The lock keeps a check from booting a host again
+        # while the fleet stops.
+        self.boot_checks: dict[str, boot_check.BootCheck] = {}
+        self._boot_checkers: list[threading.Thread] = []
+        self._machinery_units: frozenset[str] = frozenset()
+        self._stopping = threading.Event()
+        self._boot_lock = threading.Lock()
 
     @property
     def hosts(self) -> list[Host]:
@@ -403,6 +417,7 @@ class Fleet:
 
     def start(self) -> None:
         (rootfs, mirror), house = base_rootfs(), fleet_wheelhouse()
+        self._machinery_units = boot_check.image_units(rootfs) | boot_check.MACHINERY_DOUBLES
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_file.write_text(self._private_key)
         self.key_file.chmod(0o600)
@@ -581,6 +596,14 @@ class Fleet:
             link.symlink_to(f"/etc/systemd/system/{unit}")
 
     def boot(self, host: Host, wait: bool = True) -> None:
+        """Start the host and, in the background, check its boot (never waited for here:
+        the replay starts while hosts boot); with `wait`, return once SSH logs in."""
+        self._start_host(host)
+        self._check_boot_in_background(host)
+        if wait:
+            self.wait_for_ssh(host)
+
+    def _start_host(self, host: Host) -> None:
         log = open(host.dir / "console.log", "ab")
         host.process = subprocess.Popen(
             # A machine name of this run's own: nspawn keeps per-machine state under
@@ -605,8 +628,6 @@ class Fleet:
             start_new_session=True,
         )
         log.close()
-        if wait:
-            self.wait_for_ssh(host)
 
     def _cpu_affinity(self, host: Host) -> list[str]:
         """Each node host gets a core of its own (round robin over this machine's), as
@@ -696,6 +717,78 @@ class Fleet:
         self.power_off(host)
         self.boot(host)
 
+    # --- each boot checked (localhosts/boot_check.py) ------------------------------------
+
+    def _check_boot_in_background(self, host: Host) -> None:
+        thread = threading.Thread(target=self._check_boot, args=(host,), name=f"boot-check-{host.name}", daemon=True)
+        self._boot_checkers.append(thread)
+        thread.start()
+
+    def _check_boot(self, host: Host) -> None:
+        check = self.boot_checks[host.name] = boot_check.BootCheck(host.name)
+        boot_check.check_host_boot(
+            check,
+            watch=lambda: self._watch_boot(host),
+            boot_again=lambda: self._boot_again(host),
+            say=lambda message: print(f"localhosts: {message}", file=sys.stderr, flush=True),
+        )
+
+    def _watch_boot(self, host: Host) -> boot_check.Boot:
+        """Watch the boot of the host's running nspawn; over when that one is (powered
+        off, booted anew by a test) or the fleet stops."""
+        process = host.process
+
+        def still_up() -> bool:
+            return not self._stopping.is_set() and host.process is process and process.poll() is None
+
+        return boot_check.watch_boot(lambda *command: self._in_host(host, *command), self._machinery_units, still_up)
+
+    def _in_host(self, host: Host, *command: str) -> tuple[int, str] | None:
+        """(exit status, stdout) of `command` run inside the host (its mount and PID
+        namespaces, entered through its init), as root and without a login (which a
+        booting host refuses); None while the host has no init, or lost it."""
+
+        def proc_status(pid: int) -> str | None:
+            try:
+                return Path(f"/proc/{pid}/status").read_text()
+            except FileNotFoundError:
+                return None  # it exited between the listing and the read
+
+        init = boot_check.init_pid(self.processes_of(host), proc_status)
+        if init is None:
+            return None
+        entered = ["nsenter", f"--target={init}", "--mount", "--pid", "--", *command]
+        result = subprocess.run(entered, capture_output=True, text=True, timeout=60)
+        if result.stderr.startswith("nsenter:"):
+            return None  # the init exited between the listing and the entering
+        return result.returncode, result.stdout
+
+    def _boot_again(self, host: Host) -> bool:
+        """Power the host off and boot it again, with its disk (user data, binds) as it
+        is; not when the fleet is stopping (False then)."""
+        with self._boot_lock:
+            if self._stopping.is_set():
+                return False
+            self.power_off(host)
+            self._start_host(host)
+            return True
+
+    def wait_for_boot_checks(self, timeout: float) -> dict[str, boot_check.BootCheck]:
+        """The checks of every host's latest boot, once the checks started so far ended
+        (or `timeout` seconds passed)."""
+        deadline = time.monotonic() + timeout
+        for thread in list(self._boot_checkers):
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return dict(self.boot_checks)
+
+    def raise_boot_failures(self, cause: BaseException | None = None) -> None:
+        """HostBootError naming each host whose boot failed twice, and its units (raised
+        from `cause`, what failed because of it), if there is such a host."""
+        broken = [check for check in self.boot_checks.values() if check.broken]
+        if broken:
+            consoles = {host.name: host.dir / "console.log" for host in self.hosts}
+            raise boot_check.HostBootError(broken, consoles) from cause
+
     # --- left running, torn down later (make local, make local-down) ------------------------
 
     def state(self) -> dict:
@@ -727,6 +820,9 @@ class Fleet:
     # --- teardown ------------------------------------------------------------------------
 
     def stop(self) -> None:
+        with self._boot_lock:  # no boot check boots a host again from now on
+            self._stopping.set()
+
         def power_off(host: Host) -> None:
             try:
                 self.power_off(host)
