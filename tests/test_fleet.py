@@ -459,6 +459,14 @@ def test_hosts_refused_logins_while_booting_and_the_bootstrap_rode_it_out(cluste
         assert not cluster.outcomes[f"vllm-setup-{node}"].dial_log.stages("Dial"), node
 
 
+def test_every_hosts_boot_was_checked_and_no_unit_of_the_local_hosts_failed(cluster):
+    """Each host's boot was watched to its end (localhosts/boot_check.py) and none of the
+    machinery's own units failed: the hosts the rest of this file tests booted whole."""
+    checks = cluster.fleet.wait_for_boot_checks(timeout=120)
+    assert sorted(checks) == sorted(host.name for host in cluster.fleet.hosts)
+    assert all(check.passed for check in checks.values()), {name: check.boots for name, check in checks.items()}
+
+
 # A NAT gateway drops a TCP flow idle for 350 s, some firewalls sooner (issue 19, point 5):
 # every long step prints at least every 30 s, so no command of the bring-up stays silent
 # for a minute (localhosts/replay.py OutputClock, from when each line arrived).
