@@ -30,7 +30,7 @@ test: test-deps
 # script; `venv/bin/ruff format .` fixes the formatting.
 SHELL_SCRIPTS := scripts/deploy scripts/destroy scripts/vllm-cluster scripts/pulumi-env.sh \
 	scripts/gateway/vllm-cluster-gateway scripts/lib/vllm-cluster-lib.sh scripts/node/vllm-cluster-node \
-	scripts/node/vllm-cluster-first-boot tools/install-test-deps .ci/run
+	scripts/node/vllm-cluster-first-boot scripts/lib/vllm-cluster-remove tools/install-test-deps .ci/run
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

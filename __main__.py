@@ -4,6 +4,8 @@ Reads the stack's config once into a validated spec (nothing is declared when it
 is bad), builds the components and exports what users need to reach the service.
 """
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_aws as aws
 
@@ -13,8 +15,9 @@ from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
 from components.gateway import GATEWAY_ROOT_GIB, Gateway, GatewayArgs
 from components.network import Network, NetworkArgs, first_zone
+from components.own_hosts import OwnHosts, OwnHostsArgs
 from components.security import SecurityArgs, SecurityGroups
-from components.services import SSH_USER, ClusterServices, ServicesArgs, ServingGang, vllm_settings
+from components.services import ClusterServices, ServicesArgs, ServingGang, vllm_settings
 from components.spec import (
     CONFIG_KEYS,
     NAMESPACE,
@@ -76,7 +79,8 @@ def check_existing_vpc() -> None:
         raise pulumi.RunError(str(SpecError(problems)))
 
 
-check_existing_vpc()
+if spec.own_hosts is None:
+    check_existing_vpc()
 
 
 def stack_vpc_and_zone() -> tuple[str | None, str]:
@@ -137,110 +141,191 @@ def check_model_cache() -> ExistingFileSystem | None:
     return ExistingFileSystem(file_system_id, file_system.arn, file_system.dns_name)
 
 
-existing_model_cache = check_model_cache()
+existing_model_cache = check_model_cache() if spec.own_hosts is None else None
 
 for warning in spec.warnings:
     pulumi.log.warn(warning)
 
-credentials = Credentials(name, CredentialsArgs(api_key=spec.api_key, replicas=spec.replicas))
-network = Network(
+credentials = Credentials(
     name,
-    NetworkArgs(
-        vpc_cidr=spec.vpc_cidr,
-        instance_type=spec.instance_type,
-        availability_zone=spec.availability_zone,
-        existing=spec.existing_network,
-    ),
-)
-security = SecurityGroups(
-    name,
-    SecurityArgs(
-        vpc_id=network.vpc_id,
-        api_allowed_cidrs=spec.api_allowed_cidrs,
-        admin_cidrs=spec.admin_cidrs,
+    CredentialsArgs(
+        api_key=spec.api_key,
         replicas=spec.replicas,
+        ssh_private_key=spec.own_hosts.ssh_private_key if spec.own_hosts is not None else None,
     ),
 )
-storage = ModelStorage(
-    name,
-    ModelStorageArgs(
-        subnet_id=network.private_subnet_id,
-        efs_group_id=security.efs_group_id,
-        retain_on_destroy=spec.retain_model_cache,
-        existing=existing_model_cache,
-    ),
-)
-# What every node is told at boot, and again by its setup command.
-node_boot = NodeBootArgs(
-    subnet_cidr=network.private_subnet_cidr,
-    gpus=spec.gpus_per_node,
-    efa=spec.efa,
-    file_system_id=storage.file_system_id,
-    access_point_id=storage.access_point_id,
-    wheelhouse_access_point_id=storage.wheelhouse_access_point_id,
-    file_system_dns=storage.dns_name,
-    ray_version=spec.ray_version,
-    vllm_version=spec.vllm_version,
-    login_probe_key=credentials.login_probe_public_key,
-    node_lock=(node_env.ROOT / spec.node_lock).read_text(),
-)
-nodes = GpuNodes(
-    name,
-    GpuNodesArgs(
-        instance_type=spec.instance_type,
-        node_count=spec.nodes,
-        interfaces=interface_layout(spec.instance, spec.efa),
-        ami_id=spec.ami_id,
-        root_volume_gib=spec.root_volume_gib,
-        capacity_reservation_id=spec.capacity_reservation_id,
-        capacity_block=spec.capacity_block,
-        placement_group_name=spec.placement_group_name,
-        create_placement_group=spec.creates_placement_group,
-        subnet_id=network.private_subnet_id,
-        cluster_group_ids=security.cluster_group_ids,
-        nodes_group_id=security.nodes_group_id,
-        key_pair_name=credentials.key_pair_name,
-        model_cache_arn=storage.file_system_arn,
-        model_cache_access_point_arn=storage.access_point_arn,
-        wheelhouse_access_point_arn=storage.wheelhouse_access_point_arn,
-        boot=node_boot,
-        boot_after=[*network.ready, *security.rules, *storage.ready],
-        replicas=spec.replicas,
-    ),
-)
+
+
+@dataclass
+class Machines:
+    """Where the services run: the EC2 instances the stack creates, or the machines the
+    user already has (hosts). The services and the outputs take them from here alone."""
+
+    gateway_public_address: pulumi.Input[str]
+    gateway_private_ip: pulumi.Input[str]
+    # The gateway's commands start after these (and run again when they are replaced).
+    gateway: list[pulumi.Resource]
+    # Per gang: its nodes' private IPs and the resource each node's commands start after.
+    gangs: list[tuple[list[pulumi.Input[str]], list[pulumi.Resource]]]
+    node_boot: NodeBootArgs
+    model_cache_file_system_id: pulumi.Input[str] | None
+    availability_zone: pulumi.Input[str] | None
+
+
+def ec2_machines() -> Machines:
+    """The stack's own: a VPC (or the user's), security groups, the EFS model cache, the
+    GPU instances in their placement groups and the gateway with its Elastic IP."""
+    network = Network(
+        name,
+        NetworkArgs(
+            vpc_cidr=spec.vpc_cidr,
+            instance_type=spec.instance_type,
+            availability_zone=spec.availability_zone,
+            existing=spec.existing_network,
+        ),
+    )
+    security = SecurityGroups(
+        name,
+        SecurityArgs(
+            vpc_id=network.vpc_id,
+            api_allowed_cidrs=spec.api_allowed_cidrs,
+            admin_cidrs=spec.admin_cidrs,
+            replicas=spec.replicas,
+        ),
+    )
+    storage = ModelStorage(
+        name,
+        ModelStorageArgs(
+            subnet_id=network.private_subnet_id,
+            efs_group_id=security.efs_group_id,
+            retain_on_destroy=spec.retain_model_cache,
+            existing=existing_model_cache,
+        ),
+    )
+    # What every node is told at boot, and again by its setup command.
+    node_boot = NodeBootArgs(
+        subnet_cidr=network.private_subnet_cidr,
+        gpus=spec.gpus_per_node,
+        efa=spec.efa,
+        file_system_id=storage.file_system_id,
+        access_point_id=storage.access_point_id,
+        wheelhouse_access_point_id=storage.wheelhouse_access_point_id,
+        file_system_dns=storage.dns_name,
+        ray_version=spec.ray_version,
+        vllm_version=spec.vllm_version,
+        login_probe_key=credentials.login_probe_public_key,
+        node_lock=(node_env.ROOT / spec.node_lock).read_text(),
+    )
+    nodes = GpuNodes(
+        name,
+        GpuNodesArgs(
+            instance_type=spec.instance_type,
+            node_count=spec.nodes,
+            interfaces=interface_layout(spec.instance, spec.efa),
+            ami_id=spec.ami_id,
+            root_volume_gib=spec.root_volume_gib,
+            capacity_reservation_id=spec.capacity_reservation_id,
+            capacity_block=spec.capacity_block,
+            placement_group_name=spec.placement_group_name,
+            create_placement_group=spec.creates_placement_group,
+            subnet_id=network.private_subnet_id,
+            cluster_group_ids=security.cluster_group_ids,
+            nodes_group_id=security.nodes_group_id,
+            key_pair_name=credentials.key_pair_name,
+            model_cache_arn=storage.file_system_arn,
+            model_cache_access_point_arn=storage.access_point_arn,
+            wheelhouse_access_point_arn=storage.wheelhouse_access_point_arn,
+            boot=node_boot,
+            boot_after=[*network.ready, *security.rules, *storage.ready],
+            replicas=spec.replicas,
+        ),
+    )
+    gateway = Gateway(
+        name,
+        GatewayArgs(
+            instance_type=spec.gateway_instance_type,
+            subnet_id=network.public_subnet_id,
+            gateway_group_id=security.gateway_group_id,
+            key_pair_name=credentials.key_pair_name,
+            user_data=gateway_user_data,
+            boot_after=[*network.ready, *security.rules],
+        ),
+    )
+    return Machines(
+        gateway_public_address=gateway.public_ip,
+        gateway_private_ip=gateway.private_ip,
+        gateway=gateway.resources,
+        gangs=[([instance.private_ip for instance in gang.instances], list(gang.instances)) for gang in nodes.gangs],
+        node_boot=node_boot,
+        model_cache_file_system_id=storage.file_system_id,
+        availability_zone=network.availability_zone,
+    )
+
+
+def own_machines() -> Machines:
+    """The user's own (hosts): nothing on AWS; one command per machine stands where its
+    instance would (components/own_hosts.py)."""
+    own = spec.own_hosts
+    node_boot = NodeBootArgs(
+        subnet_cidr=None,  # each node's own address
+        gpus=spec.gpus_per_node,
+        efa=False,
+        file_system_id="",
+        access_point_id="",
+        wheelhouse_access_point_id="",
+        file_system_dns="",
+        ray_version=spec.ray_version,
+        vllm_version=spec.vllm_version,
+        login_probe_key=credentials.login_probe_public_key,
+        node_lock=(node_env.ROOT / spec.node_lock).read_text(),
+        login_user=own.ssh_user,
+        shared_model_dir=own.model_cache_dir,
+    )
+    hosts = OwnHosts(
+        name,
+        OwnHostsArgs(
+            gateway_address=own.gateway_address,
+            gangs=own.gangs,
+            ssh_user=own.ssh_user,
+            ssh_private_key=credentials.ssh_private_key,
+            boot=node_boot,
+        ),
+    )
+    return Machines(
+        gateway_public_address=own.gateway_address,
+        gateway_private_ip=own.gateway_private_ip,
+        gateway=[hosts.gateway],
+        gangs=[(list(ips), commands) for ips, commands in zip(own.gangs, hosts.gangs, strict=True)],
+        node_boot=node_boot,
+        model_cache_file_system_id=None,
+        availability_zone=None,
+    )
+
+
 gateway_user_data = bootstrap.gateway_user_data()
-gateway = Gateway(
-    name,
-    GatewayArgs(
-        instance_type=spec.gateway_instance_type,
-        subnet_id=network.public_subnet_id,
-        gateway_group_id=security.gateway_group_id,
-        key_pair_name=credentials.key_pair_name,
-        user_data=gateway_user_data,
-        boot_after=[*network.ready, *security.rules],
-    ),
+machines = ec2_machines() if spec.own_hosts is None else own_machines()
+certificate = GatewayCertificate(
+    name, GatewayCertificateArgs(public_ip=machines.gateway_public_address, user_certificate=spec.tls)
 )
-certificate = GatewayCertificate(name, GatewayCertificateArgs(public_ip=gateway.public_ip, user_certificate=spec.tls))
 serving_gangs = []
-for gang in nodes.gangs:
-    gang_ips = [instance.private_ip for instance in gang.instances]
+for index, (gang_ips, hosts) in enumerate(machines.gangs):
     serving_gangs.append(
         ServingGang(
-            index=gang.index,
+            index=index,
             node_ips=gang_ips,
-            instances=gang.instances,
-            vllm_settings=vllm_settings(spec, gang_ips, gang.index),
-            ray_token=credentials.ray_tokens[gang.index],
+            instances=hosts,
+            vllm_settings=vllm_settings(spec, gang_ips, index),
+            ray_token=credentials.ray_tokens[index],
         )
     )
 services = ClusterServices(
     name,
     ServicesArgs(
         ssh_private_key=credentials.ssh_private_key,
-        gateway_public_ip=gateway.public_ip,
-        gateway_private_ip=gateway.private_ip,
+        gateway_public_ip=machines.gateway_public_address,
+        gateway_private_ip=machines.gateway_private_ip,
         gangs=serving_gangs,
-        gateway=gateway.resources,
+        gateway=machines.gateway,
         gateway_user_data=gateway_user_data,
         tls_certificate_pem=certificate.certificate_pem,
         tls_private_key_pem=certificate.private_key_pem,
@@ -252,7 +337,7 @@ services = ClusterServices(
         login_probe_private_key=credentials.login_probe_private_key,
         metrics_password=credentials.metrics_password,
         gateway_disk_gib=GATEWAY_ROOT_GIB,
-        node_boot=node_boot,
+        node_boot=machines.node_boot,
         api_key=credentials.api_key,
         hf_token=spec.hf_token,
         model=spec.model,
@@ -279,31 +364,32 @@ pulumi.export(
     pulumi.Output.concat("https://", certificate.hostname, f":{ports.DASHBOARD_HTTPS}{metrics.ROUTE_PREFIX}/"),
 )
 pulumi.export("metricsLogin", pulumi.Output.concat(f"{metrics.METRICS_USER}:", credentials.metrics_password))
-pulumi.export("gatewayPublicIp", gateway.public_ip)
+pulumi.export("gatewayPublicIp", machines.gateway_public_address)
 # Gang 0's, as before replicas; `gangs` has every gang's nodes, head first.
-pulumi.export("headPrivateIp", nodes.head_private_ip)
-pulumi.export("workerPrivateIps", nodes.worker_private_ips)
+head_ips = machines.gangs[0][0]
+pulumi.export("headPrivateIp", head_ips[0])
+pulumi.export("workerPrivateIps", pulumi.Output.all(*head_ips[1:]))
 pulumi.export(
     "gangs",
     [
         {
             "name": gang.name,
-            "nodes": [
-                {"name": node_name(index, gang.index), "ip": instance.private_ip}
-                for index, instance in enumerate(gang.instances)
-            ],
+            "nodes": [{"name": node_name(index, gang.index), "ip": ip} for index, ip in enumerate(gang.node_ips)],
         }
-        for gang in nodes.gangs
+        for gang in serving_gangs
     ],
 )
+login = machines.node_boot.login_user
+# Who the stack logs in as on the gateway and the nodes (the operator tools log in so too).
+pulumi.export("sshUser", login)
 pulumi.export(
     "sshCommand",
     pulumi.Output.concat(
         f"pulumi stack output --show-secrets sshPrivateKey > {key_file} && chmod 600 {key_file} && ",
-        f"ssh -i {key_file} -o ProxyCommand='ssh -i {key_file} -W %h:%p {SSH_USER}@",
-        gateway.public_ip,
-        f"' {SSH_USER}@",
-        nodes.head_private_ip,
+        f"ssh -i {key_file} -o ProxyCommand='ssh -i {key_file} -W %h:%p {login}@",
+        machines.gateway_public_address,
+        f"' {login}@",
+        head_ips[0],
     ),
 )
 pulumi.export("sshPrivateKey", credentials.ssh_private_key)
@@ -314,8 +400,12 @@ pulumi.export("tlsCertificate", certificate.certificate_pem)
 pulumi.export("tlsFingerprint", certificate.fingerprint)
 # The readiness command's report: a real completion went through the gateway.
 pulumi.export("readiness", services.readiness)
-pulumi.export("modelCacheFileSystemId", storage.file_system_id)
-pulumi.export("availabilityZone", network.availability_zone)
+if spec.own_hosts is None:
+    pulumi.export("modelCacheFileSystemId", machines.model_cache_file_system_id)
+    pulumi.export("availabilityZone", machines.availability_zone)
+else:
+    # The shared directory every host binds as the model cache (what the stack leaves on destroy).
+    pulumi.export("modelCacheDir", spec.own_hosts.model_cache_dir)
 pulumi.export(
     "topology",
     topology_summary(

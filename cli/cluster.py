@@ -150,6 +150,9 @@ class Cluster:
     def __init__(self, outputs: dict[str, Any]):
         self.outputs = outputs
         self.gateway = outputs["gatewayPublicIp"]
+        # The login user on the gateway and the nodes: the image's, or a stack of hosts' sshUser
+        # (a stack deployed before the output existed has the image's).
+        self.user = outputs.get("sshUser") or image.DEFAULT_USER
         self.gangs = gangs_of(outputs)
         self.nodes = [node for gang in self.gangs for node in gang.nodes]  # every gang's, in order
         self._scratch = tempfile.TemporaryDirectory(prefix="vllm-cluster-")
@@ -161,13 +164,12 @@ class Cluster:
         self._scratch.cleanup()
 
     def ssh(self, node: Node, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        # The image's login user, on the gateway and the nodes alike.
-        args = ssh_args(self.key_file, image.DEFAULT_USER, node.ip, command, image.DEFAULT_USER, self.gateway)
+        args = ssh_args(self.key_file, self.user, node.ip, command, self.user, self.gateway)
         return _run(args, timeout, f"{node.name} ({node.ip})")
 
     def ssh_gateway(self, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """`command` on the gateway itself: a direct login, no jump."""
-        args = ssh_args(self.key_file, image.DEFAULT_USER, self.gateway, command)
+        args = ssh_args(self.key_file, self.user, self.gateway, command)
         return _run(args, timeout, f"the gateway ({self.gateway})")
 
     def tls_context(self) -> ssl.SSLContext:

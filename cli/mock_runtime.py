@@ -15,6 +15,8 @@ import hashlib
 import ipaddress
 import json
 import runpy
+import secrets
+import string
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -34,6 +36,8 @@ from cli.stack_file import (  # noqa: F401
     STACKS_DIR,
     ProjectConfigError,
     apply_project_config,
+    ec2_stack_names,
+    readable_config,
     stack_config,
     stack_names,
 )
@@ -241,6 +245,13 @@ class MockCloud(pulumi.runtime.Mocks):
                 + "\n".join(body[i : i + 64] for i in range(0, len(body), 64))
                 + "\n-----END CERTIFICATE-----\n"
             )
+        elif args.typ == "random:index/randomPassword:RandomPassword" and self.real_crypto:
+            # As random_password does: drawn once, then kept (in state; here in key_store),
+            # so the secrets of a stack that runs for real (make local) are its own.
+            stored = ("password", args.name)
+            if stored not in self.key_store:
+                self.key_store[stored] = real_password(int(args.inputs.get("length", 32)))
+            state["result"] = self.key_store[stored]
         elif args.typ == "random:index/randomPassword:RandomPassword":
             length = int(args.inputs.get("length", 32))
             state["result"] = (_digest("password", args.name, length=64) * 4)[:length]
@@ -321,6 +332,13 @@ def unsecret(value: Any) -> Any:
     if isinstance(value, dict) and value.get("4dabf18193072939515e22adb298388d") == SECRET_SIG:
         return value["value"]
     return value
+
+
+def real_password(length: int) -> str:
+    """Letters and digits from the system's randomness: what the program's passwords
+    (special=False) are made of."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(length))
 
 
 def real_private_key(algorithm: str) -> dict[str, str]:
@@ -481,7 +499,12 @@ def _declared(request, monitor: RecordingMonitor, mocks: MockCloud) -> DeclaredR
 def run_stack(stack: str, overrides: Mapping[str, Any] | None = None, **kwargs) -> ProgramRun:
     """Run the program against `stacks/Pulumi.<stack>.yaml`, optionally with some keys changed
     (a value of None removes the key)."""
+    # Secrets are ciphertext in a stack file: stand-ins, handed over as secrets, as the
+    # CLI hands the program the decrypted values.
     config = stack_config(stack)
+    readable, secret = readable_config(config)
+    config.update({f"{PROJECT}:{key}": readable[key] for key in secret})
+    kwargs.setdefault("secret_keys", secret)
     for key, value in (overrides or {}).items():
         full_key = key if ":" in key else f"{PROJECT}:{key}"
         if value is None:

@@ -47,13 +47,16 @@ def resources_by_component(run) -> dict[str, dict[str, int]]:
     }
 
 
-def _nodes(topology: dict[str, Any], layers: list[tuple[int, int]] | None) -> list[dict[str, Any]]:
-    """Each node's role, GPUs, ranks and pipeline stages with the layers each holds."""
+def _nodes(
+    topology: dict[str, Any], layers: list[tuple[int, int]] | None, ips: tuple[str, ...] | None = None
+) -> list[dict[str, Any]]:
+    """Each node's role, GPUs, ranks and pipeline stages with the layers each holds; the
+    IPs of gang 0's hosts when the stack lists them (hosts), else placeholders."""
     return [
         {
             "node": node["node"],
             "role": node["role"],
-            "ip": f"<{node_name(node['node'])}-ip>",
+            "ip": ips[node["node"]] if ips else f"<{node_name(node['node'])}-ip>",
             "gpus": node["gpus"],
             "ranks": node["ranks"],
             "stages": [
@@ -113,6 +116,9 @@ def build_plan(
     the_cost = sizing.cost(instance, spec.total_nodes, spec.gateway_instance_type, the_fit.weights_gb)
     # Every gang's nodes read the cache at once on the first `pulumi up`.
     terms = sizing.time_to_first_token(model, instance, spec.nodes, pp, readers=spec.total_nodes)
+    if spec.own_hosts is not None:
+        # Machines that run already, with a shared directory of the user's: no launch, no EFS helper.
+        terms = [term for term in terms if term.name not in OWN_HOSTS_SKIP_TERMS]
     loads = sizing.node_loads(model, instance, spec.nodes, pp, readers=spec.total_nodes)
     topology = topology_summary(spec.nodes, spec.gpus_per_node, tp, pp)
     layers = sizing.stage_layers(model.layers, pp) if model.layers else None
@@ -133,21 +139,23 @@ def build_plan(
             "layers": model.layers,
         },
         "cluster": _cluster(spec),
+        "hosts": _own_hosts(spec),
         # components/image.py: what the nodes boot, or the stack's own AMI.
         "image": (
             {"amiId": spec.ami_id} if spec.ami_id else {"name": image.DLAMI_DESCRIPTION, "python": image.python_label()}
         ),
         "resources": resources_by_component(run),
         "resourceCount": len(run.resources),
-        "nodes": _nodes(topology, layers),
+        "nodes": _nodes(topology, layers, spec.own_hosts.gangs[0] if spec.own_hosts else None),
         "modelBytes": _model_bytes(model, spec, loads, topology),
         "ranks": topology["ranks"],
         "weightsGB": round(the_fit.weights_gb, 1),
         "fits": the_fit.fits,
         "fit": _fit(the_fit, spec.gpu_memory_utilization),
         "smallestFit": smallest,
-        "costPerHourUsd": round(the_cost.per_hour, 4),
-        "costPerDayUsd": round(the_cost.per_day, 2),
+        # Machines of the user's own cost the stack nothing on AWS.
+        "costPerHourUsd": round(the_cost.per_hour, 4) if spec.own_hosts is None else 0.0,
+        "costPerDayUsd": round(the_cost.per_day, 2) if spec.own_hosts is None else 0.0,
         "cost": _cost(the_cost, instance),
         "prometheus": prometheus,
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
@@ -176,7 +184,11 @@ def _prometheus(spec) -> dict[str, Any]:
     from components.gateway import GATEWAY_ROOT_GIB  # the Gateway component's module: Pulumi, as the run above
 
     sized = prometheus_sizing.gateway_sizing(
-        spec.replicas, spec.nodes, spec.gpus_per_node, spec.gateway_instance_type, GATEWAY_ROOT_GIB
+        spec.replicas,
+        spec.nodes,
+        spec.gpus_per_node,
+        spec.gateway_instance_type if spec.own_hosts is None else OWN_GATEWAY,
+        GATEWAY_ROOT_GIB,
     )
     load = sized.ingest
     return {
@@ -216,7 +228,9 @@ def _prometheus(spec) -> dict[str, Any]:
             "retentionLimitMiB": sized.retention_limit_mib,
             "daysAtLimit": round(sized.days_at_limit, 1),
         },
-        "warnings": list(sized.warnings),
+        # The memory line says what a gateway of the user's own needs; the gateway-type
+        # warning is about gatewayInstanceType, which such a stack does not use.
+        "warnings": list(sized.warnings) if spec.own_hosts is None else [],
     }
 
 
@@ -292,6 +306,47 @@ def _model_bytes(model: sizing.ModelSize, spec, loads: list[sizing.NodeLoad], to
     }
 
 
+# The gateway of a stack of hosts: a machine of the user's, whose memory the planner cannot know.
+OWN_GATEWAY = "your gateway machine"
+# Time-to-first-token terms of a launch that a stack of hosts does not have.
+OWN_HOSTS_SKIP_TERMS = ("instance boot", "efs-utils build")
+# What machines the user already has must provide, and the check that says so (with the
+# host, the fact and the fix) when one does not: README "Your own hosts".
+OWN_HOSTS_REQUIREMENTS = (
+    (
+        "SSH as sshUser with passwordless sudo: to the gateway from here, to every host from the gateway",
+        "each host's command fails naming the host",
+    ),
+    (
+        "modelCacheDir mounted from one shared file system on every GPU host, writable by root",
+        "setup: 'does not exist', 'root cannot write', 'is not shared with head'",
+    ),
+    (
+        "a Python the pinned vLLM and Ray accept, NVIDIA driver and nvidia-smi on every GPU host",
+        "setup (Python), preflight (GPUs, driver)",
+    ),
+    (
+        "the ports open between the hosts and from the gateway (components/ports.py)",
+        "the gateway's login wait, Ray's cluster check, readiness",
+    ),
+    ("apt on the gateway (nginx, Prometheus) and on the hosts (Python headers when missing)", "setup"),
+)
+
+
+def _own_hosts(spec) -> dict[str, Any] | None:
+    own = spec.own_hosts
+    if own is None:
+        return None
+    return {
+        "gangs": [list(gang) for gang in own.gangs],
+        "gateway": own.gateway_address,
+        "gatewayPrivateIp": own.gateway_private_ip,
+        "sshUser": own.ssh_user,
+        "modelCacheDir": own.model_cache_dir,
+        "requirements": [{"need": need, "checkedBy": check} for need, check in OWN_HOSTS_REQUIREMENTS],
+    }
+
+
 def _cluster(spec) -> dict[str, Any]:
     instance = spec.instance
     return {
@@ -313,6 +368,8 @@ def _ranks(ranks: list[int]) -> str:
 
 def _summary_lines(plan: dict[str, Any]) -> list[str]:
     m, c, i = plan["model"], plan["cluster"], plan["image"]
+    if plan["hosts"] is not None:
+        return _own_hosts_summary_lines(plan)
     return [
         f"vllm-cluster plan: stack {plan['stack']} (offline: no AWS, no Pulumi CLI)",
         "",
@@ -326,6 +383,24 @@ def _summary_lines(plan: dict[str, Any]) -> list[str]:
         if "amiId" in i
         else f"Image     {i['name']}, newest; Python {i['python']}",
     ]
+
+
+def _own_hosts_summary_lines(plan: dict[str, Any]) -> list[str]:
+    """A stack of the user's own machines: the hosts instead of instance types and images."""
+    m, c, h = plan["model"], plan["cluster"], plan["hosts"]
+    out = [
+        f"vllm-cluster plan: stack {plan['stack']} (offline: no AWS, no Pulumi CLI)",
+        "",
+        f"Model     {m['name']}, {m['paramsB']:g} B parameters, {m['dtype']} (size from the {m['source']})",
+        f"Cluster   your hosts: {c['replicas']} gang(s) of {c['nodes']}, each {c['instanceType']}, "
+        f"TP {c['tensorParallelSize']} x PP {c['pipelineParallelSize']} = "
+        f"{c['tensorParallelSize'] * c['pipelineParallelSize']} ranks a gang, EFA off",
+        f"Gateway   {h['gateway']} (private {h['gatewayPrivateIp']}), SSH as {h['sshUser']}",
+    ]
+    out += [f"Gang {index}    {', '.join(gang)} (head first)" for index, gang in enumerate(h["gangs"])]
+    out += [f"Cache     {h['modelCacheDir']} on every GPU host (shared)", "Hosts must provide (checked by)"]
+    out += [f"  - {r['need']} ({r['checkedBy']})" for r in h["requirements"]]
+    return out
 
 
 def _resource_lines(plan: dict[str, Any]) -> list[str]:
@@ -383,6 +458,8 @@ def _fit_lines(plan: dict[str, Any]) -> list[str]:
 
 def _cost_lines(plan: dict[str, Any]) -> list[str]:
     c, k = plan["cluster"], plan["cost"]
+    if plan["hosts"] is not None:
+        return ["Cost      none to AWS: the machines are yours, and the stack creates no AWS resource"]
     return [
         f"Cost (us-east-1 on-demand, prices of {k['priceDate']})",
         f"  GPU nodes      ${k['gpuNodes']:.4f}/h ({c['nodes'] * c['replicas']} x {c['instanceType']})",
@@ -437,6 +514,16 @@ def _prometheus_lines(plan: dict[str, Any]) -> list[str]:
 
 
 def _model_bytes_lines(plan: dict[str, Any]) -> list[str]:
+    if plan["hosts"] is not None:
+        return [
+            "Model bytes per node",
+            f"  from {plan['hosts']['modelCacheDir']}, your shared directory: its speed is yours, not estimated "
+            "(the times below assume EFS's 500 MiB/s per client)",
+        ]
+    return _ec2_model_bytes_lines(plan)
+
+
+def _ec2_model_bytes_lines(plan: dict[str, Any]) -> list[str]:
     """Per node: the bytes it copies, from where, at which rate, the time, and whether it
     serves from its local disk or the cache and why; every figure with its source."""
     b, d = plan["modelBytes"], plan["modelBytes"]["download"]
@@ -501,6 +588,8 @@ def _time_to_first_token_lines(plan: dict[str, Any]) -> list[str]:
 
 def _problem_lines(plan: dict[str, Any]) -> list[str]:
     """AWS's rules on every resource's inputs (components/aws_contract.py)."""
+    if plan["hosts"] is not None:
+        return ["AWS limits  none apply: the stack creates no AWS resource"]
     if not plan["problems"]:
         return [f"AWS limits  all {plan['resourceCount']} resources' inputs within them (components/aws_contract.py)"]
     return [

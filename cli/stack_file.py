@@ -34,6 +34,7 @@ SECRET_STAND_INS = {
     "apiKey": "planner-stand-in-for-the-api-key-0000",
     "hfToken": "hf_planner_stand_in",
     "tlsPrivateKey": "-----BEGIN PRIVATE KEY-----\nUExBTk5FUg==\n-----END PRIVATE KEY-----\n",
+    "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nUExBTk5FUg==\n-----END OPENSSH PRIVATE KEY-----\n",
 }
 _SECRET_KEYS = {key.name for key in CONFIG_KEYS if key.secret}
 # libyaml's safe loader where PyYAML was built with it: the same documents, read in a
@@ -61,6 +62,12 @@ class Stack:
 
 def stack_names() -> list[str]:
     return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+
+
+def ec2_stack_names() -> list[str]:
+    """The stacks that create their EC2 instances (no hosts listed): the AWS resources'
+    own tests run on these; a stack of hosts the user has creates none."""
+    return [name for name in stack_names() if not read_config(stack_path(name)).get(f"{NAMESPACE}:hosts")]
 
 
 def stack_path(stack: str, stack_file: str | Path | None = None) -> Path:

@@ -35,6 +35,9 @@ INSTALL_DIR = "/opt/vllm-cluster"
 BIN_DIR = f"{INSTALL_DIR}/bin"
 NODE_COMMAND = f"{BIN_DIR}/vllm-cluster-node"
 FIRST_BOOT_COMMAND = f"{BIN_DIR}/vllm-cluster-first-boot"
+# What `pulumi destroy` runs on a machine of a stack of hosts (components/own_hosts.py).
+REMOVE_COMMAND = f"{BIN_DIR}/vllm-cluster-remove"
+REMOVE_SCRIPT = ROOT / "scripts" / "lib" / "vllm-cluster-remove"
 GATEWAY_COMMAND = f"{BIN_DIR}/vllm-cluster-gateway"
 LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm-cluster-lib.sh"
 # Where the Python checks find their shared helpers: ../lib from BIN_DIR.
@@ -117,6 +120,10 @@ class NodeBoot:
     # (RAY_PROMETHEUS_HOST, metrics.ray_prometheus_host). Empty in the user data: the
     # gateway's address reaches the head with its setup command, before Ray starts.
     prometheus_url: str = ""
+    # The user the stack logs in as (the image's, or sshUser on hosts the user has).
+    login_user: str = image.DEFAULT_USER
+    # hosts: the shared directory bound as the model cache (modelCacheDir); "" mounts EFS.
+    shared_model_dir: str = ""
 
 
 def _python_requirement(boot: NodeBoot) -> dict[str, str]:
@@ -185,7 +192,9 @@ def cluster_env(boot: NodeBoot) -> str:
         "OFI_NCCL_PLUGIN_FILE": image.OFI_NCCL_PLUGIN,
         "NVIDIA_SMI": image.NVIDIA_SMI,
         "NVME_MOUNT": image.NVME_MOUNT,
-        "LOGIN_USER": image.DEFAULT_USER,
+        "LOGIN_USER": boot.login_user,
+        # hosts (components/own_hosts.py): the shared directory bound where EFS would be.
+        "MODEL_CACHE_SHARED_DIR": boot.shared_model_dir,
         "LOGIN_PROBE_KEY": boot.login_probe_key.strip(),
         "LOGIN_READY_WORD": LOGIN_READY_WORD,
         # Read by the dashboard in ray-head.service (node.env): its health check of
@@ -252,6 +261,23 @@ def lock_digest(lock_text: str) -> str:
     """A short name of a node lock's content (the node script logs the same: the first
     12 hex digits of its sha256)."""
     return hashlib.sha256(lock_text.encode()).hexdigest()[:12]
+
+
+def _remover() -> str:
+    return _file(REMOVE_COMMAND, _read(REMOVE_SCRIPT), "0755")
+
+
+def own_host_node_script(boot: NodeBoot) -> str:
+    """What a GPU host the user already has runs first (the host command, `sudo bash -s`
+    with this on stdin): the node's user data, as cloud-init would run it on EC2, and the
+    script its delete runs (vllm-cluster-remove)."""
+    return node_user_data(boot).replace(f"exec {FIRST_BOOT_COMMAND}\n", _remover() + f"exec {FIRST_BOOT_COMMAND}\n")
+
+
+def own_host_gateway_script() -> str:
+    """The gateway machine's first script on hosts the user has: vllm-cluster-remove
+    alone. Its user data is what the stack's gateway-setup command runs anyway."""
+    return _script("gateway host", [_remover()], f"test -x {REMOVE_COMMAND}")
 
 
 def node_user_data(boot: NodeBoot) -> str:

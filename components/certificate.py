@@ -7,6 +7,7 @@ verification off.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 import pulumi
@@ -19,6 +20,14 @@ from components.tagging import renamed_from
 # Two years; `pulumi up` after expiry (or earlier, see early_renewal) issues a new one.
 VALIDITY_HOURS = 2 * 365 * 24
 EARLY_RENEWAL_HOURS = 30 * 24
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
@@ -56,7 +65,12 @@ class GatewayCertificate(pulumi.ComponentResource):
                 f"{name}-gateway-tls-certificate",
                 private_key_pem=key.private_key_pem,
                 subject={"common_name": "vllm-cluster gateway", "organization": "vllm-cluster"},
-                ip_addresses=[args.public_ip],
+                # A gateway of the user's own (hosts) may be known by a DNS name instead.
+                **(
+                    {"dns_names": [args.public_ip]}
+                    if isinstance(args.public_ip, str) and not _is_ip(args.public_ip)
+                    else {"ip_addresses": [args.public_ip]}
+                ),
                 validity_period_hours=VALIDITY_HOURS,
                 early_renewal_hours=EARLY_RENEWAL_HOURS,
                 allowed_uses=["digital_signature", "key_encipherment", "server_auth"],

@@ -35,8 +35,9 @@ class NodeBootArgs:
     command: bootstrap.NodeBoot without the node's index and the head's IP, which
     node_boot adds per node. Plain values only; no secret goes to a node this way."""
 
-    # The private subnet: a node finds its primary interface as the one with an address in it.
-    subnet_cidr: pulumi.Input[str]
+    # The private subnet: a node finds its primary interface as the one with an address in
+    # it. None on hosts the user has (own_hosts.py): each node's own address, as a /32.
+    subnet_cidr: pulumi.Input[str] | None
     gpus: int
     efa: bool
     file_system_id: pulumi.Input[str]
@@ -50,16 +51,28 @@ class NodeBootArgs:
     login_probe_key: pulumi.Input[str]
     # The text of the lock every node installs (spec nodeLock).
     node_lock: str
+    # The user the stack logs in as: the image's, or sshUser on hosts the user has.
+    login_user: str = image.DEFAULT_USER
+    # hosts: the shared directory bound as the model cache (modelCacheDir); "" mounts EFS.
+    shared_model_dir: str = ""
 
 
 def node_boot(
-    boot: NodeBootArgs, index: int, head_ip: pulumi.Input[str] | None, gang: int = 0
+    boot: NodeBootArgs,
+    index: int,
+    head_ip: pulumi.Input[str] | None,
+    gang: int = 0,
+    node_ip: pulumi.Input[str] | None = None,
 ) -> pulumi.Output[bootstrap.NodeBoot]:
     """Node `index`'s NodeBoot in `gang`. The head gets no head IP (it learns its own at
-    boot); a worker gets its gang head's private IP."""
+    boot); a worker gets its gang head's private IP. `node_ip`: the node's own address,
+    its subnet when the boot names none (hosts the user has)."""
+    subnet = boot.subnet_cidr
+    if subnet is None:
+        subnet = pulumi.Output.from_input(node_ip).apply(lambda ip: f"{ip}/32")
     return pulumi.Output.all(
         head_ip if head_ip is not None else "",
-        boot.subnet_cidr,
+        subnet,
         boot.file_system_id,
         boot.access_point_id,
         boot.file_system_dns,
@@ -81,6 +94,8 @@ def node_boot(
             wheelhouse_access_point_id=values[6],
             node_lock=boot.node_lock,
             gang=gang,
+            login_user=boot.login_user,
+            shared_model_dir=boot.shared_model_dir,
         )
     )
 

@@ -69,7 +69,9 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Hugging Face Hub (or mirror) URL models are downloaded from. Empty: https://huggingface.co.",
               default="", auto=True),
     ConfigKey("instanceType", "string",
-              "GPU instance type for every node; one of the catalog's types."),
+              "GPU instance type for every node; one of the catalog's types. Required unless hosts is set "
+              "(then optional: the catalog type whose GPUs the hosts have).",
+              default="", auto=True),
     ConfigKey("nodes", "integer",
               "Number of GPU nodes: one head plus nodes - 1 workers.", default=1),
     ConfigKey("replicas", "integer",
@@ -177,6 +179,37 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "API requests per second per client address at the gateway (burst: twice as many), "
               f"up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share it. 0: no limit.",
               default=DEFAULT_API_RATE_LIMIT_PER_SECOND),
+    # Machines the user already has (components/own_hosts.py): none of the AWS resources.
+    ConfigKey("hosts", "array",
+              "Run on GPU machines you already have instead of creating EC2 instances: one item per gang, "
+              "its hosts' private IPs separated by commas, head first (\"10.0.1.11,10.0.1.12\"). The stack "
+              "reaches them through gatewayHost and creates no AWS resource. Empty: the stack creates instances.",
+              default=[]),
+    ConfigKey("gatewayHost", "string",
+              "With hosts: the gateway machine's address (IP or DNS name) as this machine and the API's "
+              "clients reach it over SSH and HTTPS.",
+              default="", auto=True),
+    ConfigKey("gatewayPrivateIp", "string",
+              "With hosts: the gateway's IP on the GPU hosts' network. Empty: gatewayHost (then an IP).",
+              default="", auto=True),
+    ConfigKey("sshUser", "string",
+              "With hosts: the login user on the gateway and every host, with passwordless sudo. "
+              "Empty: ubuntu.",
+              default="", auto=True),
+    ConfigKey("sshPrivateKey", "string",
+              "With hosts: the OpenSSH private key that logs in as sshUser on the gateway and every host. "
+              "Secret: pulumi config set --secret vllm-cluster:sshPrivateKey < key.",
+              default="", auto=True, secret=True),
+    ConfigKey("modelCacheDir", "string",
+              "With hosts: a directory every host has mounted from the same shared file system (NFS or any "
+              "shared mount), where the model cache and the wheelhouse live.",
+              default="", auto=True),
+    ConfigKey("gpusPerNode", "integer",
+              "With hosts and no instanceType: GPUs in each host. 0: from instanceType.",
+              default=0, auto=True),
+    ConfigKey("gpuMemoryGiB", "integer",
+              "With hosts and no instanceType: memory of one GPU in GiB. 0: from instanceType.",
+              default=0, auto=True),
 )
 # fmt: on
 

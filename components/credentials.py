@@ -3,7 +3,8 @@ when the stack sets apiKey):
 
 - ssh: an Ed25519 key. Its public half is the EC2 key pair the gateway and the GPU
   nodes launch with; the stack's remote commands log in with the private half, which
-  is also exported (sshPrivateKey) for admins.
+  is also exported (sshPrivateKey) for admins. On hosts the user already has (hosts),
+  the stack's sshPrivateKey instead, and no key pair.
 - API key: the stack's apiKey, or 48 random letters and digits. vLLM on the head
   checks it (VLLM_API_KEY) as the clients' Bearer token; only the head receives it.
 - Ray token: 48 random letters and digits that every Ray node and client of a gang
@@ -46,11 +47,13 @@ class CredentialsArgs:
     api_key: Secret | None
     # Serving gangs: one Ray token each.
     replicas: int = 1
+    # hosts: the user's key that logs in on their machines (no key is made, no key pair).
+    ssh_private_key: Secret | None = None
 
 
 class Credentials(pulumi.ComponentResource):
     ssh_private_key: pulumi.Output[str]
-    key_pair_name: pulumi.Output[str]
+    key_pair_name: pulumi.Output[str] | None
     api_key: pulumi.Output[str]
     ray_token: pulumi.Output[str]
     ray_tokens: list[pulumi.Output[str]]
@@ -62,16 +65,20 @@ class Credentials(pulumi.ComponentResource):
         super().__init__("vllm-cluster:index:Credentials", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
-        # Ed25519: short keys, fast handshakes, and supported by EC2 key pairs and OpenSSH.
-        ssh_key = tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
-        key_pair = aws.ec2.KeyPair(
-            f"{name}-ssh",
-            public_key=ssh_key.public_key_openssh,
-            tags=tags(f"{name}-ssh"),
-            opts=child,
-        )
-        self.ssh_private_key = pulumi.Output.secret(ssh_key.private_key_openssh)
-        self.key_pair_name = key_pair.key_name
+        if args.ssh_private_key is not None:
+            self.ssh_private_key = pulumi.Output.secret(args.ssh_private_key.reveal())
+            self.key_pair_name = None
+        else:
+            # Ed25519: short keys, fast handshakes, and supported by EC2 key pairs and OpenSSH.
+            ssh_key = tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
+            key_pair = aws.ec2.KeyPair(
+                f"{name}-ssh",
+                public_key=ssh_key.public_key_openssh,
+                tags=tags(f"{name}-ssh"),
+                opts=child,
+            )
+            self.ssh_private_key = pulumi.Output.secret(ssh_key.private_key_openssh)
+            self.key_pair_name = key_pair.key_name
 
         if args.api_key is not None:
             self.api_key = pulumi.Output.secret(args.api_key.reveal())

@@ -162,10 +162,10 @@ def vllm_settings(spec: ClusterSpec, node_ips: Sequence[pulumi.Input[str]], gang
     return pulumi.Output.all(*node_ips).apply(lambda ips: bootstrap.vllm_env(spec, ips[0], list(ips), gang))
 
 
-def _dial(host: pulumi.Input[str], key: pulumi.Input[str]) -> dict:
+def dial(host: pulumi.Input[str], key: pulumi.Input[str], user: str = SSH_USER) -> dict:
     return {
         "host": host,
-        "user": SSH_USER,
+        "user": user,
         "private_key": key,
         "dial_error_limit": DIAL_ERROR_LIMIT,
         "per_dial_timeout": PER_DIAL_TIMEOUT_SECONDS,
@@ -230,7 +230,9 @@ class ClusterServices(pulumi.ComponentResource):
         super().__init__("vllm-cluster:index:ClusterServices", name, None, opts)
         self._name = name
         self._ssh_key = args.ssh_private_key
-        self._gateway_dial = _dial(args.gateway_public_ip, args.ssh_private_key)
+        # The image's user on AWS; sshUser on hosts the user has.
+        self._user = args.node_boot.login_user
+        self._gateway_dial = dial(args.gateway_public_ip, args.ssh_private_key, self._user)
 
         # A new gateway instance keeps its Elastic IP, so the commands that set it up
         # would see no change of their inputs and leave the new host bare: they re-run
@@ -264,7 +266,7 @@ class ClusterServices(pulumi.ComponentResource):
     def _on_node(self, host: pulumi.Input[str]) -> command.remote.ConnectionArgs:
         # The nodes have no public IP: every session is tunnelled through the gateway.
         return command.remote.ConnectionArgs(
-            **_dial(host, self._ssh_key), proxy=command.remote.ProxyConnectionArgs(**self._gateway_dial)
+            **dial(host, self._ssh_key, self._user), proxy=command.remote.ProxyConnectionArgs(**self._gateway_dial)
         )
 
     def _run(
@@ -472,14 +474,15 @@ class ClusterServices(pulumi.ComponentResource):
                 pulumi.Output.concat(
                     f"sudo {GATEWAY_COMMAND} wait-login --host ",
                     host,
-                    f" --user {SSH_USER} --expect {LOGIN_READY_WORD} --timeout {LOGIN_TIMEOUT_SECONDS}",
+                    f" --user {self._user} --expect {LOGIN_READY_WORD} --timeout {LOGIN_TIMEOUT_SECONDS}",
                 ),
                 after=[login_probe, instance],
             )
             # The head's dashboard reads Prometheus on the gateway: its address comes here,
             # not in the user data (which would make every node wait for the gateway).
             setup_script = pulumi.Output.all(
-                node_boot(args.node_boot, index, None if index == 0 else head_ip, gang.index), args.gateway_private_ip
+                node_boot(args.node_boot, index, None if index == 0 else head_ip, gang.index, host),
+                args.gateway_private_ip,
             ).apply(
                 lambda values: bootstrap.node_setup_script(
                     dataclasses.replace(values[0], prometheus_url=metrics.ray_prometheus_host(values[1]))

@@ -43,6 +43,8 @@ from components.config_keys import (  # noqa: F401
 MIN_ROOT_VOLUME_GIB = 150
 MAX_ROOT_VOLUME_GIB = 16384
 MIN_API_KEY_LENGTH = 32
+# The login user with hosts when sshUser is not set: Ubuntu's, as on the AWS image.
+SSH_USER_DEFAULT = "ubuntu"
 
 # Flags the program sets itself from dedicated keys; letting vllmExtraArgs set them
 # too would make two sources of truth (and --api-key would put the key on a command line).
@@ -102,6 +104,23 @@ class UserCertificate:
 
 
 @dataclass(frozen=True)
+class OwnHosts:
+    """Machines the user already has (hosts): the stack creates no AWS resource and
+    reaches them over SSH, the nodes through the gateway as on AWS."""
+
+    gangs: tuple[tuple[str, ...], ...]  # each gang's node private IPs, head first
+    gateway_address: str  # as this machine and the API's clients reach it (IP or DNS name)
+    gateway_private_ip: str  # on the nodes' network
+    ssh_user: str
+    ssh_private_key: Secret
+    model_cache_dir: str  # the shared directory every host has mounted
+
+    @property
+    def node_ips(self) -> tuple[str, ...]:
+        return tuple(ip for gang in self.gangs for ip in gang)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     stack: str
     model: str
@@ -140,6 +159,8 @@ class ClusterSpec:
     api_read_timeout_seconds: int
     api_rate_limit_per_second: int
     warnings: tuple[str, ...] = field(default=())
+    # hosts: machines the user has; None for the EC2 instances the stack creates.
+    own_hosts: OwnHosts | None = None
 
     @property
     def instance_type(self) -> str:
@@ -670,9 +691,28 @@ def _check_engine_settings(reader: _Reader) -> EngineSettings:
     return EngineSettings(extra_args, max_model_len, gpu_memory_utilization)
 
 
-def _check_instance_type(reader: _Reader) -> InstanceType | None:
+def _check_instance_type(reader: _Reader, own: OwnHosts | None) -> InstanceType | None:
     name = reader.string("instanceType")
-    instance = catalog.lookup(name) if name is not None else None
+    if own is not None and name is None:
+        return None if reader.present("instanceType") else _own_host_type(reader)
+    if own is None and name is None:
+        if reader.present("instanceType"):
+            return None  # of the wrong type: already a problem
+        reader.fail(
+            "instanceType",
+            "is required: the GPU instance type of every node (or list the machines you already have in hosts). "
+            f"Fix: pulumi config set {NAMESPACE}:instanceType g5.12xlarge",
+        )
+        return None
+    for key in ("gpusPerNode", "gpuMemoryGiB"):
+        # Read first: a value of the wrong type is that problem alone.
+        if reader.integer(key) is not None:
+            reader.fail(
+                key,
+                f"describes hosts of no catalog type, but instanceType is set and says it. Fix: pulumi config rm "
+                f"{NAMESPACE}:{key}, or pulumi config rm {NAMESPACE}:instanceType",
+            )
+    instance = catalog.lookup(name)
     if name is not None and instance is None:
         reader.fail(
             "instanceType",
@@ -681,6 +721,39 @@ def _check_instance_type(reader: _Reader) -> InstanceType | None:
             "aws ec2 describe-instance-types",
         )
     return instance
+
+
+def _own_host_type(reader: _Reader) -> InstanceType | None:
+    """The hosts' GPUs when no catalog type describes them (gpusPerNode, gpuMemoryGiB): the
+    rank layout, the engine's fit and preflight need both. No price: the stack pays for none."""
+    gpus, memory = reader.integer("gpusPerNode"), reader.integer("gpuMemoryGiB")
+    for key, value, example in (("gpusPerNode", gpus, 8), ("gpuMemoryGiB", memory, 80)):
+        if value is None or value < 1:
+            reader.fail(
+                key,
+                "is needed with hosts when instanceType is not set: the GPUs of each host lay out the model's "
+                f"ranks, and preflight checks them. Fix: pulumi config set {NAMESPACE}:{key} {example}, or "
+                f"pulumi config set {NAMESPACE}:instanceType to the catalog type with your hosts' GPUs",
+                raw=value,
+            )
+    if gpus is None or memory is None or gpus < 1 or memory < 1:
+        return None
+    return InstanceType(
+        name=f"host with {gpus} GPU(s) of {memory} GiB",
+        gpus=gpus,
+        gpu_model="",
+        gpu_memory_gib=float(memory),
+        vcpus=0,
+        memory_gib=0,
+        efa_supported=False,
+        max_efa_interfaces=0,
+        network_cards=1,
+        network_gbps=0,
+        price_per_hour_usd=0.0,
+        price_date="",
+        figures_source="the stack's gpusPerNode and gpuMemoryGiB",
+        price_source="your own hosts: the stack pays for none",
+    )
 
 
 def _check_nodes(reader: _Reader) -> int | None:
@@ -778,9 +851,18 @@ def _check_rank_layout(
     return tp_value, pp_value
 
 
-def _check_efa(reader: _Reader, instance: InstanceType, nodes: int) -> bool:
+def _check_efa(reader: _Reader, instance: InstanceType, nodes: int, own: OwnHosts | None) -> bool:
     """EFA where the type has it and there is traffic between nodes, unless the config says."""
     efa = reader.boolean("efa")
+    if own is not None:
+        # EFA is a network interface the stack attaches when it launches an instance.
+        if efa:
+            reader.fail(
+                "efa",
+                "is true, but with hosts the stack launches no instance, and EFA interfaces are attached at "
+                f"launch: NCCL uses the hosts' own network. Fix: pulumi config rm {NAMESPACE}:efa",
+            )
+        return False
     if efa is None:
         efa = instance.efa_supported and nodes > 1
     elif efa and not instance.efa_supported:
@@ -799,16 +881,22 @@ def _check_efa(reader: _Reader, instance: InstanceType, nodes: int) -> bool:
     return efa
 
 
-def _check_cluster_shape(reader: _Reader) -> ClusterShape:
-    instance = _check_instance_type(reader)
-    nodes = _check_nodes(reader)
-    replicas = _check_replicas(reader, nodes)
+def _check_cluster_shape(reader: _Reader, own: OwnHosts | None) -> ClusterShape:
+    if own is None and _hosts_listed(reader):
+        # hosts is refused above: no shape to check it against, and no instanceType to ask for.
+        return ClusterShape(None, None, None, None, None, False)
+    instance = _check_instance_type(reader, own)
+    if own is not None:
+        nodes, replicas = _own_hosts_shape(reader, own)
+    else:
+        nodes = _check_nodes(reader)
+        replicas = _check_replicas(reader, nodes)
     tp, pp = _check_parallel_sizes(reader)
     if instance is None or nodes is None:
         # Nothing to lay the ranks over; the instance type or node count is already a problem.
         return ClusterShape(instance, nodes, replicas, tp, pp, bool(reader.boolean("efa")))
     tp, pp = _check_rank_layout(reader, instance, nodes, tp, pp)
-    return ClusterShape(instance, nodes, replicas, tp, pp, _check_efa(reader, instance, nodes))
+    return ClusterShape(instance, nodes, replicas, tp, pp, _check_efa(reader, instance, nodes, own))
 
 
 # --- what vLLM would refuse at its start -----------------------------------------------------
@@ -1354,6 +1442,198 @@ def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> Us
     return UserCertificate(certificate_pem=certificate, private_key=Secret(private_key), hostname=hostname)
 
 
+# --- machines the user already has (hosts) -----------------------------------------------
+
+# Keys that configure what the stack creates on AWS: with hosts it creates nothing, so a
+# value here would be silently ignored.
+CREATED_INSTANCE_KEYS = (
+    "availabilityZone",
+    "vpcCidr",
+    "vpcId",
+    "publicSubnetId",
+    "privateSubnetId",
+    "amiId",
+    "capacityReservationId",
+    "capacityBlock",
+    "placementGroupName",
+    "rootVolumeGiB",
+    "retainModelCache",
+    "modelCacheFileSystemId",
+    "gatewayInstanceType",
+)
+# Keys that describe the user's own machines: without hosts there are none.
+OWN_HOST_KEYS = ("gatewayHost", "gatewayPrivateIp", "sshUser", "sshPrivateKey", "modelCacheDir")
+_OPENSSH_PRIVATE_KEY = re.compile(r"-----BEGIN (OPENSSH|RSA|EC) PRIVATE KEY-----")
+_LOGIN_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_ABSOLUTE_PATH = re.compile(r"^/[A-Za-z0-9._/-]*$")
+
+
+def _hosts_listed(reader: _Reader) -> bool:
+    """Whether hosts holds anything (Pulumi passes an array as its JSON text, and its
+    default [] along with every other key's)."""
+    value = reader.raw.get("hosts")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return bool(value.strip())
+    return bool(value)
+
+
+def _set_beyond_default(reader: _Reader, key: str) -> bool:
+    """Set to something other than its default. Pulumi passes every key's Pulumi.yaml
+    default to the program, so a key left alone arrives with its default value."""
+    if not reader.present(key):
+        return False
+    default = KEYS_BY_NAME[key].default
+    return str(reader.raw[key]).strip().lower() != str(default).lower()
+
+
+def _ipv4(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 4
+    except ValueError:
+        return False
+
+
+def _check_own_hosts(reader: _Reader, secret_keys: set[str] | None) -> OwnHosts | None:
+    """hosts and what comes with it; None when the stack creates its instances (and then
+    none of the own-host keys may be set)."""
+    listed = reader.string_list("hosts")
+    if not listed:
+        for key in OWN_HOST_KEYS:
+            # Read first: a value of the wrong type is that problem alone.
+            if reader.string(key) is not None:
+                reader.fail(
+                    key,
+                    "applies only to machines you already have, and hosts lists none: the stack creates its own. "
+                    f"Fix: pulumi config rm {NAMESPACE}:{key}, or list your hosts with pulumi config set --path "
+                    f"'{NAMESPACE}:hosts[0]' 10.0.1.11,10.0.1.12",
+                )
+        return None
+    for key in CREATED_INSTANCE_KEYS:
+        if _set_beyond_default(reader, key):
+            reader.fail(
+                key,
+                "configures the EC2 instances the stack creates, and with hosts it creates none (no VPC, "
+                f"instance, EFS or security group). Fix: pulumi config rm {NAMESPACE}:{key}",
+            )
+    gangs = _check_host_gangs(reader, listed)
+    gateway = reader.string("gatewayHost")
+    if gateway is None or not (_ipv4(gateway) or _HOSTNAME.match(gateway)):
+        reader.fail(
+            "gatewayHost",
+            "is needed with hosts, as an IPv4 address or DNS name: the machine that runs the TLS gateway, "
+            "reached over SSH from here and over HTTPS by the API's clients; the stack reaches the hosts through "
+            f"it. Fix: pulumi config set {NAMESPACE}:gatewayHost 203.0.113.10",
+        )
+        gateway = None
+    private_ip = reader.string("gatewayPrivateIp")
+    if private_ip is None and gateway is not None and _ipv4(gateway):
+        private_ip = gateway
+    if private_ip is None or not _ipv4(private_ip):
+        reader.fail(
+            "gatewayPrivateIp",
+            "must be the gateway's IPv4 address on the hosts' network when gatewayHost is a DNS name (the "
+            f"hosts' Prometheus and readiness checks reach it there). Fix: pulumi config set "
+            f"{NAMESPACE}:gatewayPrivateIp 10.0.1.10",
+        )
+        private_ip = None
+    user = reader.string("sshUser") or SSH_USER_DEFAULT
+    if not _LOGIN_NAME.match(user):
+        reader.fail("sshUser", "is not a login name such as ubuntu. Fix: pulumi config set vllm-cluster:sshUser ubuntu")
+    key = reader.string("sshPrivateKey")
+    if key is None or not _OPENSSH_PRIVATE_KEY.search(key):
+        reader.fail(
+            "sshPrivateKey",
+            "is needed with hosts: the private key (OpenSSH or PEM) that logs in as sshUser on the gateway and "
+            f"every host. Fix: pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/id_ed25519",
+        )
+        key = None
+    elif secret_keys is not None and "sshPrivateKey" not in secret_keys:
+        reader.fail(
+            "sshPrivateKey",
+            "was set in plain text: it would sit unencrypted in the stack file and in state. "
+            f"Fix: pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/id_ed25519",
+        )
+        key = None
+    cache = reader.string("modelCacheDir")
+    if cache is None or not _ABSOLUTE_PATH.match(cache) or cache.rstrip("/") in ("", "/mnt/vllm-models"):
+        reader.fail(
+            "modelCacheDir",
+            "is needed with hosts: the absolute path of a directory every host has mounted from the same shared "
+            "file system (NFS or any shared mount; letters, digits and . _ - / only, not / itself or the "
+            f"stack's own mount point /mnt/vllm-models). Fix: pulumi config set {NAMESPACE}:modelCacheDir "
+            "/srv/models",
+        )
+        cache = None
+    everything = (gangs, gateway, private_ip, key, cache)
+    if any(value is None for value in everything):
+        return None
+    taken = [ip for gang in gangs for ip in gang]
+    if private_ip in taken:
+        reader.fail(
+            "gatewayPrivateIp",
+            f"is {private_ip}, which hosts lists as a GPU host too: the gateway needs a machine of its own. Fix: "
+            "another machine as gatewayHost",
+            raw=private_ip,
+        )
+        return None
+    return OwnHosts(gangs, gateway, private_ip, user, Secret(key), cache.rstrip("/"))
+
+
+def _check_host_gangs(reader: _Reader, listed: list[str]) -> tuple[tuple[str, ...], ...] | None:
+    """Each gang's hosts: IPv4 addresses, none listed twice, every gang the same size (a
+    gang is one copy of the model, laid over its nodes the same way)."""
+    gangs, seen, ok = [], set(), True
+    for position, item in enumerate(listed):
+        ips = tuple(part.strip() for part in item.split(","))
+        for ip in ips:
+            if not _ipv4(ip):
+                reader.fail(
+                    "hosts",
+                    f"item {position} holds {json.dumps(ip)}, which is not an IPv4 address: each item is one gang's "
+                    f"hosts, their private IPs separated by commas, head first. Fix: pulumi config set --path "
+                    f"'{NAMESPACE}:hosts[{position}]' 10.0.1.11,10.0.1.12",
+                )
+                ok = False
+            elif ip in seen:
+                reader.fail(
+                    "hosts",
+                    f"lists {ip} twice: every node is a host of its own (one Ray node, its own GPUs). "
+                    "Fix: list each host once",
+                )
+                ok = False
+            seen.add(ip)
+        gangs.append(ips)
+    sizes = sorted({len(gang) for gang in gangs})
+    if len(sizes) > 1:
+        reader.fail(
+            "hosts",
+            f"has gangs of {' and '.join(map(str, sizes))} hosts: every gang serves the same model laid over its "
+            "hosts the same way, so each needs as many. Fix: the same number of hosts in every item",
+        )
+        ok = False
+    if len(gangs) > MAX_REPLICAS:
+        reader.fail("hosts", f"has {len(gangs)} gangs; at most {MAX_REPLICAS} (replicas) serve behind one gateway")
+        ok = False
+    return tuple(gangs) if ok else None
+
+
+def _own_hosts_shape(reader: _Reader, own: OwnHosts) -> tuple[int, int]:
+    """nodes and replicas, as hosts lays them out; a nodes or replicas set to other
+    figures would contradict it."""
+    nodes, replicas = len(own.gangs[0]), len(own.gangs)
+    for key, value in (("nodes", nodes), ("replicas", replicas)):
+        if _set_beyond_default(reader, key) and reader.integer(key) != value:
+            reader.fail(
+                key,
+                f"contradicts hosts, which lists {replicas} gang(s) of {nodes} host(s). Fix: pulumi config rm "
+                f"{NAMESPACE}:{key} (hosts says it)",
+            )
+    return nodes, replicas
+
+
 def load_spec(
     raw: Mapping[str, Any],
     *,
@@ -1375,7 +1655,8 @@ def load_spec(
     _check_known_keys(reader)
     source = _check_model_source(reader)
     engine = _check_engine_settings(reader)
-    shape = _check_cluster_shape(reader)
+    own = _check_own_hosts(reader, secret_keys)
+    shape = _check_cluster_shape(reader, own)
     exposure = _check_exposure(reader)
     secrets = _check_secrets(reader, secret_keys)
     software = _check_node_software(reader)
@@ -1393,6 +1674,7 @@ def load_spec(
         **{name: value for piece in pieces for name, value in _fields(piece).items()},
         tls=tls,
         warnings=tuple(reader.warnings),
+        own_hosts=own,
     )
 
 

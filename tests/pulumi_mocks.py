@@ -23,6 +23,7 @@ from cli.mock_runtime import (  # noqa: F401
     ProgramRun,
     ProjectConfigError,
     apply_project_config,
+    ec2_stack_names,
     run_program,
     run_stack,
     stack_config,

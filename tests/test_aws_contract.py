@@ -9,7 +9,7 @@ import gzip
 import os
 
 import pytest
-from pulumi_mocks import run_program, run_stack, stack_config, stack_names
+from pulumi_mocks import ec2_stack_names, run_program, run_stack, stack_config
 
 from components import aws_contract
 from components.aws_contract import (
@@ -25,7 +25,7 @@ from components.aws_contract import (
 )
 from components.config_keys import MAX_REPLICAS
 
-STACKS = stack_names()
+STACKS = ec2_stack_names()
 RESERVED = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b"}
 EXISTING = {
     "vpcId": "vpc-0123456789abcdef0",

@@ -5,7 +5,7 @@ VPC, a mount target in the nodes' zone, a One Zone file system elsewhere) is ref
 any resource, naming the fix."""
 
 import pytest
-from pulumi_mocks import run_stack, stack_names
+from pulumi_mocks import ec2_stack_names, run_stack
 
 from components.spec import SpecError, load_spec
 
@@ -21,7 +21,7 @@ EXISTING_NETWORK = {
 }
 
 
-@pytest.mark.parametrize("stack", stack_names())
+@pytest.mark.parametrize("stack", ec2_stack_names())
 def test_a_kept_cache_is_reused_with_the_stacks_own_mount_target_access_point_and_policy(stack):
     run = run_stack(stack, {"modelCacheFileSystemId": FS})
     assert run.error is None, run.error

@@ -12,6 +12,7 @@ import pytest
 from pulumi_mocks import stack_config, stack_names
 
 from cli import plan
+from cli.stack_file import read_stack
 from components import aws_contract, bootstrap, image, prometheus_sizing, sizing
 from components.spec import load_spec
 
@@ -88,8 +89,7 @@ def test_a_bad_stack_is_a_clear_error():
 @pytest.mark.parametrize("stack", stack_names())
 def test_the_plan_shows_the_engine_ready_timeout_the_head_gets(stack):
     document = plan.build_plan(stack)
-    config = {k.split(":", 1)[1]: v for k, v in stack_config(stack).items() if k.startswith("vllm-cluster:")}
-    env = bootstrap.vllm_env(load_spec(config, stack=stack), "10.0.0.1", ["10.0.0.1"])
+    env = bootstrap.vllm_env(read_stack(stack).spec, "10.0.0.1", ["10.0.0.1"])
     assert f"VLLM_ENGINE_READY_TIMEOUT_S={document['engineReadyTimeoutSeconds']}\n" in env
     assert f"{document['engineReadyTimeoutSeconds']} s" in plan.render(document)
 
@@ -222,8 +222,7 @@ def test_the_plan_follows_the_efs_utils_the_nodes_build(monkeypatch):
 @pytest.mark.parametrize("stack", stack_names())
 def test_the_plan_serves_from_where_the_bootstrap_decides(stack):
     document = plan.build_plan(stack)
-    config = {k.split(":", 1)[1]: v for k, v in stack_config(stack).items() if k.startswith("vllm-cluster:")}
-    local, reason = sizing.serves_from_local_disk(load_spec(config, stack=stack))
+    local, reason = sizing.serves_from_local_disk(read_stack(stack).spec)
     assert (document["modelBytes"]["servesFromLocalDisk"], document["modelBytes"]["reason"]) == (local, reason)
     assert len(document["modelBytes"]["perNode"]) == len(document["nodes"])
 

@@ -63,7 +63,7 @@ def test_no_secret_key_carries_a_default():
 
 def test_required_keys_are_the_contracts_required_ones():
     required = {name for name, entry in PROJECT["config"].items() if "default" not in entry}
-    assert required == {"model", "instanceType", "apiAllowedCidrs", "adminCidrs"}
+    assert required == {"model", "apiAllowedCidrs", "adminCidrs"}
 
 
 def _pins(path):

@@ -7,9 +7,9 @@ import hashlib
 import json
 
 import pytest
-from pulumi_mocks import ROOT, engine_urns, run_stack, stack_names, unsecret
+from pulumi_mocks import ROOT, ec2_stack_names, engine_urns, run_stack, unsecret
 
-STACKS = stack_names()
+STACKS = ec2_stack_names()
 GOLDEN = ROOT / "tests" / "golden"
 COMMAND = "command:remote:Command"
 

@@ -9,7 +9,7 @@ ParallelCluster warns causes InsufficientInstanceCapacity although the reservati
 room (see components/spec.py, ClusterSpec.creates_placement_group, for the sources)."""
 
 import pytest
-from pulumi_mocks import run_stack, stack_names
+from pulumi_mocks import ec2_stack_names, run_stack
 
 from components.spec import load_spec
 
@@ -19,7 +19,7 @@ RESERVED = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone":
 RESERVED_BLOCK = {**RESERVED, "capacityBlock": True}
 
 
-@pytest.mark.parametrize("stack", stack_names())
+@pytest.mark.parametrize("stack", ec2_stack_names())
 @pytest.mark.parametrize("reservation", [RESERVED, RESERVED_BLOCK], ids=["reservation", "capacity-block"])
 def test_a_reservation_gets_no_placement_group_of_the_stacks_own(stack, reservation):
     run = run_stack(stack, reservation)

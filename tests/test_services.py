@@ -13,7 +13,7 @@ import pytest
 from pulumi_mocks import run_stack, stack_config, stack_names
 
 from components import bootstrap, node_env, ports, versions
-from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS, SSH_USER
+from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
 
 COMMAND = "command:remote:Command"
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
@@ -101,11 +101,12 @@ def test_every_command_waits_for_its_host(run):
     for name, command in commands(run).items():
         waits_for = {run.by_urn(urn).name for urn in command.dependencies}
         if name.startswith("vllm-gateway-"):
-            assert {"vllm-gateway-host", "vllm-gateway-ip"} & waits_for or "vllm-gateway-setup" in depends_on(
-                run, name
-            ), name
+            # The gateway's instance and address, or (hosts) the machine's own command.
+            host = {"vllm-gateway-host", "vllm-gateway-ip", "vllm-host-gateway"}
+            assert host & waits_for or "vllm-gateway-setup" in depends_on(run, name), name
         elif name.startswith("vllm-setup-"):
-            assert name.replace("vllm-setup-", "vllm-") in waits_for, name
+            node = name.removeprefix("vllm-setup-")
+            assert {f"vllm-{node}", f"vllm-host-{node}"} & waits_for, name
 
 
 # --- connections --------------------------------------------------------------------------
@@ -117,15 +118,15 @@ def test_every_node_command_goes_through_the_gateway_with_raised_dial_limits(run
     for name, command in commands(run).items():
         connection, secret = unwrap(command.inputs["connection"])
         assert secret, f"{name}: the connection holds the private key and must be secret"
-        assert connection["user"] == SSH_USER and connection["privateKey"] == run.outputs["sshPrivateKey"]
+        assert connection["user"] == run.outputs["sshUser"] and connection["privateKey"] == run.outputs["sshPrivateKey"]
         assert connection["dialErrorLimit"] == DIAL_ERROR_LIMIT > 10
         assert connection["perDialTimeout"] == PER_DIAL_TIMEOUT_SECONDS
-        if name.startswith(("vllm-gateway-", "vllm-login-")):
+        if name.startswith(("vllm-gateway-", "vllm-login-")) or name == "vllm-host-gateway":
             assert connection["host"] == gateway_ip and "proxy" not in connection
         else:
             assert connection["host"] in node_ips, name
             proxy = connection["proxy"]
-            assert proxy["host"] == gateway_ip and proxy["user"] == SSH_USER
+            assert proxy["host"] == gateway_ip and proxy["user"] == run.outputs["sshUser"]
             assert proxy["dialErrorLimit"] == DIAL_ERROR_LIMIT
 
 

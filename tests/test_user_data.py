@@ -11,11 +11,11 @@ import base64
 import gzip
 
 import pytest
-from pulumi_mocks import run_stack, stack_names, unsecret
+from pulumi_mocks import ec2_stack_names, run_stack, unsecret
 
 from components import bootstrap
 
-STACKS = stack_names()
+STACKS = ec2_stack_names()
 INSTANCE = "aws:ec2/instance:Instance"
 EC2_USER_DATA_LIMIT_BYTES = 16 * 1024
 

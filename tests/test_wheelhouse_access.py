@@ -7,7 +7,7 @@ by every node (preflight's facts, the model's staging)."""
 
 import pytest
 from efs_authorization import Mount, allowed
-from pulumi_mocks import run_stack, stack_names
+from pulumi_mocks import ec2_stack_names, run_stack
 
 ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
@@ -57,7 +57,7 @@ class Access:
         return allowed(action, mount, self.file_system_arn, self.file_system_policy, policies)
 
 
-@pytest.fixture(scope="module", params=[*stack_names(), "prod-3-gangs"])
+@pytest.fixture(scope="module", params=[*ec2_stack_names(), "prod-3-gangs"])
 def run(request):
     stack, overrides = ("prod", {"replicas": 3}) if request.param == "prod-3-gangs" else (request.param, {})
     result = run_stack(stack, overrides)
