@@ -330,6 +330,10 @@ OWN_HOSTS_REQUIREMENTS = (
         "the gateway's login wait, Ray's cluster check, readiness",
     ),
     ("apt on the gateway (nginx, Prometheus) and on the hosts (Python headers when missing)", "setup"),
+    (
+        "with an instanceType that has an instance store: local disk at /opt/dlami/nvme for the stage copy",
+        "prepare-serve",
+    ),
 )
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from cli.mock_runtime import ProgramRun, run_program
+from cli.mock_runtime import ProgramRun, real_private_key, run_program
 from components import node_env
 from components.catalog import CATALOG
 from components.topology import efa_interface_count, node_name
@@ -35,6 +35,7 @@ from localhosts.fleet import (
     BRIDGE_IP,
     CACHE_DIR,
     GATEWAY_IP,
+    SSH_USER,
     VPC_CIDR,
     Fleet,
     Host,
@@ -47,7 +48,9 @@ from localhosts.replay import COMMAND, Outcome, ReplayError, replay, user_data_o
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
-SECRET_KEYS = ("apiKey", "hfToken", "tlsPrivateKey")
+SECRET_KEYS = ("apiKey", "hfToken", "tlsPrivateKey", "sshPrivateKey")
+# Where the local hosts have the shared directory of a stack of hosts (modelCacheDir).
+LOCAL_MODEL_CACHE_DIR = "/srv/vllm-shared"
 # The tiny model tests/tiny_model.py builds (no network), under a Hub repository name
 # of its own: the fake hub serves it, the nodes stage it and vLLM serves it.
 MODEL = "vllm-cluster-tests/tiny-llama"
@@ -92,6 +95,36 @@ def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
     }
     config.update(overrides)
     return config
+
+
+def own_hosts_config(nodes: int, private_key: str, replicas: int = 1, **overrides: Any) -> dict[str, Any]:
+    """fleet_config's cluster as a stack of hosts a user already has (config hosts): the
+    fleet's hosts by address, gang by gang, reached through its gateway with a key of the
+    user's own, the shared directory at LOCAL_MODEL_CACHE_DIR; no AWS (no VPC, no EFA),
+    and the API key left to the stack to draw, as a real stack's."""
+    config = fleet_config(nodes, **overrides)
+    for key in ("nodes", "efa", "vpcCidr"):
+        config.pop(key)
+    if "apiKey" not in overrides:
+        config.pop("apiKey")
+    config.update(
+        hosts=[",".join(node_ip(gang * nodes + index) for index in range(nodes)) for gang in range(replicas)],
+        gatewayHost=GATEWAY_IP,
+        gatewayPrivateIp=GATEWAY_IP,
+        sshUser=SSH_USER,
+        sshPrivateKey=private_key,
+        modelCacheDir=LOCAL_MODEL_CACHE_DIR,
+    )
+    return config
+
+
+def own_hosts_program(config: dict[str, Any], key_store: dict) -> ProgramRun:
+    """The program for a stack of hosts (own_hosts_config): nothing to map to the hosts,
+    which the config names; secrets drawn and kept in `key_store`, as in a stack's state."""
+    run = run_program(config, stack="fleet", secret_keys=["sshPrivateKey"], real_crypto=True, key_store=key_store)
+    if run.error is not None:
+        raise RuntimeError(f"the program failed under the mock runtime: {run.error}")
+    return run
 
 
 def node_hosts(nodes: int, replicas: int = 1) -> dict[str, str]:
@@ -206,6 +239,16 @@ class ClusterUnderTest:
     ready_at: float = 0.0
     # Wall-clock time the hosts were started and the replay began (compared with host logs).
     started_wall: float = 0.0
+    # A stack of hosts (config hosts, own_hosts_config) rather than of EC2 instances.
+    own_hosts: bool = False
+
+    def program(self, moved: dict[str, str] | None = None, **changes: Any) -> ProgramRun:
+        """The program again for the cluster's config with `changes`, keeping its secrets
+        (its key_store, as a stack's state keeps them); `moved` as fleet_program's."""
+        config = {**self.config, **changes}
+        if self.own_hosts:
+            return own_hosts_program(config, self.key_store)
+        return fleet_program(int(config["nodes"]), self.key_store, moved, **config)
 
     @property
     def head(self) -> Host:
@@ -417,7 +460,7 @@ def replace_nodes(cluster: ClusterUnderTest, instances: dict[str, Host], **overr
 
 def efa_devices(config: dict[str, Any]) -> int:
     """What the fi_info double reports: the interfaces the program gives the type."""
-    return efa_interface_count(CATALOG[config["instanceType"]], config["efa"] == "true")
+    return efa_interface_count(CATALOG[config["instanceType"]], config.get("efa") == "true")
 
 
 _images: Future | None = None
@@ -474,19 +517,29 @@ def serving_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> Iterator
         stop_cluster(cluster.fleet, cluster.hub)
 
 
-def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnderTest:
-    """Start the fleet's hosts with the program's user data (cloud-init's final stage
-    runs it at boot) and replay the program's commands at once, while the hosts still
-    boot, as `pulumi up` does; returns once `pulumi up` would have finished (the
-    readiness command passed). A host whose boot failed twice (localhosts/boot_check.py)
-    raises HostBootError, the machinery's fault. On failure, removes what it made."""
+def start_cluster(workdir: Path, nodes: int = 3, own_hosts: bool = False, **overrides: Any) -> ClusterUnderTest:
+    """Start the fleet's hosts and replay the program's commands at once, while the hosts
+    still boot, as `pulumi up` does; returns once `pulumi up` would have finished (the
+    readiness command passed). The hosts stand in for the EC2 instances of fleet_config's
+    stack, started with the program's user data (cloud-init's final stage runs it at
+    boot), or with `own_hosts` for the machines of own_hosts_config's stack of hosts, which
+    exist before the stack and get nothing at boot. A host whose boot failed twice
+    (localhosts/boot_check.py) raises HostBootError, the machinery's fault. On failure,
+    removes what it made."""
     key_store: dict = {}
-    run = fleet_program(nodes, key_store, **overrides)
-    config = fleet_config(nodes, **overrides)
-    public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
     replicas = int(overrides.get("replicas", 1))
-    host_names = {"vllm-gateway-host": "gateway", **node_hosts(nodes, replicas)}
-    user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
+    if own_hosts:
+        # The user's own key, which the machines authorize before any stack exists.
+        key = real_private_key("ED25519")
+        config = own_hosts_config(nodes, key["privateKeyOpenssh"], **overrides)
+        run = own_hosts_program(config, key_store)
+        public_key, user_data = key["publicKeyOpenssh"], {}
+    else:
+        run = fleet_program(nodes, key_store, **overrides)
+        config = fleet_config(nodes, **overrides)
+        public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
+        host_names = {"vllm-gateway-host": "gateway", **node_hosts(nodes, replicas)}
+        user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
     instance = CATALOG[config["instanceType"]]
     images_in_background().result()  # before the hosts start: a cold build is not boot time
     fleet = Fleet(
@@ -498,14 +551,24 @@ def start_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> ClusterUnd
         gpus_per_node=instance.gpus,
         gpu_name=instance.gpu_model,
         user_data=user_data,
-        wait_for_ssh=False,
+        # EC2 reports an instance running while it boots, and `pulumi up` goes on; the
+        # machines of a stack of hosts run before the stack does.
+        wait_for_ssh=own_hosts,
+        model_cache_dir=LOCAL_MODEL_CACHE_DIR if own_hosts else None,
     )
     hub = FakeHub(workdir)
     try:
         fleet.__enter__()
         hub.__enter__()
         cluster = ClusterUnderTest(
-            run, fleet, hub, key_store, config=config, booted_at=time.monotonic(), started_wall=time.time()
+            run,
+            fleet,
+            hub,
+            key_store,
+            config=config,
+            booted_at=time.monotonic(),
+            started_wall=time.time(),
+            own_hosts=own_hosts,
         )
         try:
             cluster.outcomes = replay(run)

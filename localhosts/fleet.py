@@ -361,16 +361,24 @@ class Fleet:
         efa_devices: int = 0,
         user_data: dict[str, str] | None = None,
         wait_for_ssh: bool = True,
+        model_cache_dir: str | None = None,
     ):
         """`user_data`: host name -> the script EC2 would hand that host (run at first
         boot as cloud-init's final stage does). `wait_for_ssh=False` returns as soon as
-        the hosts are started, as EC2 reports an instance running while it boots."""
+        the hosts are started, as EC2 reports an instance running while it boots.
+        `model_cache_dir`: hosts a user already has (config hosts) have the shared
+        directory mounted there (modelCacheDir), and the stack binds it as the model
+        cache and its wheels/ as the wheelhouse itself; None: EFS's two trees, mounted
+        where the user data finds them."""
         self.workdir = Path(workdir)
         self.authorized_key = authorized_key.strip()
         self.key_file = self.workdir / "ssh-key"
         self.shared = self.workdir / "model-cache"
         # The wheelhouse's own tree on the same file system (its own access point on AWS).
         self.wheelhouse = self.workdir / "wheelhouse"
+        self.model_cache_dir = model_cache_dir
+        if model_cache_dir is not None:
+            self.wheelhouse = self.shared / "wheels"  # where the stack's setup looks for it
         self.gateway = Host("gateway", GATEWAY_IP, "gateway", self.workdir / "gateway")
         self.nodes = [Host(f"node{i}", node_ip(i), "node", self.workdir / f"node{i}") for i in range(nodes)]
         self._private_key = private_key
@@ -487,6 +495,9 @@ class Fleet:
         others' writes; components/storage.py): here a read-only bind imitates that, for
         every host but the one whose user data makes it the writer, as its instance
         profile does on AWS."""
+        if self.model_cache_dir is not None:
+            # A shared mount the user made: every host the same, read-write.
+            return [f"--bind={self.shared}:{self.model_cache_dir}"]
         writer = "WHEELHOUSE_WRITER=true" in self.user_data.get(host.name, "")
         return [
             f"--bind={self.shared}:/mnt/vllm-models",

@@ -13,6 +13,7 @@ re-typed here: what the program declares is what runs.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import itertools
 import time
@@ -176,7 +177,42 @@ def replay(
     """Run the declared commands (or `only` these) in dependency order, in parallel
     where the graph allows. Stops at the first failure (raising ReplayError when
     `check`), as `pulumi up` does, and ends the SSH sessions still running."""
-    steps = steps_of(run, only)
+    return _run_steps(steps_of(run, only), timeout, check)
+
+
+def delete_steps(run: ProgramRun, only: set[str] | None = None) -> dict[str, Step]:
+    """The declared commands that have a delete (or `only` these) as steps that run it,
+    each after every such command that depends on it, as `pulumi destroy` deletes a
+    resource after its dependents. pulumi-command runs the delete with the command's
+    connection and stdin as its state holds them (remote/commandController.go Delete,
+    commandOutputs.go run)."""
+    steps = steps_of(run)
+    deleting = {c.name: unsecret(c.inputs["delete"]) for c in run.of_type(COMMAND) if c.inputs.get("delete")}
+    if only is not None:
+        deleting = {name: line for name, line in deleting.items() if name in only}
+
+    def dependents(name: str) -> set[str]:
+        found, frontier = set(), {name}
+        while frontier:
+            frontier = {other for other, step in steps.items() if frontier & set(step.after)} - found
+            found |= frontier
+        return found & set(deleting)
+
+    return {
+        name: dataclasses.replace(steps[name], create=line, after=tuple(sorted(dependents(name))))
+        for name, line in deleting.items()
+    }
+
+
+def destroy(
+    run: ProgramRun, *, only: set[str] | None = None, timeout: float = 600, check: bool = True
+) -> dict[str, Outcome]:
+    """Run the delete of every declared command that has one (or of `only` these), as
+    `pulumi destroy` (or a replacement's end) does: dependents first."""
+    return _run_steps(delete_steps(run, only), timeout, check)
+
+
+def _run_steps(steps: dict[str, Step], timeout: float, check: bool) -> dict[str, Outcome]:
     outcomes: dict[str, Outcome] = {}
     sessions: set = set()
     with ThreadPoolExecutor(max_workers=max(1, len(steps))) as pool:

@@ -58,3 +58,12 @@ class Load:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=150)
+
+
+def boot_log(cluster, host, unit: str) -> str:
+    """`unit`'s journal of the host's current boot, with epoch timestamps."""
+    return cluster.fleet.ssh(host, f"sudo journalctl -b -o short-unix --no-pager -u {unit}").stdout
+
+
+def first_timestamp(log: str, text: str) -> float:
+    return next(float(line.split()[0]) for line in log.splitlines() if text in line)

@@ -15,11 +15,11 @@ import re
 import time
 
 import pytest
-from fleet_helpers import Load
+from fleet_helpers import Load, boot_log, first_timestamp
 
 from components import metrics, ports, prometheus_sizing
 from components.bootstrap import GATEWAY_COMMAND
-from components.topology import gang_name, node_name
+from components.topology import gang_name, gang_prefix, node_name
 from localhosts.cluster import fleet_program, replace_nodes, serving_cluster
 from localhosts.fleet import in_ci, why_no_fleet
 from localhosts.replay import COMMAND, replay
@@ -68,6 +68,41 @@ def served_requests(cluster, gang: int) -> float:
 def status(cluster) -> tuple[int, dict]:
     result = cluster.operator("status", "--json")
     return result.returncode, json.loads(result.stdout)
+
+
+# --- the EC2 path: hosts started with the user data while `pulumi up` runs ----------------
+# (tests/test_fleet.py runs `make local`'s stack of hosts, which exist before the stack.)
+
+
+def test_hosts_refused_logins_while_booting_and_the_bootstrap_rode_it_out(gangs):
+    """/run/nologin was there while sshd already answered, on every host, and the
+    replay (dialling as pulumi-command does) started while the hosts booted."""
+    for host in gangs.fleet.hosts:
+        sshd = first_timestamp(boot_log(gangs, host, "ssh.service"), "Server listening")
+        sessions = first_timestamp(boot_log(gangs, host, "systemd-user-sessions.service"), "Finished")
+        assert sessions - sshd >= 5, f"{host.name}: logins were possible {sessions - sshd:.1f} s after sshd started"
+    # The gateway was dialled while it refused logins: pulumi-command retried, with new connections.
+    refused = [e for e in gangs.outcomes["vllm-gateway-setup"].dial_log.stages("Dial") if "Authentication" in e]
+    assert refused, gangs.outcomes["vllm-gateway-setup"].dial_log.failures
+    # `pulumi up` was running while the nodes still refused logins, yet each node was dialled
+    # only once the gateway had seen it accept one: no handshake to a node was ever refused.
+    for gang in range(REPLICAS):
+        host, node = gangs.fleet.nodes[gang * NODES_PER_GANG], node_name(0, gang)
+        sessions = first_timestamp(boot_log(gangs, host, "systemd-user-sessions.service"), "Finished")
+        assert gangs.started_wall < sessions, f"{node} accepted logins before the replay started"
+        assert "accepts logins" in gangs.outcomes[f"vllm-login-{node}"].stderr
+        assert not gangs.outcomes[f"vllm-setup-{node}"].dial_log.stages("Dial"), node
+
+
+def test_efa_tools_are_where_the_image_has_them_and_preflight_found_them(gangs):
+    for gang in range(REPLICAS):
+        index = gang * NODES_PER_GANG
+        # Not on sudo's secure_path, as on the real image: a bare `fi_info` finds nothing.
+        assert gangs.node_shell(index, "sudo sh -c 'command -v fi_info'", check=False).returncode != 0
+        assert gangs.node_shell(index, "test -x /opt/amazon/efa/bin/fi_info").returncode == 0
+        report = gangs.outcomes[f"vllm-{gang_prefix(gang)}preflight"].stdout
+        row = next(line for line in report.splitlines() if line.startswith("efa "))
+        assert row.count("1/1") == NODES_PER_GANG, report
 
 
 def test_the_gateway_balances_over_both_gangs(gangs):

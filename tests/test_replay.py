@@ -149,3 +149,20 @@ def test_a_replaced_gang_is_replayed_new_head_first_switch_after_its_vllm():
     assert "vllm-gang1-vllm" in steps["vllm-gang1-return"].after
     assert "vllm-gang1-return" in steps["vllm-gang1-readiness"].after
     assert steps["vllm-gang1-return"].create.endswith("return --gang gang1 --address 10.0.200.1:8000")
+
+
+def test_a_destroy_runs_each_delete_after_the_deletes_of_what_depends_on_it():
+    """`pulumi destroy` of a stack of hosts: the GPU hosts' commands (reached through the
+    gateway) are deleted before the gateway's, with their own connection and stdin, and
+    the commands without a delete run nothing."""
+    from components.bootstrap import REMOVE_COMMAND
+    from localhosts.replay import delete_steps
+
+    run = run_stack("own-hosts")
+    steps = delete_steps(run)
+    assert sorted(steps) == ["vllm-host-gateway", "vllm-host-head", "vllm-host-worker-1"]
+    assert steps["vllm-host-gateway"].after == ("vllm-host-head", "vllm-host-worker-1")
+    assert steps["vllm-host-head"].after == () and steps["vllm-host-worker-1"].after == ()
+    for step in steps.values():
+        assert step.create == f"sudo {REMOVE_COMMAND}"
+        assert step.stdin == steps_of(run)[step.name].stdin and step.target == steps_of(run)[step.name].target

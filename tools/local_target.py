@@ -5,13 +5,16 @@
                        two gangs behind the gateway (replicas): the pool balancing over them
     make local-down    remove everything `make local` made
 
-`make local` runs the real program (under Pulumi's mock engine, since there is no
-cloud here) for a stack of its own, boots Debian hosts that stand in for the EC2
-instances (localhosts/fleet.py: a gateway and GPU-node hosts, systemd, sshd, in network
-namespaces on a bridge), and replays the stack's remote commands over SSH as
-`pulumi up` would: the real bootstrap, Ray, nginx with TLS, and the real vLLM
-engine (its CPU build) serving a tiny model across the nodes with pipeline
-parallelism. What stands in for the GPU and AWS is listed in localhosts/fleet.py.
+`make local` boots Debian hosts (localhosts/fleet.py: a gateway and GPU-node hosts,
+systemd, sshd, in network namespaces on a bridge, with a shared directory) and runs
+the real program (under Pulumi's mock engine, since there is no Pulumi CLI here) for
+a stack of hosts pointing at them (config hosts, localhosts/cluster.py
+own_hosts_config): the path a user with machines of their own takes, with no AWS at
+all. It replays the stack's remote commands over SSH as `pulumi up` would: the real
+bootstrap, Ray, nginx with TLS, and the real vLLM engine (its CPU build) serving a
+tiny model across the nodes with pipeline parallelism. Its API key, Ray tokens and
+metrics login are drawn as a real stack's are, and the SSH key is made for it. What
+stands in for the GPU is listed in localhosts/fleet.py.
 
 It prints the endpoint, the API key, the Ray dashboard and how to call them from
 this machine, and writes the stack's outputs, as
@@ -87,7 +90,7 @@ def up(nodes: int, state_dir: Path = STATE_DIR, replicas: int = 1) -> int:
         flush=True,
     )
     started = time.monotonic()
-    cluster = start_cluster(state_dir / "fleet", nodes, **overrides)
+    cluster = start_cluster(state_dir / "fleet", nodes, own_hosts=True, **overrides)
     try:
         cluster.wait_for_completion(timeout=300)
         print(detach(cluster, state_dir, time.monotonic() - started))
