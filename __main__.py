@@ -172,6 +172,20 @@ class Machines:
     availability_zone: pulumi.Input[str] | None
 
 
+def node_boot_args(**where) -> NodeBootArgs:
+    """What every node is told, whatever machines it runs on, and `where` it runs: its
+    subnet, EFA and model cache (and on hosts the user has, the login and the shared
+    directory)."""
+    return NodeBootArgs(
+        gpus=spec.gpus_per_node,
+        ray_version=spec.ray_version,
+        vllm_version=spec.vllm_version,
+        login_probe_key=credentials.login_probe_public_key,
+        node_lock=(node_env.ROOT / spec.node_lock).read_text(),
+        **where,
+    )
+
+
 def ec2_machines() -> Machines:
     """The stack's own: a VPC (or the user's), security groups, the EFS model cache, the
     GPU instances in their placement groups and the gateway with its Elastic IP."""
@@ -203,18 +217,13 @@ def ec2_machines() -> Machines:
         ),
     )
     # What every node is told at boot, and again by its setup command.
-    node_boot = NodeBootArgs(
+    node_boot = node_boot_args(
         subnet_cidr=network.private_subnet_cidr,
-        gpus=spec.gpus_per_node,
         efa=spec.efa,
         file_system_id=storage.file_system_id,
         access_point_id=storage.access_point_id,
         wheelhouse_access_point_id=storage.wheelhouse_access_point_id,
         file_system_dns=storage.dns_name,
-        ray_version=spec.ray_version,
-        vllm_version=spec.vllm_version,
-        login_probe_key=credentials.login_probe_public_key,
-        node_lock=(node_env.ROOT / spec.node_lock).read_text(),
     )
     nodes = GpuNodes(
         name,
@@ -266,18 +275,13 @@ def own_machines() -> Machines:
     """The user's own (hosts): nothing on AWS; one command per machine stands where its
     instance would (components/own_hosts.py)."""
     own = spec.own_hosts
-    node_boot = NodeBootArgs(
+    node_boot = node_boot_args(
         subnet_cidr=None,  # each node's own address
-        gpus=spec.gpus_per_node,
         efa=False,
         file_system_id="",
         access_point_id="",
         wheelhouse_access_point_id="",
         file_system_dns="",
-        ray_version=spec.ray_version,
-        vllm_version=spec.vllm_version,
-        login_probe_key=credentials.login_probe_public_key,
-        node_lock=(node_env.ROOT / spec.node_lock).read_text(),
         login_user=own.ssh_user,
         shared_model_dir=own.model_cache_dir,
     )

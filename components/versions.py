@@ -13,7 +13,7 @@ VLLM_VERSION = "0.33.0"
 # huggingface_hub: its `hf` CLI downloads the model onto the shared cache
 # (vllm-cluster-node stage-model). The nodes get it through vLLM's own dependencies
 # (transformers) at whatever release pip picks; the node locks (locks/, tools/lock_node_env.py)
-# pin this one, and the local hosts (tests/fleet.py) install exactly it.
+# pin this one, and the local hosts (localhosts/fleet.py) install exactly it.
 HF_HUB_VERSION = "2.4.0"
 # The installer the nodes install their locked environment with (offline, from the
 # wheelhouse on the model cache). It is in each node lock, so it arrives hash-checked
