@@ -2,6 +2,8 @@
 
 Reads the stack's config once into a validated spec (nothing is declared when it
 is bad), builds the components and exports what users need to reach the service.
+The services run on the EC2 instances the stack creates, or on machines the user
+already has (config hosts: then nothing is created on AWS, components/own_hosts.py).
 """
 
 from dataclasses import dataclass
