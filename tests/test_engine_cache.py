@@ -354,6 +354,29 @@ def test_publish_removes_stale_temporaries_and_keeps_young_ones(tmp_path):
     assert (young / "model").read_bytes() == b"ab"  # another node's copy in progress
 
 
+def test_a_temporary_another_node_puts_in_place_while_we_look_at_it_is_left_to_it(tmp_path, monkeypatch):
+    """Publishing ends with a sweep for stale temporaries, while another node may still be
+    publishing: a temporary listed by the sweep may be renamed into place (or removed) by
+    its node before the sweep looks at its age. It is that node's, done: the sweep goes on
+    (a race two nodes at once met under load, test_two_nodes_publishing_... below)."""
+    shared = tmp_path / "share"
+    temporary = shared / AOT / f"{engine_cache.TEMP_PREFIX}node-b.77.9f8e7d6c.rank_3_0"
+    stale = shared / f"{engine_cache.TEMP_PREFIX}node-c.12.aaaaaaaa.gpu_p2p_access_cache_for_0,1.json"
+    make_tree(shared, {f"{temporary.relative_to(shared).as_posix()}/model": b"ab", stale.name: b"{"})
+    old = time.time() - engine_cache.STALE_TEMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    real_newest = engine_cache._newest_mtime
+
+    def other_node_renames_it_first(path):
+        if path == temporary:
+            os.rename(temporary, temporary.with_name("rank_3_0"))  # the other node puts it in place
+        return real_newest(path)
+
+    monkeypatch.setattr(engine_cache, "_newest_mtime", other_node_renames_it_first)
+    assert engine_cache.remove_stale_temps(shared) == 1
+    assert not stale.exists() and (shared / AOT / "rank_3_0" / "model").read_bytes() == b"ab"
+
+
 def test_links_are_never_followed_nor_copied(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -547,9 +547,14 @@ def remove_stale_temps(shared: Path, older_than: float = STALE_TEMP_SECONDS, now
             if not name.startswith(TEMP_PREFIX):
                 continue
             path = Path(directory) / name
-            if now - _newest_mtime(path) >= older_than:
-                _remove(path)
-                removed += 1
+            try:
+                if now - _newest_mtime(path) >= older_than:
+                    _remove(path)
+                    removed += 1
+            except FileNotFoundError:
+                # Gone while we looked: its node put it in place or removed it, as a node
+                # publishing at the same time does (one in progress is never ours to take).
+                continue
         dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
     return removed
 
