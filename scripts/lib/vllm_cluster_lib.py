@@ -30,6 +30,27 @@ def metric_totals(text: str) -> dict[str, float]:
     return totals
 
 
+# One label pair of a sample line: name="value", the value with \\, \" and \n escaped.
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text format -> (metric name, its labels, value) per sample line, for
+    a figure that one label tells apart (a histogram's bucket `le`). Comments and lines
+    that are not samples are skipped."""
+    samples = []
+    for line in text.splitlines():
+        if line[:1] in ("", "#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        name, _, labels = series.partition("{")
+        try:
+            samples.append((name, dict(_LABEL.findall(labels)), float(value)))
+        except ValueError:
+            continue  # not a sample line of the text format
+    return samples
+
+
 # --- the node's Python environment (node-env, preflight-check, components/node_env.py) ---
 
 # name==version, with extras allowed (ray[default]==X.Y.Z): an exact pin.
