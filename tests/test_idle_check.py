@@ -541,3 +541,59 @@ def test_the_doubles_stand_in_for_tools_the_machine_running_the_tests_may_have()
     for name in ("loginctl", "who", "systemctl"):
         assert os.access(DOUBLES_BIN / name, os.X_OK)
         assert "TEST DOUBLE" in (DOUBLES_BIN / name).read_text()
+
+
+# --- against the vLLM test double's metrics -------------------------------------------------
+
+
+@pytest.fixture
+def double(tmp_path, monkeypatch):
+    from tests.test_watchdog import Double
+
+    monkeypatch.setenv("VLLM_API_KEY", "test-key")
+    (tmp_path / "double").mkdir()
+    running = Double(tmp_path / "double")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def completion(double, max_tokens: int) -> str:
+    from tests.test_watchdog import CHECK as WATCHDOG
+
+    body = {"model": double.model, "prompt": "Hello", "max_tokens": max_tokens}
+    return WATCHDOG.fetch(f"{double.url}/v1/completions", 10, body)[0]
+
+
+def test_the_double_exports_finished_requests_by_reason_and_the_max_tokens_histogram(double):
+    assert completion(double, 1) == completion(double, 3) == "200"
+    text = double.get("/metrics")[1]
+    labels = f'engine="0",model_name="{double.model}"'
+    for line in (
+        "# TYPE vllm:request_success_total counter",
+        f'vllm:request_success_total{{{labels},finished_reason="length"}} 2.0',
+        f'vllm:request_success_total{{{labels},finished_reason="stop"}} 0.0',
+        "# TYPE vllm:request_params_max_tokens histogram",
+        f'vllm:request_params_max_tokens_bucket{{{labels},le="1.0"}} 1.0',
+        f'vllm:request_params_max_tokens_bucket{{{labels},le="2.0"}} 1.0',
+        f'vllm:request_params_max_tokens_bucket{{{labels},le="5.0"}} 2.0',
+        f'vllm:request_params_max_tokens_bucket{{{labels},le="+Inf"}} 2.0',
+        f"vllm:request_params_max_tokens_count{{{labels}}} 2.0",
+        f"vllm:request_params_max_tokens_sum{{{labels}}} 4.0",
+    ):
+        assert line in text.splitlines(), line
+    assert CHECK.sample(text) == {"running": 0.0, "waiting": 0.0, "finished": 2.0, "requests": 1.0}
+
+
+def test_the_watchdogs_probes_on_the_double_leave_a_node_idle_and_a_clients_request_does_not(double, node):
+    url = f"{double.url}/metrics"
+    assert "armed" in node.check(url).stderr
+    for _ in range(3):  # the watchdog's 1-token probes
+        assert completion(double, 1) == "200"
+    node.age(60)
+    assert "idle: since" in node.check(url).stderr and not node.powered_off()
+    assert completion(double, 16) == "200"  # a client's request
+    assert "idle check: active: 1 new request" in node.check(url).stderr
+    node.age(120)
+    assert node.check(url).returncode == 0 and node.powered_off()
