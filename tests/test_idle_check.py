@@ -569,18 +569,18 @@ def completion(double, max_tokens: int) -> str:
 def test_the_double_exports_finished_requests_by_reason_and_the_max_tokens_histogram(double):
     assert completion(double, 1) == completion(double, 3) == "200"
     text = double.get("/metrics")[1]
-    labels = f'engine="0",model_name="{double.model}"'
+    model = f'model_name="{double.model}"'
     for line in (
         "# TYPE vllm:request_success_total counter",
-        f'vllm:request_success_total{{{labels},finished_reason="length"}} 2.0',
-        f'vllm:request_success_total{{{labels},finished_reason="stop"}} 0.0',
+        f'vllm:request_success_total{{engine="0",finished_reason="length",{model}}} 2.0',
+        f'vllm:request_success_total{{engine="0",finished_reason="stop",{model}}} 0.0',
         "# TYPE vllm:request_params_max_tokens histogram",
-        f'vllm:request_params_max_tokens_bucket{{{labels},le="1.0"}} 1.0',
-        f'vllm:request_params_max_tokens_bucket{{{labels},le="2.0"}} 1.0',
-        f'vllm:request_params_max_tokens_bucket{{{labels},le="5.0"}} 2.0',
-        f'vllm:request_params_max_tokens_bucket{{{labels},le="+Inf"}} 2.0',
-        f"vllm:request_params_max_tokens_count{{{labels}}} 2.0",
-        f"vllm:request_params_max_tokens_sum{{{labels}}} 4.0",
+        f'vllm:request_params_max_tokens_bucket{{engine="0",le="1.0",{model}}} 1.0',
+        f'vllm:request_params_max_tokens_bucket{{engine="0",le="2.0",{model}}} 1.0',
+        f'vllm:request_params_max_tokens_bucket{{engine="0",le="5.0",{model}}} 2.0',
+        f'vllm:request_params_max_tokens_bucket{{engine="0",le="+Inf",{model}}} 2.0',
+        f'vllm:request_params_max_tokens_count{{engine="0",{model}}} 2.0',
+        f'vllm:request_params_max_tokens_sum{{engine="0",{model}}} 4.0',
     ):
         assert line in text.splitlines(), line
     assert CHECK.sample(text) == {"running": 0.0, "waiting": 0.0, "finished": 2.0, "requests": 1.0}

@@ -302,17 +302,25 @@ class Server:
                 f"# TYPE vllm:{name}_created gauge",
                 f"vllm:{name}_created{labels} {go_float(self.created)}",
             ]
+
+        def labelled(name: str) -> str:
+            """A series with a label of its own beside engine and model_name, in the order
+            prometheus_client writes labels (sorted by name)."""
+            pairs = {"engine": "0", "model_name": self.model_names[0], name: "{}"}
+            # Braces doubled: the caller fills the label's value in with str.format.
+            return "{{" + ",".join(f'{key}="{pairs[key]}"' for key in sorted(pairs)) + "}}"
+
         # One series per finish reason (vLLM's FinishReason), every one present from the start.
+        reasons = labelled("finished_reason")
         help_text = "Count of successfully processed requests."
         lines += [f"# HELP vllm:request_success_total {help_text}", "# TYPE vllm:request_success_total counter"]
         for reason in ("stop", "length", "abort", "error", "repetition"):
             count = finished if reason == "length" else 0
-            lines.append(f'vllm:request_success_total{labels[:-1]},finished_reason="{reason}"}} {go_float(count)}')
+            lines.append(f"vllm:request_success_total{reasons.format(reason)} {go_float(count)}")
         lines += [f"# HELP vllm:request_success_created {help_text}", "# TYPE vllm:request_success_created gauge"]
         for reason in ("stop", "length", "abort", "error", "repetition"):
-            lines.append(
-                f'vllm:request_success_created{labels[:-1]},finished_reason="{reason}"}} {go_float(self.created)}'
-            )
+            lines.append(f"vllm:request_success_created{reasons.format(reason)} {go_float(self.created)}")
+        bucket = labelled("le")
         help_text = "Histogram of the max_tokens request parameter."
         lines += [
             f"# HELP vllm:request_params_max_tokens {help_text}",
@@ -322,10 +330,10 @@ class Server:
         for bound, count in histogram:
             cumulative += count
             lines.append(
-                f'vllm:request_params_max_tokens_bucket{labels[:-1]},le="{go_float(bound)}"}} {go_float(cumulative)}'
+                f"vllm:request_params_max_tokens_bucket{bucket.format(go_float(bound))} {go_float(cumulative)}"
             )
         lines += [
-            f'vllm:request_params_max_tokens_bucket{labels[:-1]},le="+Inf"}} {go_float(finished)}',
+            f"vllm:request_params_max_tokens_bucket{bucket.format('+Inf')} {go_float(finished)}",
             f"vllm:request_params_max_tokens_count{labels} {go_float(finished)}",
             f"vllm:request_params_max_tokens_sum{labels} {go_float(max_tokens_sum)}",
         ]
