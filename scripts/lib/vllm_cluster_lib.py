@@ -1,10 +1,11 @@
 """vllm_cluster_lib: helpers shared by the Python host scripts of vllm-cluster.
 
 Installed at /opt/vllm-cluster/lib/vllm_cluster_lib.py by the nodes' setup command,
-beside vllm-cluster-lib.sh (the shell scripts' library). ray-cluster-check and
-vllm-watchdog-check import it from ../lib relative to their own file, so the same
-import works on a node (/opt/vllm-cluster/bin) and in the repository (scripts/node).
-Standard library only: the scripts run with the node's virtualenv Python.
+beside vllm-cluster-lib.sh (the shell scripts' library). ray-cluster-check,
+vllm-watchdog-check and vllm-idle-check import it from ../lib relative to their own
+file, so the same import works on a node (/opt/vllm-cluster/bin) and in the repository
+(scripts/node). Standard library only: the scripts run with the node's virtualenv
+Python, and vllm-idle-check with the image's own python3.
 """
 
 from __future__ import annotations
