@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -597,3 +598,14 @@ def test_the_watchdogs_probes_on_the_double_leave_a_node_idle_and_a_clients_requ
     assert "idle check: active: 1 new request" in node.check(url).stderr
     node.age(120)
     assert node.check(url).returncode == 0 and node.powered_off()
+
+
+def test_the_idle_checks_units_reach_the_node_and_go_with_vllm_cluster_remove():
+    from components import bootstrap
+
+    assert {"vllm-idle-check.service", "vllm-idle-check.timer"} <= set(bootstrap.NODE_UNITS)
+    remove = (ROOT / "scripts" / "lib" / "vllm-cluster-remove").read_text()
+    removed = re.search(r"^NODE_UNITS=\((.*)\)$", remove, re.M).group(1).split()
+    assert sorted(removed) == sorted(bootstrap.NODE_UNITS)
+    # Timers first: nothing starts a check again while the services stop.
+    assert removed.index("vllm-idle-check.timer") < removed.index("vllm-idle-check.service")
