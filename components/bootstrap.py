@@ -90,6 +90,8 @@ NODE_UNITS = (
     "vllm-watchdog.service",
     "vllm-watchdog.timer",
     "vllm-prepare.service",
+    "vllm-idle-check.service",
+    "vllm-idle-check.timer",
 )
 
 
@@ -313,6 +315,7 @@ def node_setup_script(boot: NodeBoot) -> str:
                 "ray-cluster-check",
                 "preflight-check",
                 "vllm-watchdog-check",
+                "vllm-idle-check",
                 "node-env",
                 "model-stage",
                 "engine-cache",

@@ -204,6 +204,7 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
         "ray-cluster-check",
         "preflight-check",
         "vllm-watchdog-check",
+        "vllm-idle-check",
         "node-env",
     ):
         assert (installed / "bin" / name).read_text() == (ROOT / "scripts/node" / name).read_text(), name
@@ -211,7 +212,7 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
     assert (installed / "lib/vllm-cluster-lib.sh").read_text() == LIBRARY
     assert (installed / "lib/vllm_cluster_lib.py").read_text() == (ROOT / "scripts/lib/vllm_cluster_lib.py").read_text()
     # The Python checks import their shared helpers from ../lib, where the script put them.
-    for check in ("ray-cluster-check", "vllm-watchdog-check", "preflight-check"):
+    for check in ("ray-cluster-check", "vllm-watchdog-check", "vllm-idle-check", "preflight-check"):
         loaded = subprocess.run(
             [sys.executable, "-c", "import runpy, sys; runpy.run_path(sys.argv[1])", str(installed / "bin" / check)],
             capture_output=True,

@@ -110,7 +110,7 @@ GATEWAY_SCRIPT = ROOT / "scripts" / "gateway" / "vllm-cluster-gateway"
 FIRST_BOOT_SCRIPT = ROOT / "scripts" / "node" / "vllm-cluster-first-boot"
 SHELL_SCRIPTS = [NODE_SCRIPT, GATEWAY_SCRIPT, FIRST_BOOT_SCRIPT, LIBRARY]
 PYTHON_LIBRARY = ROOT / "scripts" / "lib" / "vllm_cluster_lib.py"
-PYTHON_CHECKS = ("preflight-check", "ray-cluster-check", "vllm-watchdog-check", "node-env")
+PYTHON_CHECKS = ("preflight-check", "ray-cluster-check", "vllm-watchdog-check", "vllm-idle-check", "node-env")
 PYTHON_SCRIPTS = [ROOT / "scripts" / "node" / name for name in PYTHON_CHECKS] + [PYTHON_LIBRARY]
 
 

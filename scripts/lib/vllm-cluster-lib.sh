@@ -32,9 +32,11 @@ load_env() {
 }
 
 # Two runs of setup at once (cloud-init's and the stack's, or a command sent again)
-# must not interleave: the second waits. The lock is held until the script exits.
+# must not interleave: the second waits. The lock is held until the script exits; a
+# node's idle check (vllm-cluster-node idle-check) sees a setup in progress by it.
+readonly SETUP_LOCK=/run/vllm-cluster-setup.lock
 hold_setup_lock() {
-  exec 9>/run/vllm-cluster-setup.lock
+  exec 9>"$SETUP_LOCK"
   flock 9
 }
 

@@ -1,10 +1,11 @@
 """vllm_cluster_lib: helpers shared by the Python host scripts of vllm-cluster.
 
 Installed at /opt/vllm-cluster/lib/vllm_cluster_lib.py by the nodes' setup command,
-beside vllm-cluster-lib.sh (the shell scripts' library). ray-cluster-check and
-vllm-watchdog-check import it from ../lib relative to their own file, so the same
-import works on a node (/opt/vllm-cluster/bin) and in the repository (scripts/node).
-Standard library only: the scripts run with the node's virtualenv Python.
+beside vllm-cluster-lib.sh (the shell scripts' library). ray-cluster-check,
+vllm-watchdog-check and vllm-idle-check import it from ../lib relative to their own
+file, so the same import works on a node (/opt/vllm-cluster/bin) and in the repository
+(scripts/node). Standard library only: the scripts run with the node's virtualenv
+Python, and vllm-idle-check with the image's own python3.
 """
 
 from __future__ import annotations
@@ -28,6 +29,27 @@ def metric_totals(text: str) -> dict[str, float]:
         except ValueError:
             continue  # not a sample line of the text format
     return totals
+
+
+# One label pair of a sample line: name="value", the value with \\, \" and \n escaped.
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text format -> (metric name, its labels, value) per sample line, for
+    a figure that one label tells apart (a histogram's bucket `le`). Comments and lines
+    that are not samples are skipped."""
+    samples = []
+    for line in text.splitlines():
+        if line[:1] in ("", "#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        name, _, labels = series.partition("{")
+        try:
+            samples.append((name, dict(_LABEL.findall(labels)), float(value)))
+        except ValueError:
+            continue  # not a sample line of the text format
+    return samples
 
 
 # --- the node's Python environment (node-env, preflight-check, components/node_env.py) ---

@@ -15,8 +15,11 @@ It imitates what the cluster depends on, not the model:
 - metrics as vLLM's Prometheus logger exposes them (vllm/v1/metrics/loggers.py):
   gauges vllm:num_requests_running and vllm:num_requests_waiting, counters
   vllm:generation_tokens and vllm:prompt_tokens (exposed with the client library's
-  _total and _created samples), labels engine and model_name; the gauges are what
-  the engine last reported, so they freeze when the engine hangs;
+  _total and _created samples), vllm:request_success with one series per
+  finished_reason (the double's requests all finish by length: they generate
+  max_tokens), the histogram vllm:request_params_max_tokens (1-2-5 buckets up to
+  --max-model-len, with _count and _sum), labels engine and model_name; the gauges
+  are what the engine last reported, so they freeze when the engine hangs;
 - uvicorn's keep-alive: an idle HTTP/1.1 connection is closed
   VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (an int, default 5, as vllm/envs.py reads it)
   after its last response; a proxy that sends a request on it at that moment gets
@@ -167,6 +170,18 @@ class Engine:
         self.ray.get(refs, timeout=WORKER_CALL_TIMEOUT_SECONDS)
 
 
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's buckets of token counts (vllm/v1/metrics/loggers.py): 1, 2, 5, 10, 20, 50, ...
+    up to max_value."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * 10**exponent > max_value:
+                return buckets
+            buckets.append(mantissa * 10**exponent)
+        exponent += 1
+
+
 def go_float(value: float) -> str:
     """A sample value as prometheus_client writes it (utils.floatToGoString)."""
     text = repr(float(value))
@@ -196,6 +211,11 @@ class Server:
         self.waiting = 0
         self.others = 0  # other clients' requests in the batch (TEST DOUBLE control: saturated)
         self.requests_total = 0
+        # vLLM's histogram of the max_tokens finished requests asked for: its buckets
+        # (build_1_2_5_buckets(max_model_len)), a count per bucket, the sum.
+        self.max_tokens_buckets = build_1_2_5_buckets(args.max_model_len or 2048)
+        self.max_tokens_counts = [0] * len(self.max_tokens_buckets)
+        self.max_tokens_sum = 0
         self.generation_tokens = 0
         self.prompt_tokens = 0
         self.created = time.time()
@@ -254,8 +274,10 @@ class Server:
             counters = {
                 "prompt_tokens": self.prompt_tokens,
                 "generation_tokens": self.generation_tokens,
-                "request_success": self.requests_total,
             }
+            finished = self.requests_total
+            histogram = list(zip(self.max_tokens_buckets, self.max_tokens_counts, strict=True))
+            max_tokens_sum = self.max_tokens_sum
         lines = []
         for name, help_text, value in (
             ("num_requests_running", "Number of requests in model execution batches.", gauges["running"]),
@@ -270,7 +292,6 @@ class Server:
         for name, help_text in (
             ("prompt_tokens", "Number of prefill tokens processed."),
             ("generation_tokens", "Number of generation tokens processed."),
-            ("request_success", "Count of successfully processed requests."),
         ):
             # prometheus_client: a counter is written NAME_total, its creation time NAME_created.
             lines += [
@@ -281,6 +302,41 @@ class Server:
                 f"# TYPE vllm:{name}_created gauge",
                 f"vllm:{name}_created{labels} {go_float(self.created)}",
             ]
+
+        def labelled(name: str) -> str:
+            """A series with a label of its own beside engine and model_name, in the order
+            prometheus_client writes labels (sorted by name)."""
+            pairs = {"engine": "0", "model_name": self.model_names[0], name: "{}"}
+            # Braces doubled: the caller fills the label's value in with str.format.
+            return "{{" + ",".join(f'{key}="{pairs[key]}"' for key in sorted(pairs)) + "}}"
+
+        # One series per finish reason (vLLM's FinishReason), every one present from the start.
+        reasons = labelled("finished_reason")
+        help_text = "Count of successfully processed requests."
+        lines += [f"# HELP vllm:request_success_total {help_text}", "# TYPE vllm:request_success_total counter"]
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            count = finished if reason == "length" else 0
+            lines.append(f"vllm:request_success_total{reasons.format(reason)} {go_float(count)}")
+        lines += [f"# HELP vllm:request_success_created {help_text}", "# TYPE vllm:request_success_created gauge"]
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            lines.append(f"vllm:request_success_created{reasons.format(reason)} {go_float(self.created)}")
+        bucket = labelled("le")
+        help_text = "Histogram of the max_tokens request parameter."
+        lines += [
+            f"# HELP vllm:request_params_max_tokens {help_text}",
+            "# TYPE vllm:request_params_max_tokens histogram",
+        ]
+        cumulative = 0
+        for bound, count in histogram:
+            cumulative += count
+            lines.append(
+                f"vllm:request_params_max_tokens_bucket{bucket.format(go_float(bound))} {go_float(cumulative)}"
+            )
+        lines += [
+            f"vllm:request_params_max_tokens_bucket{bucket.format('+Inf')} {go_float(finished)}",
+            f"vllm:request_params_max_tokens_count{labels} {go_float(finished)}",
+            f"vllm:request_params_max_tokens_sum{labels} {go_float(max_tokens_sum)}",
+        ]
         return "\n".join(lines) + "\n"
 
     def complete(self, body: dict, chat: bool, gone) -> tuple[int, dict] | None:
@@ -324,6 +380,13 @@ class Server:
             self.requests_total += 1
             self.prompt_tokens += 1
             self.generation_tokens += tokens
+            # The max_tokens the request asked for (vLLM's server sets one when the client
+            # names none): its histogram bucket, the first bound at or above it.
+            for index, bound in enumerate(self.max_tokens_buckets):
+                if tokens <= bound:
+                    self.max_tokens_counts[index] += 1
+                    break
+            self.max_tokens_sum += tokens
         text = " hello" * tokens
         created = int(time.time())
         usage = {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
