@@ -40,10 +40,12 @@ MOVED = {
     "DASHBOARD_HTTPS": 18443,
     "RAY_METRICS": 18080,
     "PROMETHEUS": 19090,
+    "WAKER": 18099,
 }
 # Moved ports that cluster.env does not carry: the admin port is only in the nginx site,
-# and Prometheus's in the gateway's Prometheus flags and nginx site.
-NOT_CARRIED = ("DASHBOARD_HTTPS", "PROMETHEUS")
+# Prometheus's in the gateway's Prometheus flags and nginx site, the waker's in the
+# gateway's waker.env and nginx site.
+NOT_CARRIED = ("DASHBOARD_HTTPS", "PROMETHEUS", "WAKER")
 ORIGINAL = {name: getattr(ports, name) for name in MOVED}
 
 HEAD_IP, WORKER_IP = "10.42.128.10", "10.42.128.11"
