@@ -573,3 +573,180 @@ def gateway_pool(gateway):  # noqa: F811 - test_gateway_pool's fixture
         yield gateway, gang
     finally:
         gang.stop()
+
+
+# --- vllm-cluster-gateway waker-config, power, wake -------------------------------------------------
+
+
+class GatewayHost:
+    """vllm-cluster-gateway under a scratch root (its host paths moved there, as
+    tests/test_gateway_pool.py does), with the waker installed as the stack's waker
+    command installs it, and stand-ins: systemctl runs the waker as its unit would
+    (restart starts it, disable --now stops it) and logs its calls, id says root,
+    logger writes a file."""
+
+    MOVED = ("/etc/vllm-cluster", "/opt/vllm-cluster", "/var/lib/vllm-cluster", "/run/vllm-cluster", "/etc/nginx")
+
+    def __init__(self, root: Path, head: Head):
+        self.root = root
+        for folder in (
+            "etc/vllm-cluster",
+            "opt/vllm-cluster/bin",
+            "opt/vllm-cluster/lib",
+            "var/lib/vllm-cluster/gateway",
+            "bin",
+        ):
+            (root / folder).mkdir(parents=True)
+        script, library = GATEWAY_SCRIPT.read_text(), LIBRARY.read_text()
+        for path in self.MOVED:
+            script, library = script.replace(path, f"{root}{path}"), library.replace(path, f"{root}{path}")
+        self.script = root / "opt/vllm-cluster/bin/vllm-cluster-gateway"
+        self.script.write_text(script)
+        (root / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").write_text(library)
+        self.state = root / "var/lib/vllm-cluster/gateway"
+        (self.state / "gangs").write_text(f"gang0 127.0.0.1:{head.port}\n")
+        self.config = root / "etc/vllm-cluster/waker.json"
+        self.port = free_port()
+        self.calls = root / "systemctl.calls"
+        self.log = root / "waker.log"
+        pid = root / "waker.pid"
+        waker_path = root / "opt/vllm-cluster/bin/vllm-cluster-waker"
+        serve = f"{PYTHON} {waker_path} --config {self.config} --state-dir {self.state} serve --port {self.port}"
+        stand_ins = {
+            "systemctl": f"""echo "$*" >>{self.calls}
+stop() {{ if [ -f {pid} ]; then kill "$(cat {pid})" 2>/dev/null; rm -f {pid}; fi; }}
+case "$1" in
+  daemon-reload|enable) ;;
+  is-active) [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null ;;
+  restart) stop; {serve} </dev/null >>{self.log} 2>&1 & echo $! >{pid} ;;
+  disable) stop ;;
+  *) echo "systemctl stand-in: unexpected: $*" >&2; exit 1 ;;
+esac
+""",
+            "id": "echo 0\n",
+            "logger": f'echo "$*" >>{root}/journal\n',
+            "python3": f'exec {PYTHON} "$@"\n',
+        }
+        for name, text in stand_ins.items():
+            (root / "bin" / name).write_text("#!/usr/bin/env bash\n" + text)
+            (root / "bin" / name).chmod(0o755)
+        self.env = {**os.environ, "PATH": f"{root}/bin:{os.environ['PATH']}"}
+        self.pid = pid
+
+    def install_waker(self) -> None:
+        """What gateway_waker_script writes before it runs waker-config."""
+        installed = self.root / "opt/vllm-cluster/bin/vllm-cluster-waker"
+        installed.write_text(WAKER_SCRIPT.read_text())
+        installed.chmod(0o755)
+        (self.root / "etc/vllm-cluster/waker.env").write_text(f"PORT_WAKER={self.port}\n")
+
+    def run(self, *args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(self.script), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        if self.pid.exists():
+            subprocess.run(["kill", self.pid.read_text().strip()], check=False)
+
+
+@pytest.fixture
+def gateway_host(tmp_path, head):
+    host = GatewayHost(tmp_path / "root", head)
+    yield host
+    host.stop()
+
+
+def test_waker_config_installs_checks_starts_and_turns_off_the_waker(aws, head, gateway_host):
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    document = json.dumps(config(endpoint=aws.endpoint, imds=aws.imds.url, ca_file=aws.ca))
+
+    not_installed = gateway_host.run("waker-config", stdin=document)
+    assert not_installed.returncode != 0 and "the waker is not installed" in not_installed.stderr
+    gateway_host.install_waker()
+    refused = gateway_host.run("waker-config", stdin=json.dumps({**json.loads(document), "stack": 7}))
+    assert refused.returncode != 0 and "stack is not a str" in refused.stderr
+    assert not gateway_host.config.exists() and not gateway_host.calls.exists()
+    # Without a waker configured, every gang serves (nothing stops them).
+    assert gateway_host.run("power").stdout == "gang0 serving -\n"
+
+    installed = gateway_host.run("waker-config", stdin=document)
+    assert installed.returncode == 0, installed.stderr
+    assert oct(gateway_host.config.stat().st_mode & 0o777) == "0o600"
+    assert gateway_host.calls.read_text().splitlines() == [
+        "daemon-reload",
+        "enable --quiet vllm-cluster-waker.service",
+        "restart vllm-cluster-waker.service",
+    ]
+    again = gateway_host.run("waker-config", stdin=document)
+    assert again.returncode == 0 and "unchanged, not restarted" in again.stderr
+    assert gateway_host.calls.read_text().count("restart") == 1
+
+    def power() -> list[str]:
+        return gateway_host.run("power").stdout.split()
+
+    eventually(lambda: power()[:2] == ["gang0", "stopped"], what="power: gang0 stopped")
+    assert power()[2].startswith("20") and power()[2].endswith("Z")
+
+    # wake --wait: started, progress, and back once the instances run and the head serves.
+    waking = subprocess.Popen(
+        ["bash", str(gateway_host.script), "wake", "--wait", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=gateway_host.env,
+    )
+    eventually(lambda: sorted(aws.started) == sorted(GANG0), what="gang0 started by wake")
+    for instance_id in GANG0:
+        aws.states[instance_id] = "running"
+    head.start()
+    out, err = waking.communicate(timeout=60)
+    assert waking.returncode == 0, err
+    assert out.splitlines()[0] == "gang0=waking" and out.splitlines()[-1] == "every gang serves: gang0"
+    assert power()[:2] == ["gang0", "serving"]
+
+    off = gateway_host.run("waker-config", "--off")
+    assert off.returncode == 0, off.stderr
+    assert "disable --now vllm-cluster-waker.service" in gateway_host.calls.read_text()
+    assert not gateway_host.config.exists() and not (gateway_host.state / "power.json").exists()
+    assert not gateway_host.pid.exists()
+    assert gateway_host.run("power").stdout == "gang0 serving -\n"
+    no_waker = gateway_host.run("wake")
+    assert no_waker.returncode != 0 and "no idle stop" in no_waker.stderr
+
+
+def test_the_waker_script_carries_the_waker_its_unit_and_port_and_then_configures_it(tmp_path):
+    document = bootstrap.waker_config(
+        region="us-east-1",
+        stack=STACK,
+        project=PROJECT,
+        gangs={"gang0": GANG0},
+        idle_stop_minutes=30,
+        expected_wake_seconds=300,
+    )
+    assert waker.parse_config(document)["endpoint"] == "https://ec2.us-east-1.amazonaws.com"
+    script = bootstrap.gateway_waker_script(document)
+    assert f"PORT_WAKER={ports.WAKER}\n" in script
+    assert script.endswith(
+        f"exec {bootstrap.GATEWAY_COMMAND} waker-config <<'VLLM_CLUSTER_FILE_END'\n{document}VLLM_CLUSTER_FILE_END\n"
+    )
+    # Each file where it goes, under tmp_path; waker-config's stdin into a file.
+    moved = "".join(
+        line.replace("/opt/vllm-cluster", f"{tmp_path}/opt").replace("/etc/", f"{tmp_path}/etc/")
+        if line.startswith("install ")
+        else line
+        for line in script.splitlines(keepends=True)
+    )
+    moved = moved.replace(f"exec {bootstrap.GATEWAY_COMMAND} waker-config", "exec cat >" + str(tmp_path / "fed"))
+    result = subprocess.run(["bash", "-s"], input=moved, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "opt/bin/vllm-cluster-waker").read_text() == WAKER_SCRIPT.read_text()
+    unit = (tmp_path / "etc/systemd/system/vllm-cluster-waker.service").read_text()
+    assert "Restart=on-failure" in unit and "EnvironmentFile=/etc/vllm-cluster/waker.env" in unit
+    assert (tmp_path / "fed").read_text() == document
