@@ -351,6 +351,12 @@ WAKER_ENV = f"{CONFIG_DIR}/waker.env"
 WAKER_RETRY_AFTER_SECONDS = 30
 
 
+def waker_port_env() -> dict[str, str]:
+    """The gateway's waker.env: the waker's port (not in cluster.env, which only the
+    nodes get), read by its unit (--port via PORT_WAKER) and `vllm-cluster-gateway wake`."""
+    return {"PORT_WAKER": str(ports.WAKER)}
+
+
 def waker_config(
     *,
     region: str,
@@ -391,7 +397,7 @@ def gateway_waker_script(config_json: str) -> str:
         _file(f"/etc/systemd/system/{WAKER_UNIT}", _read(GATEWAY_SCRIPTS / "units" / WAKER_UNIT), "0644"),
         _file(
             WAKER_ENV,
-            env_file({"PORT_WAKER": str(ports.WAKER)}, header="Written by the stack. Read by vllm-cluster-waker."),
+            env_file(waker_port_env(), header="Written by the stack. Read by vllm-cluster-waker and its unit."),
             "0644",
         ),
     ]

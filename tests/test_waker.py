@@ -750,3 +750,9 @@ def test_the_waker_script_carries_the_waker_its_unit_and_port_and_then_configure
     unit = (tmp_path / "etc/systemd/system/vllm-cluster-waker.service").read_text()
     assert "Restart=on-failure" in unit and "EnvironmentFile=/etc/vllm-cluster/waker.env" in unit
     assert (tmp_path / "fed").read_text() == document
+
+
+def test_a_moved_waker_port_reaches_waker_env_and_the_site(monkeypatch):
+    monkeypatch.setattr(ports, "WAKER", 18099)
+    assert "PORT_WAKER=18099\n" in bootstrap.gateway_waker_script("{}")
+    assert "proxy_pass http://127.0.0.1:18099;" in bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=True)
