@@ -756,3 +756,19 @@ def test_a_moved_waker_port_reaches_waker_env_and_the_site(monkeypatch):
     monkeypatch.setattr(ports, "WAKER", 18099)
     assert "PORT_WAKER=18099\n" in bootstrap.gateway_waker_script("{}")
     assert "proxy_pass http://127.0.0.1:18099;" in bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=True)
+
+
+def test_the_endpoint_is_verified_against_the_trust_store(aws):
+    """Without the test CA (the system's trust store alone) the double's certificate is
+    refused before any request is sent."""
+    role = waker.InstanceRole(aws.imds.url)
+    untrusting = waker.Ec2(aws.endpoint, "us-east-1", role, waker.ssl_context({}))
+    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
+        untrusting.describe(GANG0, STACK)
+    # Nor does a name the certificate does not hold pass, CA or not.
+    by_address = waker.Ec2(
+        f"https://127.0.0.1:{aws.ec2.port}", "us-east-1", role, waker.ssl_context({"ca_file": aws.ca})
+    )
+    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED|match"):
+        by_address.describe(GANG0, STACK)
+    assert aws.ec2.calls == []
