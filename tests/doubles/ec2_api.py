@@ -46,6 +46,7 @@ They imitate what the waker depends on, each behaviour from AWS's documentation:
 
 How a test or the fleet runs them:
 
+    ca_file, cert_file, key_file = issue_test_certificate(folder, ["ec2.us-east-1.amazonaws.com"])
     credentials = CredentialStore()
     imds = InstanceMetadataDouble("127.0.0.1", 0, role="gateway-role", credentials=credentials).start()
     ec2 = Ec2ApiDouble("127.0.0.1", 0, cert_file, key_file, credentials=credentials,
