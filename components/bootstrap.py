@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -345,6 +346,68 @@ def gateway_user_data() -> str:
     return _script("gateway bootstrap", files, f"{GATEWAY_COMMAND} setup")
 
 
+WAKER_COMMAND = f"{BIN_DIR}/vllm-cluster-waker"
+WAKER_UNIT = "vllm-cluster-waker.service"
+WAKER_ENV = f"{CONFIG_DIR}/waker.env"
+# EC2 stops an instance that powers itself off and starts it again within a minute or
+# two; Ray and vLLM then start as at boot. What a client is told to wait between tries.
+WAKER_RETRY_AFTER_SECONDS = 30
+
+
+def waker_port_env() -> dict[str, str]:
+    """The gateway's waker.env: the waker's port (not in cluster.env, which only the
+    nodes get), read by its unit (--port via PORT_WAKER) and `vllm-cluster-gateway wake`."""
+    return {"PORT_WAKER": str(ports.WAKER)}
+
+
+def waker_config(
+    *,
+    region: str,
+    stack: str,
+    project: str,
+    gangs: dict[str, list[str]],
+    idle_stop_minutes: int,
+    expected_wake_seconds: int,
+    retry_after_seconds: int = WAKER_RETRY_AFTER_SECONDS,
+) -> str:
+    """The waker's /etc/vllm-cluster/waker.json (`vllm-cluster-gateway waker-config`
+    reads it on stdin): the region's EC2 endpoint, the stack's tags and each gang's
+    instance ids, head first. Plain values: call it inside an apply for the ids."""
+    document = {
+        "region": region,
+        # EC2's regional endpoint (https://docs.aws.amazon.com/general/latest/gr/ec2-service.html).
+        "endpoint": f"https://ec2.{region}.amazonaws.com",
+        "stack": stack,
+        "project": project,
+        "gangs": {name: list(ids) for name, ids in gangs.items()},
+        "idle_stop_minutes": idle_stop_minutes,
+        "retry_after_seconds": retry_after_seconds,
+        "expected_wake_seconds": expected_wake_seconds,
+    }
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def gateway_waker_script(config_json: str) -> str:
+    """What the gateway's waker command runs (`sudo bash -s`, this on stdin): it writes
+    the waker, its unit and its port (waker.env), then hands `config_json` (waker_config)
+    to `vllm-cluster-gateway waker-config`, which installs it and (re)starts the waker.
+    Not in the gateway's user data: that is near EC2's 16 KiB already, and only stacks
+    with idleStopMinutes need the waker. The delete runs `waker-config --off`."""
+    if _HEREDOC_END in config_json:
+        raise ValueError("the waker's configuration contains the heredoc delimiter")
+    files = [
+        _file(WAKER_COMMAND, _read(GATEWAY_SCRIPTS / "vllm-cluster-waker"), "0755"),
+        _file(f"/etc/systemd/system/{WAKER_UNIT}", _read(GATEWAY_SCRIPTS / "units" / WAKER_UNIT), "0644"),
+        _file(
+            WAKER_ENV,
+            env_file(waker_port_env(), header="Written by the stack. Read by vllm-cluster-waker and its unit."),
+            "0644",
+        ),
+    ]
+    text = config_json if config_json.endswith("\n") else config_json + "\n"
+    return _script("gateway waker", files, f"{GATEWAY_COMMAND} waker-config <<'{_HEREDOC_END}'\n{text}{_HEREDOC_END}")
+
+
 def gateway_metrics_script(files: dict[str, str], ready_url: str) -> str:
     """What the gateway's metrics command runs (`sudo bash -s`, this on stdin, secret: it
     holds the metrics login's hash): it writes `files` (path on the gateway -> content,
@@ -490,6 +553,10 @@ GATEWAY_CONNECT_TIMEOUT_SECONDS = 3
 # read timeout is not run again elsewhere (never longer than the read timeout).
 GATEWAY_RETRY_TRIES = 3
 GATEWAY_RETRY_WINDOW_SECONDS = 15
+# The waker listens on the gateway itself: a connect that takes longer means it is down.
+# Its answer may wait for one look at EC2 (its HTTP timeouts are 5 s) and the heads.
+WAKER_CONNECT_TIMEOUT_SECONDS = 1
+WAKER_READ_TIMEOUT_SECONDS = 20
 
 
 def gateway_gangs(head_ips: dict[str, str]) -> str:
@@ -507,12 +574,15 @@ def nginx_site(
     read_timeout_seconds: int = DEFAULT_API_READ_TIMEOUT_SECONDS,
     rate_limit_per_second: int = DEFAULT_API_RATE_LIMIT_PER_SECOND,
     upstream_include: str = NGINX_UPSTREAM_INCLUDE,
+    waker: bool = False,
 ) -> str:
     """The gateway's nginx site (an http-context file for conf.d): TLS on the API
     port with an allowlist of routes, a body limit, a read timeout and a per-client
     rate limit (none when 0), balanced over every gang's head (the servers are in
     `upstream_include`, which the gateway renders); and the Ray dashboard of one head
-    (gang0's, `dashboard_head_ip`) on the admin port for adminCidrs only."""
+    (gang0's, `dashboard_head_ip`) on the admin port for adminCidrs only. With `waker`
+    (a stack with idleStopMinutes), a request no gang could take goes to the gateway's
+    waker, which starts the stopped gangs and answers 503 with Retry-After."""
     # TLS settings go in each server block: the distribution's nginx.conf already sets
     # ssl_protocols in the http block, and a second one there is an error.
     tls = f"""    ssl_certificate {cert_path};
@@ -530,7 +600,7 @@ def nginx_site(
         "# vllm-cluster gateway, generated by components/bootstrap.py. Do not edit on the host:\n"
         "# the next `pulumi up` writes it again. Included in nginx.conf's http block (conf.d).\n\n"
         f"{rate_zone}{_nginx_upstreams(dashboard_head_ip, upstream_include)}\n"
-        f"{_nginx_api_server(tls, read_timeout_seconds, rate_limit_per_second)}\n"
+        f"{_nginx_api_server(tls, read_timeout_seconds, rate_limit_per_second, waker)}\n"
         f"{_nginx_dashboard_server(tls, admin_cidrs)}"
     )
 
@@ -557,7 +627,33 @@ upstream ray_dashboard {{
 """
 
 
-def _nginx_api_server(tls: str, read_timeout_seconds: int, rate_limit_per_second: int) -> str:
+def _nginx_waker() -> tuple[str, str]:
+    """The API server's lines that hand a request no gang could take to the waker, and
+    its named location. error_page catches only nginx's own 502 and 504 (no gang
+    answered, or none in time, after proxy_next_upstream's tries): without
+    proxy_intercept_errors a 502 or 503 that vLLM itself sent reaches the client as it
+    is (nginx docs, ngx_http_proxy_module proxy_intercept_errors). "=" without a code
+    answers with the waker's status (ngx_http_core_module error_page). A named location
+    keeps the request's URI and method, and nothing outside can address it."""
+    handoff = """    # No gang could take the request (all stopped by idleStopMinutes, or down): the
+    # waker on this host answers it, waking the stopped gangs (503 with Retry-After).
+    error_page 502 504 = @vllm_waker;
+"""
+    location = f"""
+    location @vllm_waker {{
+        # The status nginx would have sent, for the waker's answer when nothing sleeps.
+        proxy_set_header X-Vllm-Cluster-Status $status;
+        proxy_pass http://127.0.0.1:{ports.WAKER};
+        # On this host: it answers at once (it reads EC2 for a few seconds at most).
+        proxy_connect_timeout {WAKER_CONNECT_TIMEOUT_SECONDS}s;
+        proxy_read_timeout {WAKER_READ_TIMEOUT_SECONDS}s;
+        proxy_next_upstream off;
+    }}
+"""
+    return handoff, location
+
+
+def _nginx_api_server(tls: str, read_timeout_seconds: int, rate_limit_per_second: int, waker: bool = False) -> str:
     """The OpenAI-compatible API: only the allowlisted routes reach vLLM."""
     limit = (
         f"        limit_req zone=vllm_api burst={rate_limit_per_second * RATE_LIMIT_BURST_SECONDS} nodelay;\n"
@@ -573,6 +669,7 @@ def _nginx_api_server(tls: str, read_timeout_seconds: int, rate_limit_per_second
         for route in API_ROUTES
     )
     rate_status = "    limit_req_status 429;\n" if rate_limit_per_second else ""
+    handoff, waker_location = _nginx_waker() if waker else ("", "")
     return f"""# The OpenAI-compatible API: only the allowlisted routes reach vLLM.
 server {{
     listen {ports.API_HTTPS} ssl;
@@ -601,7 +698,7 @@ server {{
     # generation that ran into proxy_read_timeout is not run again on another gang.
     proxy_next_upstream_tries {GATEWAY_RETRY_TRIES};
     proxy_next_upstream_timeout {min(GATEWAY_RETRY_WINDOW_SECONDS, read_timeout_seconds)}s;
-{api_locations}
+{handoff}{api_locations}{waker_location}
     location / {{
         return 404;
     }}

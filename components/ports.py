@@ -43,9 +43,15 @@ RAY_METRICS = 8080
 # group rule from the nodes' group. Its admin and lifecycle APIs stay off (Prometheus's
 # --web.enable-admin-api and --web.enable-lifecycle are off by default).
 PROMETHEUS = 9090
+# The gateway's waker (scripts/gateway/vllm-cluster-waker), on the gateway's loopback only:
+# nginx hands it the API requests no gang could take (error_page 502 504), and it starts
+# the gangs an idle stop powered off. Below Linux's ephemeral range 32768-60999
+# (net.ipv4.ip_local_port_range), so none of nginx's own connections to the gangs can
+# hold it first; no package on the gateway (nginx, Prometheus, sshd) listens there.
+WAKER = 8099
 
 # Ports that must never be reachable from the internet (Ray's own security guidance;
 # CVE-2023-48022 "ShadowRay" is exploited in the wild). tests/test_program.py checks
 # that no rule open to the whole internet admits one of them. Ray's metrics and
 # Prometheus have no login of their own: the gateway reaches the one, nginx the other.
-NEVER_PUBLIC = (SSH, RAY_GCS, RAY_DASHBOARD, RAY_CLIENT, RAY_METRICS, PROMETHEUS)
+NEVER_PUBLIC = (SSH, RAY_GCS, RAY_DASHBOARD, RAY_CLIENT, RAY_METRICS, PROMETHEUS, WAKER)

@@ -40,10 +40,12 @@ MOVED = {
     "DASHBOARD_HTTPS": 18443,
     "RAY_METRICS": 18080,
     "PROMETHEUS": 19090,
+    "WAKER": 18099,
 }
 # Moved ports that cluster.env does not carry: the admin port is only in the nginx site,
-# and Prometheus's in the gateway's Prometheus flags and nginx site.
-NOT_CARRIED = ("DASHBOARD_HTTPS", "PROMETHEUS")
+# Prometheus's in the gateway's Prometheus flags and nginx site, the waker's in the
+# gateway's waker.env and nginx site.
+NOT_CARRIED = ("DASHBOARD_HTTPS", "PROMETHEUS", "WAKER")
 ORIGINAL = {name: getattr(ports, name) for name in MOVED}
 
 HEAD_IP, WORKER_IP = "10.42.128.10", "10.42.128.11"
@@ -80,7 +82,8 @@ def test_no_host_file_writes_a_port_number():
 
 
 def test_every_port_a_host_file_reads_is_one_cluster_env_carries_and_each_is_read():
-    carried = set(bootstrap.port_env())
+    # The gateway's waker.env carries the waker's port (the nodes never need it).
+    carried = set(bootstrap.port_env()) | set(bootstrap.waker_port_env())
     copy_block = node_env_block()
     read = set()
     for path in HOST_FILES:
@@ -181,6 +184,8 @@ def test_no_rendered_host_file_holds_a_port_that_moved(moved):
         "gateway user data": bootstrap.gateway_user_data(),
         "vllm.env": bootstrap.vllm_env(spec_of(), HEAD_IP, [HEAD_IP, WORKER_IP]),
         "nginx site": bootstrap.nginx_site(HEAD_IP, ("198.51.100.7/32",)),
+        "nginx site with the waker": bootstrap.nginx_site(HEAD_IP, ("198.51.100.7/32",), waker=True),
+        "the gateway's waker script": bootstrap.gateway_waker_script("{}"),
         "the gateway's gangs": bootstrap.gateway_gangs({"gang0": HEAD_IP, "gang1": WORKER_IP}),
     }
     for what, text in rendered.items():

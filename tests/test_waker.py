@@ -1,0 +1,774 @@
+"""The gateway's waker (scripts/gateway/vllm-cluster-waker, issue 23): its pure logic, and
+the waker itself run as on the gateway, on loopback, against the doubles of EC2's Query
+API and of IMDSv2 (tests/doubles/ec2_api.py) holding the IAM policy the stack gives the
+gateway's role. A request no gang could take starts the stopped gang and gets 503 with
+Retry-After; an instance outside the stack's tags is refused by the double and the waker
+goes on; the double refuses what AWS would (a bad signature, unknown ids). Also the
+nginx site that hands requests to the waker, checked by the real nginx, and
+vllm-cluster-gateway's waker-config, power and wake."""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+from pathlib import Path
+
+import pytest
+
+from components import bootstrap, ports
+from tests.doubles.ec2_api import (
+    CredentialStore,
+    Ec2ApiDouble,
+    InstanceMetadataDouble,
+    issue_test_certificate,
+    policy_allows,
+)
+from tests.test_gateway_pool import Gang, gateway  # noqa: F401 - the fixture, for the test through nginx
+
+ROOT = Path(__file__).resolve().parent.parent
+WAKER_SCRIPT = ROOT / "scripts" / "gateway" / "vllm-cluster-waker"
+GATEWAY_SCRIPT = ROOT / "scripts" / "gateway" / "vllm-cluster-gateway"
+LIBRARY = ROOT / "scripts" / "lib" / "vllm-cluster-lib.sh"
+# The gateway runs the waker with Debian's python3; here too when it is there.
+PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+
+def load_waker():
+    loader = SourceFileLoader("vllm_cluster_waker", str(WAKER_SCRIPT))
+    module = module_from_spec(spec_from_loader(loader.name, loader))
+    # dataclasses look their module up in sys.modules.
+    sys.modules[loader.name] = module
+    loader.exec_module(module)
+    return module
+
+
+waker = load_waker()
+
+STACK, PROJECT = "dev", "vllm-cluster"
+# The gateway role's policy as the contract states it (issue 23): DescribeInstances on
+# "*" (it has no resource-level permission), StartInstances only on the stack's instances.
+POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
+        {
+            "Effect": "Allow",
+            "Action": "ec2:StartInstances",
+            "Resource": "arn:aws:ec2:us-east-1:*:instance/*",
+            "Condition": {
+                "StringEquals": {
+                    "aws:ResourceTag/vllm-cluster:stack": STACK,
+                    "aws:ResourceTag/vllm-cluster:project": PROJECT,
+                }
+            },
+        },
+    ],
+}
+STACK_TAGS = {"vllm-cluster:stack": STACK, "vllm-cluster:project": PROJECT}
+GANG0 = ["i-0a000000000000001", "i-0a000000000000002"]
+GANG1 = ["i-0b000000000000001"]
+
+
+def config(**overrides) -> dict:
+    return {
+        "region": "us-east-1",
+        "endpoint": "https://ec2.us-east-1.amazonaws.com",
+        "stack": STACK,
+        "project": PROJECT,
+        "gangs": {"gang0": GANG0},
+        "idle_stop_minutes": 30,
+        "retry_after_seconds": 30,
+        "expected_wake_seconds": 300,
+        **overrides,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def eventually(condition, timeout: float = 30, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        time.sleep(0.1)
+    return result
+
+
+# --- pure logic -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("previous", "states", "serves", "expected"),
+    [
+        ("serving", ["running", "running"], True, "serving"),
+        # Up but its vLLM does not answer, and it never slept: broken, nothing to wake.
+        ("serving", ["running", "running"], False, "serving"),
+        ("serving", ["stopped", "stopped"], False, "stopped"),
+        ("serving", ["stopping", "stopped"], False, "stopped"),
+        # One node powered off while the other still runs: on its way down.
+        ("serving", ["running", "stopped"], False, "stopping"),
+        ("stopped", ["pending", "stopped"], False, "waking"),
+        ("stopped", ["pending", "pending"], False, "waking"),
+        ("waking", ["running", "running"], False, "waking"),
+        ("waking", ["running", "running"], True, "serving"),
+        (None, ["pending", "running"], False, "waking"),
+        (None, [], False, "serving"),
+        ("stopped", [], False, "stopped"),
+    ],
+)
+def test_a_gangs_power_state_follows_its_instances_and_its_head(previous, states, serves, expected):
+    assert waker.gang_state(previous, states, serves) == expected
+
+
+def test_stopped_at_is_the_last_stop_ec2_wrote_in_the_transition_reason():
+    instances = [
+        waker.Instance("i-1", "stopped", "User initiated (2026-12-02 10:15:00 GMT)"),
+        waker.Instance("i-2", "stopped", "User initiated (2026-12-02 10:16:30 GMT)"),
+    ]
+    assert waker.stopped_at(instances) == "2026-12-02T10:16:30Z"
+    assert waker.stopped_at([waker.Instance("i-1", "stopping", "")]) is None
+
+
+def test_an_instance_is_started_at_most_once_in_30_seconds():
+    debounce = waker.Debounce()
+    assert debounce.seconds == 30
+    assert debounce.due(["i-1", "i-2"], 100.0) == ["i-1", "i-2"]
+    debounce.record(["i-1"], 100.0)
+    assert debounce.due(["i-1", "i-2"], 129.9) == ["i-2"]
+    assert debounce.due(["i-1", "i-2"], 130.0) == ["i-1", "i-2"]
+
+
+def test_a_sleeping_gang_gets_503_with_retry_after_and_otherwise_what_nginx_would_say():
+    status, headers, body = waker.fallback_answer({"gang0": "stopped", "gang1": "serving"}, config())
+    assert status == 503 and headers == {"Retry-After": "30"}
+    error = json.loads(body)["error"]
+    assert error["code"] == "waking_from_idle_stop" and "gang0" in error["message"]
+    assert "Retry after 30 seconds" in error["message"] and set(error) == {"message", "type", "param", "code"}
+    assert waker.fallback_answer({"gang0": "waking"}, config())[0] == 503
+    status, headers, body = waker.fallback_answer({"gang0": "serving"}, config())
+    assert (status, headers) == (502, {}) and json.loads(body)["error"]["code"] == "bad_gateway"
+    assert waker.fallback_answer({"gang0": "serving"}, config(), upstream_status=504)[0] == 504
+
+
+def test_the_configuration_is_refused_naming_each_problem():
+    assert waker.parse_config(json.dumps(config()))["gangs"] == {"gang0": GANG0}
+    broken = config(endpoint="http://ec2.us-east-1.amazonaws.com", gangs={"gang0": ["vm-1"]}, retry_after_seconds=0)
+    del broken["stack"]
+    with pytest.raises(waker.ConfigError) as refused:
+        waker.parse_config(json.dumps(broken))
+    for words in ("stack is missing", "endpoint is not an https:// URL", "gangs.gang0", "retry_after_seconds"):
+        assert words in str(refused.value)
+    with pytest.raises(waker.ConfigError, match="not JSON"):
+        waker.parse_config("{")
+
+
+def test_the_policy_allows_starting_only_the_stacks_instances_and_describing_all():
+    arn = "arn:aws:ec2:us-east-1:123456789012:instance/i-0a000000000000001"
+    tagged = {f"aws:ResourceTag/{k}": v for k, v in STACK_TAGS.items()}
+    assert policy_allows(POLICY, "ec2:StartInstances", arn, tagged)
+    assert not policy_allows(POLICY, "ec2:StartInstances", arn, {**tagged, "aws:ResourceTag/vllm-cluster:stack": "x"})
+    assert not policy_allows(POLICY, "ec2:StartInstances", arn, {"aws:ResourceTag/vllm-cluster:stack": STACK})
+    assert not policy_allows(POLICY, "ec2:StopInstances", arn, tagged)
+    assert policy_allows(POLICY, "ec2:DescribeInstances", "*", {})
+    denied = {"Statement": [*POLICY["Statement"], {"Effect": "Deny", "Action": "ec2:Start*", "Resource": "*"}]}
+    assert not policy_allows(denied, "ec2:StartInstances", arn, tagged)
+
+
+# --- the doubles and the waker on loopback --------------------------------------------------------
+
+
+class Head:
+    """A gang head's vLLM as the waker probes it: /health answers 200."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802
+                self.send_response(200 if self.path == "/health" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.port = free_port()
+        self.server: ThreadingHTTPServer | None = None
+        self.handler = Handler
+
+    def start(self) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+class Aws:
+    """Both doubles, with every instance of the test's account and its state."""
+
+    def __init__(self, folder: Path):
+        self.ca, cert, key = issue_test_certificate(folder / "tls", ["localhost"])
+        self.credentials = CredentialStore()
+        self.imds = InstanceMetadataDouble(
+            "127.0.0.1", 0, role="vllm-gateway-role", credentials=self.credentials
+        ).start()
+        self.states = {i: "running" for i in [*GANG0, *GANG1]}
+        self.tags = {i: dict(STACK_TAGS) for i in GANG0}
+        # gang1's instance carries the stack's tag but another project's: the policy refuses it.
+        self.tags.update({i: {**STACK_TAGS, "vllm-cluster:project": "another"} for i in GANG1})
+        self.started: list[str] = []
+        self.ec2 = Ec2ApiDouble(
+            "127.0.0.1",
+            0,
+            cert,
+            key,
+            credentials=self.credentials,
+            policy=POLICY,
+            instances=self.tags,
+            state=lambda instance_id: self.states[instance_id],
+            start=self.started.append,
+        ).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"https://localhost:{self.ec2.port}"
+
+    def client(self):
+        role = waker.InstanceRole(self.imds.url)
+        return waker.Ec2(self.endpoint, "us-east-1", role, waker.ssl_context({"ca_file": self.ca}))
+
+    def stop(self) -> None:
+        self.ec2.stop()
+        self.imds.stop()
+
+
+@pytest.fixture
+def aws(tmp_path):
+    doubles = Aws(tmp_path)
+    yield doubles
+    doubles.stop()
+
+
+class WakerProcess:
+    def __init__(self, tmp_path: Path, aws: Aws, gangs: dict[str, list[str]], head: Head):
+        self.state_dir = tmp_path / "state"
+        self.state_dir.mkdir()
+        (self.state_dir / "gangs").write_text("".join(f"{name} 127.0.0.1:{head.port}\n" for name in gangs))
+        self.config = tmp_path / "waker.json"
+        self.config.write_text(
+            json.dumps(config(endpoint=aws.endpoint, gangs=gangs, imds=aws.imds.url, ca_file=aws.ca))
+        )
+        self.port = free_port()
+        self.log = tmp_path / "waker.log"
+        self.process = subprocess.Popen(
+            [PYTHON, str(WAKER_SCRIPT), "--config", str(self.config), "--state-dir", str(self.state_dir)]
+            + ["serve", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
+        )
+        eventually(self.listening, 15, "the waker listening")
+
+    def listening(self) -> bool:
+        assert self.process.poll() is None, self.log.read_text()
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def request(self, method: str, path: str, body: bytes = b"", headers: dict | None = None):
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+    def completion(self):
+        """A completion as nginx hands it over after no gang could take it."""
+        body = json.dumps({"model": "m", "prompt": "hello"}).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "X-Forwarded-For": "198.51.100.7",
+            "X-Vllm-Cluster-Status": "502",
+        }
+        return self.request("POST", "/v1/completions", body, headers)
+
+    def power(self) -> dict:
+        try:
+            return json.loads((self.state_dir / "power.json").read_text())["gangs"]
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def head():
+    started = Head()
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def start_waker(tmp_path, aws, head):
+    started = []
+
+    def start(gangs: dict[str, list[str]]) -> WakerProcess:
+        process = WakerProcess(tmp_path, aws, gangs, head)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def starts(aws: Aws) -> list:
+    return [call for call in aws.ec2.calls if call[0] == "StartInstances"]
+
+
+def test_a_request_while_the_gang_is_stopped_starts_it_and_gets_503_with_retry_after(aws, head, start_waker):
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    process = start_waker({"gang0": GANG0})
+    eventually(lambda: process.power().get("gang0", {}).get("state") == "stopped", what="gang0 seen stopped")
+    assert process.power()["gang0"]["stopped_at"].endswith("Z")
+
+    status, headers, body = process.completion()
+    assert status == 503, body
+    assert headers["Retry-After"] == "30"
+    assert json.loads(body)["error"]["code"] == "waking_from_idle_stop"
+    assert sorted(aws.started) == sorted(GANG0)
+    assert starts(aws) == [("StartInstances", 200, "")]
+    assert "gang0: StartInstances" in process.log.read_text()
+
+    # More requests while it boots: 503 again, and no second StartInstances within 30 s.
+    assert process.completion()[0] == 503
+    assert len(starts(aws)) == 1
+    eventually(lambda: process.power()["gang0"]["state"] == "waking", what="gang0 waking")
+
+    # The instances run and the head's vLLM answers: the gang serves, and a request nginx
+    # could still not place gets 502, as from nginx.
+    for instance_id in GANG0:
+        aws.states[instance_id] = "running"
+    head.start()
+
+    def serving():
+        status, _, _ = process.completion()
+        return status == 502 and process.power()["gang0"]["state"] == "serving"
+
+    eventually(serving, 30, "gang0 serving after its wake")
+
+
+def test_an_instance_the_policy_does_not_cover_is_refused_and_the_waker_goes_on(aws, head, start_waker):
+    for instance_id in [*GANG0, *GANG1]:
+        aws.states[instance_id] = "stopped"
+    process = start_waker({"gang0": GANG0, "gang1": GANG1})
+    eventually(lambda: len(process.power()) == 2, what="both gangs seen")
+
+    status, headers, _ = process.completion()
+    assert status == 503 and headers["Retry-After"] == "30"
+    # gang1's start is refused as EC2 would (403, UnauthorizedOperation); gang0's goes through.
+    assert ("StartInstances", 403, "UnauthorizedOperation") in starts(aws)
+    assert sorted(aws.started) == sorted(GANG0)
+    log = eventually(lambda: "UnauthorizedOperation" in process.log.read_text() and process.log.read_text())
+    assert "StartInstances for gang1 (i-0b000000000000001) failed" in log
+    assert process.process.poll() is None
+    assert process.power()["gang1"]["state"] == "stopped"
+    assert process.request("GET", "/power")[0] == 200
+
+
+def test_wake_starts_every_stopped_gang_and_is_only_for_this_host(aws, head, start_waker):
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    process = start_waker({"gang0": GANG0})
+    eventually(lambda: process.power().get("gang0", {}).get("state") == "stopped", what="gang0 seen stopped")
+    status, _, body = process.request("POST", "/wake")
+    assert status == 200 and json.loads(body) == {"gangs": {"gang0": "waking"}}
+    assert sorted(aws.started) == sorted(GANG0)
+    # Through nginx (X-Forwarded-For) /wake is just another request no gang could take.
+    status, headers, _ = process.request("POST", "/wake", headers={"X-Forwarded-For": "203.0.113.9"})
+    assert status == 503 and headers["Retry-After"] == "30"
+    assert len(starts(aws)) == 1
+
+
+def test_the_ec2_double_verifies_the_signature_and_the_credentials(aws):
+    role = waker.InstanceRole(aws.imds.url)
+    credentials = role.credentials()
+    context = waker.ssl_context({"ca_file": aws.ca})
+
+    def post(body: bytes, signing: waker.Credentials, when: dt.datetime | None = None, tamper: bytes | None = None):
+        url = aws.endpoint + "/"
+        headers = waker.sign(url, body, signing, "us-east-1", "ec2", when or waker.utc_now())
+        connection = http.client.HTTPSConnection("localhost", aws.ec2.port, context=context, timeout=10)
+        try:
+            connection.request("POST", "/", body=tamper or body, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read().decode()
+        finally:
+            connection.close()
+
+    body = urllib.parse.urlencode({"Action": "DescribeInstances", "Version": "2016-11-15"}).encode()
+    assert post(body, credentials)[0] == 200
+    wrong_secret = waker.Credentials(
+        credentials.access_key, "not-the-secret", credentials.token, credentials.expiration
+    )
+    status, text = post(body, wrong_secret)
+    assert status == 401 and "<Code>AuthFailure</Code>" in text and "<RequestID>" in text
+    tampered = body.replace(b"DescribeInstances", b"StartInstances&InstanceId.1=i-0a000000000000001")
+    assert post(body, credentials, tamper=tampered)[1].count("<Code>AuthFailure</Code>") == 1
+    no_token = waker.Credentials(credentials.access_key, credentials.secret_key, "", credentials.expiration)
+    assert "<Code>AuthFailure</Code>" in post(body, no_token)[1]
+    late = waker.utc_now() - dt.timedelta(minutes=20)
+    assert "<Code>RequestExpired</Code>" in post(body, credentials, when=late)[1]
+    unknown = waker.Credentials("ASIANOTISSUED", "x", "y", credentials.expiration)
+    assert "<Code>AuthFailure</Code>" in post(body, unknown)[1]
+    assert [call[1:] for call in aws.ec2.calls] == [
+        (200, ""),
+        (401, "AuthFailure"),
+        (401, "AuthFailure"),
+        (401, "AuthFailure"),
+        (400, "RequestExpired"),
+        (401, "AuthFailure"),
+    ]
+
+
+def test_unknown_and_malformed_ids_and_a_stopping_instance_are_refused_as_ec2_does(aws):
+    client = aws.client()
+    with pytest.raises(waker.Ec2Error) as unknown:
+        client.start(["i-0f00000000000000f"])
+    assert unknown.value.code == "InvalidInstanceID.NotFound" and unknown.value.status == 400
+    assert "i-0f00000000000000f" in unknown.value.message
+    with pytest.raises(waker.Ec2Error) as malformed:
+        client.start(["vm-1"])
+    assert malformed.value.code == "InvalidInstanceID.Malformed"
+    aws.states[GANG0[0]] = "stopping"
+    with pytest.raises(waker.Ec2Error) as stopping:
+        client.start([GANG0[0]])
+    assert stopping.value.code == "IncorrectInstanceState"
+    assert client.start([GANG0[1]]) == {GANG0[1]: "running"}
+    assert aws.started == []
+
+
+def test_describe_reads_states_tags_and_the_stop_time_as_ec2_writes_them(aws):
+    aws.states[GANG0[1]] = "stopped"
+    found = aws.client().describe([*GANG0, "i-0c000000000000001"], STACK)
+    assert set(found) == set(GANG0)
+    assert found[GANG0[0]].state == "running" and found[GANG0[0]].reason == ""
+    assert found[GANG0[1]].state == "stopped" and found[GANG0[1]].tags == STACK_TAGS
+    assert waker.STOP_TIME.search(found[GANG0[1]].reason), found[GANG0[1]].reason
+    assert found[GANG0[1]].reason.startswith("User initiated (")
+    # Another stack's filter sees none of them.
+    assert aws.client().describe(GANG0, "another-stack") == {}
+
+
+def test_the_instance_role_needs_an_imds_token_and_renews_credentials_before_they_expire(aws):
+    connection = http.client.HTTPConnection("127.0.0.1", aws.imds.port, timeout=5)
+    connection.request("GET", "/latest/meta-data/iam/security-credentials/")
+    assert connection.getresponse().status == 401
+    connection.close()
+    role = waker.InstanceRole(aws.imds.url)
+    first = role.credentials()
+    assert aws.credentials.get(first.access_key) is not None
+    assert role.credentials() is first
+    # Within the 5 minutes before Expiration it asks again.
+    role.current = waker.Credentials(first.access_key, first.secret_key, first.token, waker.utc_now())
+    assert role.credentials().expiration > waker.utc_now() + dt.timedelta(minutes=30)
+    assert [request[0] for request in aws.imds.requests].count("PUT") == 1
+
+
+# --- nginx ------------------------------------------------------------------------------------------
+
+
+def needs_nginx() -> str:
+    if NGINX is None:
+        if os.environ.get("VLLM_CLUSTER_CI"):
+            pytest.fail("nginx is missing: .ci/run should have installed Debian's nginx")
+        pytest.skip("Debian's nginx is not installed (apt-get install nginx; .ci/run installs it)")
+    return NGINX
+
+
+def test_the_site_hands_failed_requests_to_the_waker_only_when_asked():
+    plain = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    assert "vllm_waker" not in plain and "error_page" not in plain
+    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), waker=True)
+    assert site.replace("    error_page 502 504 = @vllm_waker;\n", "") != plain  # the named location is there too
+    assert "error_page 502 504 = @vllm_waker;" in site
+    assert f"proxy_pass http://127.0.0.1:{ports.WAKER};" in site
+    assert "proxy_intercept_errors" not in site
+
+
+def test_nginx_accepts_the_site_with_the_waker(tmp_path):
+    nginx = needs_nginx()
+    from tests.test_bootstrap import self_signed_pair
+
+    key, cert = self_signed_pair(tmp_path)
+    pool = tmp_path / "vllm-cluster-upstream.inc"
+    pool.write_text("server 10.42.128.10:8000 max_fails=0;  # gang0\n")
+    site = tmp_path / "vllm-cluster.conf"
+    site.write_text(
+        bootstrap.nginx_site(
+            "10.42.128.10", ("198.51.100.7/32",), str(cert), str(key), upstream_include=str(pool), waker=True
+        )
+    )
+    distribution = Path("/etc/nginx/nginx.conf").read_text()
+    main = tmp_path / "nginx.conf"
+    main.write_text(
+        distribution.replace("include /etc/nginx/conf.d/*.conf;", f"include {site};").replace(
+            "include /etc/nginx/sites-enabled/*;", ""
+        )
+    )
+    result = subprocess.run([nginx, "-t", "-c", str(main)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_completion_to_a_stopped_service_through_nginx_gets_the_wakers_503(aws, head, start_waker, gateway_pool):
+    """The real nginx with the site rendered with the waker, every gang's head gone: the
+    client gets the waker's 503 with Retry-After, and the gang is started."""
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    process = start_waker({"gang0": GANG0})
+    eventually(lambda: process.power().get("gang0", {}).get("state") == "stopped", what="gang0 seen stopped")
+    nginx_gateway, gang = gateway_pool
+    site = nginx_gateway.site(waker=True).replace(f"127.0.0.1:{ports.WAKER};", f"127.0.0.1:{process.port};")
+    result = nginx_gateway.configure(gang, site=site)
+    assert result.returncode == 0, result.stderr
+    gang.stop()
+    status, answer = nginx_gateway.request("POST", "/v1/completions", {"model": "m", "prompt": "hello"})
+    assert status == 503, answer
+    assert answer["error"]["code"] == "waking_from_idle_stop"
+    assert sorted(aws.started) == sorted(GANG0)
+
+
+@pytest.fixture
+def gateway_pool(gateway):  # noqa: F811 - test_gateway_pool's fixture
+    """tests/test_gateway_pool.py's gateway (its nginx under a scratch root) with one gang."""
+    gang = Gang("gang0", "127.0.0.2").start()
+    try:
+        yield gateway, gang
+    finally:
+        gang.stop()
+
+
+# --- vllm-cluster-gateway waker-config, power, wake -------------------------------------------------
+
+
+class GatewayHost:
+    """vllm-cluster-gateway under a scratch root (its host paths moved there, as
+    tests/test_gateway_pool.py does), with the waker installed as the stack's waker
+    command installs it, and stand-ins: systemctl runs the waker as its unit would
+    (restart starts it, disable --now stops it) and logs its calls, id says root,
+    logger writes a file."""
+
+    MOVED = ("/etc/vllm-cluster", "/opt/vllm-cluster", "/var/lib/vllm-cluster", "/run/vllm-cluster", "/etc/nginx")
+
+    def __init__(self, root: Path, head: Head):
+        self.root = root
+        for folder in (
+            "etc/vllm-cluster",
+            "opt/vllm-cluster/bin",
+            "opt/vllm-cluster/lib",
+            "var/lib/vllm-cluster/gateway",
+            "bin",
+        ):
+            (root / folder).mkdir(parents=True)
+        script, library = GATEWAY_SCRIPT.read_text(), LIBRARY.read_text()
+        for path in self.MOVED:
+            script, library = script.replace(path, f"{root}{path}"), library.replace(path, f"{root}{path}")
+        self.script = root / "opt/vllm-cluster/bin/vllm-cluster-gateway"
+        self.script.write_text(script)
+        (root / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").write_text(library)
+        self.state = root / "var/lib/vllm-cluster/gateway"
+        (self.state / "gangs").write_text(f"gang0 127.0.0.1:{head.port}\n")
+        self.config = root / "etc/vllm-cluster/waker.json"
+        self.port = free_port()
+        self.calls = root / "systemctl.calls"
+        self.log = root / "waker.log"
+        pid = root / "waker.pid"
+        waker_path = root / "opt/vllm-cluster/bin/vllm-cluster-waker"
+        serve = f"{PYTHON} {waker_path} --config {self.config} --state-dir {self.state} serve --port {self.port}"
+        stand_ins = {
+            "systemctl": f"""echo "$*" >>{self.calls}
+stop() {{ if [ -f {pid} ]; then kill "$(cat {pid})" 2>/dev/null; rm -f {pid}; fi; }}
+case "$1" in
+  daemon-reload|enable) ;;
+  is-active) [ -f {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null ;;
+  restart) stop; {serve} </dev/null >>{self.log} 2>&1 & echo $! >{pid} ;;
+  disable) stop ;;
+  *) echo "systemctl stand-in: unexpected: $*" >&2; exit 1 ;;
+esac
+""",
+            "id": "echo 0\n",
+            "logger": f'echo "$*" >>{root}/journal\n',
+            "python3": f'exec {PYTHON} "$@"\n',
+        }
+        for name, text in stand_ins.items():
+            (root / "bin" / name).write_text("#!/usr/bin/env bash\n" + text)
+            (root / "bin" / name).chmod(0o755)
+        self.env = {**os.environ, "PATH": f"{root}/bin:{os.environ['PATH']}"}
+        self.pid = pid
+
+    def install_waker(self) -> None:
+        """What gateway_waker_script writes before it runs waker-config."""
+        installed = self.root / "opt/vllm-cluster/bin/vllm-cluster-waker"
+        installed.write_text(WAKER_SCRIPT.read_text())
+        installed.chmod(0o755)
+        (self.root / "etc/vllm-cluster/waker.env").write_text(f"PORT_WAKER={self.port}\n")
+
+    def run(self, *args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(self.script), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        if self.pid.exists():
+            subprocess.run(["kill", self.pid.read_text().strip()], check=False)
+
+
+@pytest.fixture
+def gateway_host(tmp_path, head):
+    host = GatewayHost(tmp_path / "root", head)
+    yield host
+    host.stop()
+
+
+def test_waker_config_installs_checks_starts_and_turns_off_the_waker(aws, head, gateway_host):
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    document = json.dumps(config(endpoint=aws.endpoint, imds=aws.imds.url, ca_file=aws.ca))
+
+    not_installed = gateway_host.run("waker-config", stdin=document)
+    assert not_installed.returncode != 0 and "the waker is not installed" in not_installed.stderr
+    gateway_host.install_waker()
+    refused = gateway_host.run("waker-config", stdin=json.dumps({**json.loads(document), "stack": 7}))
+    assert refused.returncode != 0 and "stack is not a str" in refused.stderr
+    assert not gateway_host.config.exists() and not gateway_host.calls.exists()
+    # Without a waker configured, every gang serves (nothing stops them).
+    assert gateway_host.run("power").stdout == "gang0 serving -\n"
+
+    installed = gateway_host.run("waker-config", stdin=document)
+    assert installed.returncode == 0, installed.stderr
+    assert oct(gateway_host.config.stat().st_mode & 0o777) == "0o600"
+    assert gateway_host.calls.read_text().splitlines() == [
+        "daemon-reload",
+        "enable --quiet vllm-cluster-waker.service",
+        "restart vllm-cluster-waker.service",
+    ]
+    again = gateway_host.run("waker-config", stdin=document)
+    assert again.returncode == 0 and "unchanged, not restarted" in again.stderr
+    assert gateway_host.calls.read_text().count("restart") == 1
+
+    def power() -> list[str]:
+        return gateway_host.run("power").stdout.split()
+
+    eventually(lambda: power()[:2] == ["gang0", "stopped"], what="power: gang0 stopped")
+    assert power()[2].startswith("20") and power()[2].endswith("Z")
+
+    # wake --wait: started, progress, and back once the instances run and the head serves.
+    waking = subprocess.Popen(
+        ["bash", str(gateway_host.script), "wake", "--wait", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=gateway_host.env,
+    )
+    eventually(lambda: sorted(aws.started) == sorted(GANG0), what="gang0 started by wake")
+    for instance_id in GANG0:
+        aws.states[instance_id] = "running"
+    head.start()
+    out, err = waking.communicate(timeout=60)
+    assert waking.returncode == 0, err
+    assert out.splitlines()[0] == "gang0=waking" and out.splitlines()[-1] == "every gang serves: gang0"
+    assert power()[:2] == ["gang0", "serving"]
+
+    off = gateway_host.run("waker-config", "--off")
+    assert off.returncode == 0, off.stderr
+    assert "disable --now vllm-cluster-waker.service" in gateway_host.calls.read_text()
+    assert not gateway_host.config.exists() and not (gateway_host.state / "power.json").exists()
+    assert not gateway_host.pid.exists()
+    assert gateway_host.run("power").stdout == "gang0 serving -\n"
+    no_waker = gateway_host.run("wake")
+    assert no_waker.returncode != 0 and "no idle stop" in no_waker.stderr
+
+
+def test_the_waker_script_carries_the_waker_its_unit_and_port_and_then_configures_it(tmp_path):
+    document = bootstrap.waker_config(
+        region="us-east-1",
+        stack=STACK,
+        project=PROJECT,
+        gangs={"gang0": GANG0},
+        idle_stop_minutes=30,
+        expected_wake_seconds=300,
+    )
+    assert waker.parse_config(document)["endpoint"] == "https://ec2.us-east-1.amazonaws.com"
+    script = bootstrap.gateway_waker_script(document)
+    assert f"PORT_WAKER={ports.WAKER}\n" in script
+    assert script.endswith(
+        f"exec {bootstrap.GATEWAY_COMMAND} waker-config <<'VLLM_CLUSTER_FILE_END'\n{document}VLLM_CLUSTER_FILE_END\n"
+    )
+    # Each file where it goes, under tmp_path; waker-config's stdin into a file.
+    moved = "".join(
+        line.replace("/opt/vllm-cluster", f"{tmp_path}/opt").replace("/etc/", f"{tmp_path}/etc/")
+        if line.startswith("install ")
+        else line
+        for line in script.splitlines(keepends=True)
+    )
+    moved = moved.replace(f"exec {bootstrap.GATEWAY_COMMAND} waker-config", "exec cat >" + str(tmp_path / "fed"))
+    result = subprocess.run(["bash", "-s"], input=moved, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "opt/bin/vllm-cluster-waker").read_text() == WAKER_SCRIPT.read_text()
+    unit = (tmp_path / "etc/systemd/system/vllm-cluster-waker.service").read_text()
+    assert "Restart=on-failure" in unit and "EnvironmentFile=/etc/vllm-cluster/waker.env" in unit
+    assert (tmp_path / "fed").read_text() == document
+
+
+def test_a_moved_waker_port_reaches_waker_env_and_the_site(monkeypatch):
+    monkeypatch.setattr(ports, "WAKER", 18099)
+    assert "PORT_WAKER=18099\n" in bootstrap.gateway_waker_script("{}")
+    assert "proxy_pass http://127.0.0.1:18099;" in bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=True)
+
+
+def test_the_endpoint_is_verified_against_the_trust_store(aws):
+    """Without the test CA (the system's trust store alone) the double's certificate is
+    refused before any request is sent."""
+    role = waker.InstanceRole(aws.imds.url)
+    untrusting = waker.Ec2(aws.endpoint, "us-east-1", role, waker.ssl_context({}))
+    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
+        untrusting.describe(GANG0, STACK)
+    # Nor does a name the certificate does not hold pass, CA or not.
+    by_address = waker.Ec2(
+        f"https://127.0.0.1:{aws.ec2.port}", "us-east-1", role, waker.ssl_context({"ca_file": aws.ca})
+    )
+    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED|match"):
+        by_address.describe(GANG0, STACK)
+    assert aws.ec2.calls == []
