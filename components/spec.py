@@ -1638,13 +1638,6 @@ def _own_hosts_shape(reader: _Reader, own: OwnHosts) -> tuple[int, int]:
     return nodes, replicas
 
 
-# EC2's own words on what an instance-initiated shutdown does: with the behaviour "stop" the
-# instance stops, its EBS volumes stay, and no instance usage is charged while it is stopped.
-SHUTDOWN_BEHAVIOR_DOC = (
-    "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
-)
-
-
 def _check_idle_stop(reader: _Reader) -> int | None:
     """idleStopMinutes: whole minutes, 1 to a week. Refused with reserved capacity, which is
     paid whether its instances run or not (stopping them saves nothing and may hand the slot
