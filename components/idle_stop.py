@@ -182,8 +182,9 @@ def waker_config(
     )
 
 
-# EBS gp3 storage, us-east-1 list price (https://aws.amazon.com/ebs/pricing/), checked
-# 2026-12-02: billed per GiB-month whether the instance runs or is stopped.
+# EBS gp3 storage, the us-east-1 list price of https://aws.amazon.com/ebs/pricing/ (its gp3
+# example uses $0.08 per GB-month; the page was not re-read when this was written): billed
+# for the provisioned size whether the instance runs or is stopped.
 EBS_GP3_GB_MONTH = 0.08
 
 
