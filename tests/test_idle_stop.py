@@ -6,6 +6,7 @@ it leaves alone without it, what a change of it re-runs, and the pure pieces beh
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from pulumi_mocks import run_stack, unsecret
@@ -282,3 +283,35 @@ def test_the_waker_json_has_the_contracts_fields():
         "retry_after_seconds": 30,
         "expected_wake_seconds": 300,
     }
+
+
+def test_the_plan_shows_the_wake_time_the_waker_is_told_and_both_idle_hours():
+    from cli import plan
+
+    document = plan.build_plan("dev")
+    shown = document["idleStop"]
+    run = run_stack("dev")
+    told = json.loads(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
+    assert shown["idleStopMinutes"] == told["idle_stop_minutes"] == 30
+    assert shown["wakeSeconds"] == told["expected_wake_seconds"]
+    assert shown["idleHourWithoutUsd"] == pytest.approx(shown["idleHourWithUsd"] + shown["gpuNodes"], abs=1e-3)
+    printed = plan.render(document)
+    assert f"${shown['idleHourWithUsd']:.4f}/h with it" in printed and f"~{shown['wakeSeconds']} s" in printed
+    assert plan.build_plan("own-hosts")["idleStop"] is None
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_readmes_idle_hours_are_the_plans(stack):
+    from cli import plan
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    shown = plan.build_plan(stack)["idleStop"]
+    row = next(line for line in readme.splitlines() if line.startswith(f"| `{stack}` (") and "idle" not in line)
+    assert f"| ${shown['idleHourWithoutUsd']:.2f} | ${shown['idleHourWithUsd']:.2f}:" in row
+
+
+def test_the_readmes_wake_time_of_dev_is_the_plans():
+    from cli import plan
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"{plan.build_plan('dev')['idleStop']['wakeSeconds']} s for `dev`" in readme
