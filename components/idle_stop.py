@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from components import sizing
+from components import aws_contract, sizing
 from components.catalog import InstanceType
 
 SHUTDOWN_BEHAVIOR_DOC = (
@@ -28,10 +28,10 @@ SHUTDOWN_BEHAVIOR_DOC = (
 # instance resource type and the aws:ResourceTag/${TagKey} condition key; DescribeInstances
 # lists no resource type, so it is granted on "*" only.
 EC2_ACTIONS_DOC = "https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html"
-# IAM quotas: an inline policy of a role may hold at most 10,240 characters (whitespace not
-# counted); a role's name at most 64.
-IAM_QUOTAS_DOC = "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html"
-INLINE_ROLE_POLICY_MAX_CHARS = 10240
+# IAM quotas: a role's inline policies at most 10,240 characters, whitespace not counted
+# (components/aws_contract.py checks every declared RolePolicy against it).
+IAM_QUOTAS_DOC = aws_contract.IAM_QUOTAS_SOURCE
+INLINE_ROLE_POLICY_MAX_CHARS = aws_contract.INLINE_ROLE_POLICY_MAX_CHARS
 
 # The tags the gateway's role may start instances by (components/tagging.py puts both on
 # every resource of the stack, the GPU instances among them).
@@ -93,7 +93,7 @@ def policy_text(policy: dict) -> str:
 def policy_size_problems(text: str) -> list[str]:
     """What IAM would refuse of an inline role policy's size (IAM_QUOTAS_DOC): whitespace
     does not count."""
-    size = len("".join(text.split()))
+    size = aws_contract.inline_policy_size(text)
     if size > INLINE_ROLE_POLICY_MAX_CHARS:
         return [f"inline role policy of {size} characters; IAM takes {INLINE_ROLE_POLICY_MAX_CHARS} ({IAM_QUOTAS_DOC})"]
     return []
