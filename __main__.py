@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, metrics, node_env, ports, sizing
+from components import bootstrap, idle_stop, metrics, node_env, ports, sizing
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
@@ -172,6 +172,8 @@ class Machines:
     node_boot: NodeBootArgs
     model_cache_file_system_id: pulumi.Input[str] | None
     availability_zone: pulumi.Input[str] | None
+    # With idleStopMinutes: the gateway waker's configuration (idle_stop.waker_config).
+    waker_config: pulumi.Input[str] | None = None
 
 
 def node_boot_args(**where) -> NodeBootArgs:
@@ -249,6 +251,7 @@ def ec2_machines() -> Machines:
             boot=node_boot,
             boot_after=[*network.ready, *security.rules, *storage.ready],
             replicas=spec.replicas,
+            stop_on_shutdown=spec.idle_stop_minutes is not None,
         ),
     )
     gateway = Gateway(
@@ -260,6 +263,7 @@ def ec2_machines() -> Machines:
             key_pair_name=credentials.key_pair_name,
             user_data=gateway_user_data,
             boot_after=[*network.ready, *security.rules],
+            may_wake_nodes=spec.idle_stop_minutes is not None,
         ),
     )
     return Machines(
@@ -270,6 +274,29 @@ def ec2_machines() -> Machines:
         node_boot=node_boot,
         model_cache_file_system_id=storage.file_system_id,
         availability_zone=network.availability_zone,
+        waker_config=waker_config(nodes.gangs) if spec.idle_stop_minutes is not None else None,
+    )
+
+
+def waker_config(gangs) -> pulumi.Output[str]:
+    """What the gateway's waker is told (idle_stop.waker_config): the region and its EC2
+    endpoint as the provider resolves them, each gang's instance ids head first, and the
+    expected wake time from the same sizing the planner prints."""
+    region = aws.get_region_output().region
+    dns_suffix = aws.get_partition_output().dns_suffix
+    ids = [pulumi.Output.all(*[instance.id for instance in gang.instances]) for gang in gangs]
+    names = [gang.name for gang in gangs]
+    wake = idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+    return pulumi.Output.all(region, dns_suffix, *ids).apply(
+        lambda values: idle_stop.waker_config(
+            region=values[0],
+            endpoint=idle_stop.ec2_endpoint(values[0], values[1]),
+            stack=pulumi.get_stack(),
+            project=pulumi.get_project(),
+            gangs=dict(zip(names, values[2:], strict=True)),
+            idle_stop_minutes=spec.idle_stop_minutes,
+            expected_wake_seconds=wake,
+        )
     )
 
 
@@ -357,6 +384,8 @@ services = ClusterServices(
         tensor_parallel=spec.tensor_parallel_size,
         pipeline_parallel=spec.pipeline_parallel_size,
         warmup_key=bootstrap.warmup_key(spec),
+        idle_stop_minutes=spec.idle_stop_minutes,
+        waker_config=machines.waker_config,
     ),
 )
 

@@ -269,6 +269,21 @@ class MockCloud(pulumi.runtime.Mocks):
             return {"id": "us-east-1", "locations": list(MOCK_ZONES), "locationTypes": ["availability-zone"] * 3}
         if args.token == "aws:index/getPartition:getPartition":
             return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
+        if args.token == "aws:index/getRegion:getRegion":
+            # The mock cloud's region: its zones, file systems and ARNs are us-east-1's.
+            return {
+                "id": "us-east-1",
+                "region": "us-east-1",
+                "name": "us-east-1",
+                "endpoint": "ec2.us-east-1.amazonaws.com",
+            }
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {
+                "id": "123456789012",
+                "accountId": "123456789012",
+                "arn": "arn:aws:iam::123456789012:user/mock",
+                "userId": "mock",
+            }
         if args.token == "aws:ec2/getVpc:getVpc":
             return {
                 "id": args.args.get("id"),

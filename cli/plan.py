@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from cli.stack_file import read_stack
-from components import aws_contract, bootstrap, image, metrics, models, prometheus_sizing, sizing
+from components import aws_contract, bootstrap, idle_stop, image, metrics, models, prometheus_sizing, sizing
 from components.catalog import InstanceType
 from components.topology import node_name, topology_summary
 
@@ -157,6 +157,7 @@ def build_plan(
         "costPerHourUsd": round(the_cost.per_hour, 4) if spec.own_hosts is None else 0.0,
         "costPerDayUsd": round(the_cost.per_day, 2) if spec.own_hosts is None else 0.0,
         "cost": _cost(the_cost, instance),
+        "idleStop": _idle_stop(spec, the_fit.weights_gb) if spec.own_hosts is None else None,
         "prometheus": prometheus,
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
         "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
@@ -174,6 +175,34 @@ def build_plan(
         + prometheus["warnings"],
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
         "secretsNotRead": secret_keys,
+    }
+
+
+def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
+    """An hour without a request, with and without idleStopMinutes, at the prices the cost
+    above uses plus the EBS root volumes; and how long a stopped gang takes to serve again
+    (components/idle_stop.py: the figure the gateway's waker is told)."""
+    from components.gateway import GATEWAY_ROOT_GIB  # the Gateway component's module: Pulumi, as the run above
+
+    hour = idle_stop.idle_hour(
+        spec.instance, spec.total_nodes, spec.gateway_instance_type, weights_gb, spec.root_volume_gib, GATEWAY_ROOT_GIB
+    )
+    terms = idle_stop.wake_terms(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+    return {
+        "idleStopMinutes": spec.idle_stop_minutes,
+        "idleHourWithoutUsd": round(hour.without_stop, 4),
+        "idleHourWithUsd": round(hour.with_stop, 4),
+        "gpuNodes": round(hour.gpu_nodes, 4),
+        "gateway": hour.gateway,
+        "natGateway": hour.nat_gateway,
+        "modelCache": round(hour.model_cache, 4),
+        "ebs": round(hour.ebs, 4),
+        "ebsGiB": spec.total_nodes * spec.root_volume_gib + GATEWAY_ROOT_GIB,
+        "ebsGbMonthUsd": idle_stop.EBS_GP3_GB_MONTH,
+        "notCounted": "data through the NAT gateway and public IPv4 addresses (the same with or without)",
+        "wakeSeconds": round(sum(t.seconds for t in terms)),
+        "wake": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
+        "retryAfterSeconds": idle_stop.RETRY_AFTER_SECONDS,
     }
 
 
@@ -474,6 +503,33 @@ def _cost_lines(plan: dict[str, Any]) -> list[str]:
     ]
 
 
+def _idle_stop_lines(plan: dict[str, Any]) -> list[str]:
+    """What an idle hour costs with and without idleStopMinutes, and the wake time."""
+    i = plan["idleStop"]
+    if i is None:
+        return ["Idle stop  not with your own hosts: nothing could start them again"]
+    setting = (
+        f"idleStopMinutes {i['idleStopMinutes']}: a gang's GPU instances stop after {i['idleStopMinutes']} min "
+        "without a request"
+        if i["idleStopMinutes"]
+        else "idleStopMinutes not set: the GPU instances run until the stack is destroyed"
+    )
+    out = [
+        f"Idle stop ({setting})",
+        f"  idle hour      ${i['idleHourWithoutUsd']:.4f}/h without idle stop: GPU nodes ${i['gpuNodes']:.4f} + the "
+        "rest below",
+        f"                 ${i['idleHourWithUsd']:.4f}/h with it, the GPU instances stopped: gateway "
+        f"${i['gateway']:.4f} + NAT gateway ${i['natGateway']:.4f} + EFS ${i['modelCache']:.4f} + EBS "
+        f"${i['ebs']:.4f} ({i['ebsGiB']} GiB of gp3 root volumes at ${i['ebsGbMonthUsd']}/GB-month, "
+        "billed stopped or not)",
+        f"  not counted    {i['notCounted']}",
+        f"  wake           ~{i['wakeSeconds']} s ({i['wakeSeconds'] / 60:.1f} min) from the first request to a "
+        f"serving gang; meanwhile the gateway answers 503 with Retry-After: {i['retryAfterSeconds']}",
+    ]
+    out += [f"    {t['term']:16s}{t['seconds']:6d} s   {t['assumes']}" for t in i["wake"]]
+    return out
+
+
 def _prometheus_lines(plan: dict[str, Any]) -> list[str]:
     """The series per node, the stack's, and what they take of the gateway's memory and disk."""
     p = plan["prometheus"]
@@ -629,6 +685,7 @@ def render(plan: dict[str, Any]) -> str:
         _topology_lines,
         _fit_lines,
         _cost_lines,
+        _idle_stop_lines,
         _prometheus_lines,
         _model_bytes_lines,
         _time_to_first_token_lines,

@@ -30,6 +30,7 @@ SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 CLASSIC_RULE = "aws:ec2/securityGroupRule:SecurityGroupRule"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 ROLE = "aws:iam/role:Role"
 INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
 FILE_SYSTEM = "aws:efs/fileSystem:FileSystem"
@@ -98,6 +99,10 @@ EIP_SOURCE = (
     "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/elastic-ip-addresses-eip.html#using-instance-addressing-limit"
 )
 EIPS_PER_REGION = 5
+# IAM quotas: a role's inline policies hold at most 10,240 characters together, whitespace
+# not counted (the stack gives each role one).
+IAM_QUOTAS_SOURCE = "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html"
+INLINE_ROLE_POLICY_MAX_CHARS = 10240
 
 # How the SDK marks a secret value on the wire (pulumi.runtime.rpc): its plain value
 # is what AWS receives.
@@ -153,6 +158,32 @@ def plain(value: Any) -> Any:
 
 def _finding(rule: str, resource: Declared, input_: str, value: str, limit: str, source: str) -> Finding:
     return Finding(rule, resource.name, resource.type, input_, value, limit, source)
+
+
+# --- IAM policies ------------------------------------------------------------------
+
+
+def inline_policy_size(text: str) -> int:
+    """A policy's size as IAM counts it against its quota: whitespace is not counted."""
+    return len("".join(text.split()))
+
+
+def role_policy_findings(resource: Declared, inputs: Mapping[str, Any]) -> list[Finding]:
+    if resource.type != ROLE_POLICY or not isinstance(inputs.get("policy"), str):
+        return []
+    size = inline_policy_size(inputs["policy"])
+    if size <= INLINE_ROLE_POLICY_MAX_CHARS:
+        return []
+    return [
+        _finding(
+            "inline-policy-size",
+            resource,
+            "policy",
+            f"{size} characters (whitespace not counted)",
+            f"at most {INLINE_ROLE_POLICY_MAX_CHARS} in a role's inline policies",
+            IAM_QUOTAS_SOURCE,
+        )
+    ]
 
 
 # --- User data ---------------------------------------------------------------------
@@ -668,6 +699,7 @@ def check(
         contract.errors += name_findings(resource, inputs)
         contract.errors += volume_findings(resource, inputs)
         contract.errors += interface_findings(resource, inputs, catalog)
+        contract.errors += role_policy_findings(resource, inputs)
     contract.errors += security_group_findings(declared, id_of)
     contract.warnings += eip_warnings(declared)
     return contract

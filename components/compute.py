@@ -137,6 +137,8 @@ class GpuNodesArgs:
     boot_after: Sequence[pulumi.Resource] = ()
     # Gangs: independent copies of the model, each node_count nodes in a placement group of its own.
     replicas: int = 1
+    # idleStopMinutes is set: a node that powers itself off is stopped, not terminated.
+    stop_on_shutdown: bool = False
 
 
 def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
@@ -405,6 +407,15 @@ class GpuNodes(pulumi.ComponentResource):
                 {"resource_type": "network-interface", "tags": tags(f"{name}-{gang_prefix(gang)}interface")},
             ],
             tags=tags(f"{name}-{gang_prefix(gang)}template"),
+            # An idle node powers itself off (idleStopMinutes; components/idle_stop.py): "stop"
+            # makes EC2 stop it, keeping its EBS root and billing no instance usage while stopped
+            # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html).
+            # Only with idleStopMinutes: any change of the template is a new version, and the
+            # provider replaces an instance whose launch_template changes (its launch_template is
+            # ForceNew in terraform-provider-aws, internal/service/ec2/ec2_instance.go), so setting
+            # it for every stack would replace the running GPU nodes of every deployed stack. Left
+            # unset, EC2's own default for an EBS-backed instance is stop as well.
+            instance_initiated_shutdown_behavior="stop" if args.stop_on_shutdown else None,
             # A newer Deep Learning AMI must not replace running GPU nodes on an unrelated
             # `pulumi up`: the looked-up image is kept until the user pins amiId.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if args.ami_id is None else None),

@@ -33,6 +33,9 @@ DEFAULT_API_RATE_LIMIT_PER_SECOND = 20
 # `nodes` GPU instances and the roll takes one engine start per gang.
 MAX_REPLICAS = 16
 MAX_API_RATE_LIMIT_PER_SECOND = 10000
+# idleStopMinutes: at most a week. A longer wait saves next to nothing over never stopping,
+# and a typo of minutes for seconds (3600) is still caught as out of range.
+MAX_IDLE_STOP_MINUTES = 7 * 24 * 60
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "API requests per second per client address at the gateway (burst: twice as many), "
               f"up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share it. 0: no limit.",
               default=DEFAULT_API_RATE_LIMIT_PER_SECOND),
+    ConfigKey("idleStopMinutes", "integer",
+              "Stop a gang's GPU instances after this many minutes without a request (EC2 stop: no instance "
+              "charge while stopped); the gateway starts them again on the next request and answers 503 with "
+              f"Retry-After meanwhile. 1 to {MAX_IDLE_STOP_MINUTES}. Not with capacityReservationId or hosts. "
+              "0: never stop.",
+              default=0, auto=True),
     # Machines the user already has (components/own_hosts.py): none of the AWS resources.
     ConfigKey("hosts", "array",
               "Run on GPU machines you already have instead of creating EC2 instances: one item per gang, "

@@ -6,6 +6,7 @@ proxy site come from ClusterServices' commands."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -13,6 +14,7 @@ from typing import Sequence
 import pulumi
 import pulumi_aws as aws
 
+from components import idle_stop
 from components.bootstrap import compress_user_data
 from components.tagging import renamed_from, tags
 
@@ -39,12 +41,17 @@ class GatewayArgs:
     user_data: str | None = None
     # Routes and security group rules that must exist before the gateway boots.
     boot_after: Sequence[pulumi.Resource] = ()
+    # idleStopMinutes is set: the gateway's role may start the stack's stopped GPU instances
+    # (components/idle_stop.py). Without it the gateway has no role at all, as before.
+    may_wake_nodes: bool = False
 
 
 class Gateway(pulumi.ComponentResource):
     public_ip: pulumi.Output[str]
     private_ip: pulumi.Output[str]
     instance_id: pulumi.Output[str]
+    # The gateway's instance profile with idleStopMinutes (it may start the stack's instances).
+    wake_profile_arn: pulumi.Output[str] | None
     # Remote commands wait for both: the host, and the address they reach it by.
     resources: list[pulumi.Resource]
 
@@ -60,6 +67,7 @@ class Gateway(pulumi.ComponentResource):
             ],
             opts=pulumi.InvokeOptions(parent=self),
         )
+        profile = self._wake_profile(name) if args.may_wake_nodes else None
         instance = aws.ec2.Instance(
             f"{name}-gateway-host",
             ami=image.id,
@@ -70,7 +78,11 @@ class Gateway(pulumi.ComponentResource):
             # A public IP at boot lets cloud-init reach the package mirrors before the
             # Elastic IP is attached; the Elastic IP then replaces it.
             associate_public_ip_address=True,
+            # The waker reads the role's credentials from IMDSv2 on the gateway itself: one hop.
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1},
+            # An instance profile is associated in place (the provider updates iam_instance_profile
+            # without replacing the instance), so setting idleStopMinutes later keeps the gateway.
+            iam_instance_profile=profile.name if profile is not None else None,
             root_block_device={"volume_type": "gp3", "volume_size": GATEWAY_ROOT_GIB, "encrypted": True},
             # EC2 takes 16 KiB of user data "in raw form, before it is base64-encoded"
             # (EC2 User Guide, instancedata-add-user-data); the gateway script is about
@@ -95,10 +107,53 @@ class Gateway(pulumi.ComponentResource):
             opts=renamed_from(f"{name}-ip", parent=self),
         )
 
+        self.wake_profile_arn = profile.arn if profile is not None else None
         self.public_ip = address.public_ip
         self.private_ip = instance.private_ip
         self.instance_id = instance.id
         self.resources = [instance, address]
         self.register_outputs(
-            {"publicIp": self.public_ip, "privateIp": self.private_ip, "instanceId": self.instance_id}
+            {
+                "publicIp": self.public_ip,
+                "privateIp": self.private_ip,
+                "instanceId": self.instance_id,
+                "wakeProfileArn": self.wake_profile_arn,
+            }
+        )
+
+    def _wake_profile(self, name: str) -> aws.iam.InstanceProfile:
+        """A role for the gateway's waker: start this stack's GPU instances, see which are
+        stopped, nothing else (idle_stop.gateway_wake_policy)."""
+        role = aws.iam.Role(
+            f"{name}-gateway-role",
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}
+                    ],
+                }
+            ),
+            description="vllm-cluster gateway: start this stack's stopped GPU instances, nothing else",
+            tags=tags(f"{name}-gateway-role"),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        invoke = pulumi.InvokeOptions(parent=self)
+        partition = aws.get_partition_output(opts=invoke).partition
+        region = aws.get_region_output(opts=invoke).region
+        account = aws.get_caller_identity_output(opts=invoke).account_id
+        project, stack = pulumi.get_project(), pulumi.get_stack()
+        aws.iam.RolePolicy(
+            f"{name}-gateway-role-wake",
+            role=role.id,
+            policy=pulumi.Output.all(partition, region, account).apply(
+                lambda values: idle_stop.policy_text(idle_stop.gateway_wake_policy(*values, project, stack))
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return aws.iam.InstanceProfile(
+            f"{name}-gateway-instance-profile",
+            role=role.name,
+            tags=tags(f"{name}-gateway-instance-profile"),
+            opts=pulumi.ResourceOptions(parent=self),
         )

@@ -149,6 +149,12 @@ class ServicesArgs:
     # vLLM's compile cache on the shared cache is kept under this (bootstrap.warmup_key).
     warmup_key: str
 
+    # Idle stop (idleStopMinutes, components/idle_stop.py): the minutes, and the waker's
+    # configuration (JSON) for the gateway. None: the stack never stops its nodes, and
+    # declares none of the commands below.
+    idle_stop_minutes: int | None = None
+    waker_config: pulumi.Input[str] | None = None
+
     @property
     def rolling(self) -> bool:
         """Restarts roll gang by gang through the gateway's pool; with one gang there
@@ -196,6 +202,7 @@ def tls_bundle(private_key_pem: pulumi.Input[str], certificate_pem: pulumi.Input
 
 @dataclass
 class GatewayCommands:
+    setup: command.remote.Command  # the gateway's scripts are installed
     tls: command.remote.Command  # the certificate and key are in place
     login_probe: command.remote.Command  # the probe key is installed: the gateway can wait for nodes
     # nginx serves the API and the dashboard with TLS. With replicas, declared before the
@@ -246,11 +253,15 @@ class ClusterServices(pulumi.ComponentResource):
             if args.rolling:
                 drained = self._drain(args, gang, [gateway.proxy, *([drained] if drained is not None else [])])
             nodes = self._node_bootstrap(args, gang, gateway.login_probe, drained)
+            if args.idle_stop_minutes is not None:
+                self._idle_stop(args, gang, nodes)
             ray = self._ray(args, gang, nodes)
             if model is None:
                 # Once for every gang: the model cache is shared.
                 model = self._stage_model(args, gang, nodes, ray)
             reports.append(self._serving(args, gang, nodes, ray, model, gateway).stdout)
+        if args.idle_stop_minutes is not None:
+            self._waker(args, gateway)
         self.readiness = (
             reports[0]
             if len(reports) == 1
@@ -279,6 +290,7 @@ class ClusterServices(pulumi.ComponentResource):
         after: Sequence[pulumi.Resource] = (),
         triggers: list | None = None,
         secret: bool = False,
+        delete: str | None = None,
     ) -> command.remote.Command:
         """One remote command. Its name is part of the fleet's replay and of the deployed
         stacks' URNs: do not rename one without an alias."""
@@ -286,6 +298,7 @@ class ClusterServices(pulumi.ComponentResource):
             f"{self._name}-{resource}",
             connection=connection,
             create=create,
+            delete=delete,
             stdin=stdin,
             triggers=triggers,
             # PULUMI_COMMAND_STDOUT of the previous run must not be replayed into the next.
@@ -377,7 +390,7 @@ class ClusterServices(pulumi.ComponentResource):
             triggers=self._gateway_triggers,
         )
         self._metrics(args, [setup])
-        commands = GatewayCommands(tls=tls, login_probe=login_probe)
+        commands = GatewayCommands(setup=setup, tls=tls, login_probe=login_probe)
         if args.rolling:
             commands.proxy = self._pool(args, [tls])
         return commands
@@ -552,6 +565,38 @@ class ClusterServices(pulumi.ComponentResource):
             triggers=[node.id for node in ray_nodes],
         )
         return RayCommands(nodes=ray_nodes, cluster_ready=cluster_ready)
+
+    def _idle_stop(self, args: ServicesArgs, gang: ServingGang, nodes: list[NodeCommands]) -> None:
+        """Every node of the gang powers itself off after idleStopMinutes without a request
+        (vllm-cluster-node idle-check, from a timer this turns on). Its own command, after
+        the node's setup: a new idleStopMinutes runs it again and nothing else, neither Ray
+        nor vLLM. Deleting it (the key unset, the node replaced) turns the timer off."""
+        for index, host in enumerate(gang.node_ips):
+            self._run(
+                f"idle-stop-{gang.node(index)}",
+                self._on_node(host),
+                f"sudo {NODE_COMMAND} idle-stop-config --minutes {args.idle_stop_minutes}",
+                delete=f"sudo {NODE_COMMAND} idle-stop-config --minutes 0",
+                after=[nodes[index].setup],
+                # A replaced node is a new machine: it needs its timer turned on again.
+                triggers=[gang.instances[index].id],
+            )
+
+    def _waker(self, args: ServicesArgs, gateway: GatewayCommands) -> command.remote.Command:
+        """The gateway's waker (vllm-cluster-gateway waker-config): which instances each
+        gang has, where EC2 is, how long a wake takes, on stdin as JSON. After the gateway's
+        setup and every node's instance (their ids are in it). Deleting it (the key unset)
+        stops the waker and removes its configuration."""
+        instances = [instance for gang in args.gangs for instance in gang.instances]
+        return self._run(
+            "gateway-waker",
+            self._on_gateway(),
+            f"sudo {GATEWAY_COMMAND} waker-config",
+            delete=f"sudo {GATEWAY_COMMAND} waker-config --off",
+            stdin=args.waker_config,
+            after=[gateway.setup, *instances],
+            triggers=self._gateway_triggers,
+        )
 
     def _stage_model(
         self, args: ServicesArgs, gang: ServingGang, nodes: list[NodeCommands], ray: RayCommands

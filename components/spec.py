@@ -31,6 +31,7 @@ from components.config_keys import (  # noqa: F401
     KEYS_BY_NAME,
     MAX_API_RATE_LIMIT_PER_SECOND,
     MAX_API_READ_TIMEOUT_SECONDS,
+    MAX_IDLE_STOP_MINUTES,
     MAX_REPLICAS,
     NAMESPACE,
     ConfigKey,
@@ -161,6 +162,9 @@ class ClusterSpec:
     warnings: tuple[str, ...] = field(default=())
     # hosts: machines the user has; None for the EC2 instances the stack creates.
     own_hosts: OwnHosts | None = None
+    # idleStopMinutes: a gang's GPU instances stop after this long without a request, and
+    # the gateway starts them on the next (components/idle_stop.py); None: never.
+    idle_stop_minutes: int | None = None
 
     @property
     def instance_type(self) -> str:
@@ -1634,6 +1638,46 @@ def _own_hosts_shape(reader: _Reader, own: OwnHosts) -> tuple[int, int]:
     return nodes, replicas
 
 
+def _check_idle_stop(reader: _Reader) -> int | None:
+    """idleStopMinutes: whole minutes, 1 to a week. Refused with reserved capacity, which is
+    paid whether its instances run or not (stopping them saves nothing and may hand the slot
+    to nobody), and with hosts, machines of the user's own that nothing could start again."""
+    minutes = reader.integer("idleStopMinutes")
+    if minutes is None:
+        return None
+    fix_range = (
+        f"Fix: pulumi config set {NAMESPACE}:idleStopMinutes 30, or pulumi config rm {NAMESPACE}:idleStopMinutes"
+    )
+    if not 1 <= minutes <= MAX_IDLE_STOP_MINUTES:
+        reader.fail(
+            "idleStopMinutes",
+            f"must be from 1 to {MAX_IDLE_STOP_MINUTES} minutes (a week): how long a gang waits without a request "
+            f"before its GPU instances stop. {fix_range} to never stop",
+        )
+        return None
+    refused = False
+    if reader.string("capacityReservationId") is not None or _set_beyond_default(reader, "capacityBlock"):
+        key = "capacityReservationId" if reader.present("capacityReservationId") else "capacityBlock"
+        doc = CAPACITY_BLOCK_LAUNCH_DOC if key == "capacityBlock" else RESERVATION_LAUNCH_DOC
+        reader.fail(
+            "idleStopMinutes",
+            f"is {minutes} with {NAMESPACE}:{key} set: reserved capacity and Capacity Blocks are paid for whether "
+            "their instances run or not, so stopping idle nodes saves nothing and leaves the paid slot unused. "
+            f"Fix: pulumi config rm {NAMESPACE}:idleStopMinutes (or drop the reservation: pulumi config rm "
+            f"{NAMESPACE}:{key}). See {doc}",
+        )
+        refused = True
+    if _hosts_listed(reader):
+        reader.fail(
+            "idleStopMinutes",
+            f"is {minutes} with {NAMESPACE}:hosts set: those are machines of your own, and once one powers itself "
+            "off nothing in the stack can start it again (the gateway wakes EC2 instances through EC2's "
+            f"StartInstances). Fix: pulumi config rm {NAMESPACE}:idleStopMinutes",
+        )
+        refused = True
+    return None if refused else minutes
+
+
 def load_spec(
     raw: Mapping[str, Any],
     *,
@@ -1665,6 +1709,7 @@ def load_spec(
     storage = _check_node_storage(reader)
     gateway = _check_gateway(reader)
     tls = _check_user_certificate(reader, secret_keys)
+    idle_stop_minutes = _check_idle_stop(reader)
     _check_engine_fit(reader, source, engine, shape)
     if reader.problems:
         raise SpecError(reader.problems)
@@ -1675,6 +1720,7 @@ def load_spec(
         tls=tls,
         warnings=tuple(reader.warnings),
         own_hosts=own,
+        idle_stop_minutes=idle_stop_minutes,
     )
 
 

@@ -6,6 +6,7 @@ same resource at the limit through, so no rule passes by accident."""
 import base64
 import copy
 import gzip
+import json
 import os
 
 import pytest
@@ -281,6 +282,18 @@ def test_iam_tags_allow_only_iams_characters(dev):
     [finding] = caught([changed(role, tags={"team": "gpu's"})], "tag-characters")
     assert finding.source == aws_contract.IAM_TAGS_SOURCE
     assert caught([changed(vpc, tags={"team": "gpu's"})], "tag-characters") == []  # EC2 takes any character
+
+
+def test_an_inline_role_policy_over_iams_10240_characters_is_caught(dev):
+    """The gateway's wake policy (dev sets idleStopMinutes) as the role receives it, and the
+    same padded past IAM's quota; whitespace does not count."""
+    policy = dev.named("vllm-gateway-role-wake", "aws:iam/rolePolicy:RolePolicy")
+    assert caught([policy], "inline-policy-size") == []
+    document = json.loads(policy.inputs["policy"])
+    document["Statement"][1]["Sid"] = "x" * 10240
+    [finding] = caught([changed(policy, policy=json.dumps(document, indent=8))], "inline-policy-size")
+    assert finding.source == aws_contract.IAM_QUOTAS_SOURCE and "whitespace not counted" in finding.value
+    assert caught([changed(policy, policy=policy.inputs["policy"] + " " * 20000)], "inline-policy-size") == []
 
 
 # Security groups

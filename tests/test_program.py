@@ -294,11 +294,15 @@ def test_imdsv2_only_and_encrypted_gp3_root(run):
 
 
 def test_node_roles_may_use_ssm_and_the_model_cache_only(run):
-    """Every node's role and the wheelhouse writer's (gang 0's head)."""
+    """Every node's role and the wheelhouse writer's (gang 0's head). The gateway's role, with
+    idleStopMinutes, is tests/test_idle_stop.py's."""
     attachments = run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
     assert {a.inputs["policyArn"] for a in attachments} == {"arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"}
-    assert len(attachments) == len(run.of_type("aws:iam/role:Role")) == 2
+    node_roles = [r for r in run.of_type("aws:iam/role:Role") if r.parent_type == "vllm-cluster:index:GpuNodes"]
+    assert len(attachments) == len(node_roles) == 2
     for policy in run.of_type("aws:iam/rolePolicy:RolePolicy"):
+        if policy.parent_type != "vllm-cluster:index:GpuNodes":
+            continue
         inline = json.loads(policy.inputs["policy"])
         actions = {a for s in inline["Statement"] for a in s["Action"]}
         assert actions == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
@@ -335,7 +339,8 @@ def test_instances_boot_only_after_routes_rules_and_the_mount_target(run):
 
 
 # A reservation serves one zone: the config names it (the spec refuses one without it).
-RESERVED = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b"}
+# It is paid whether its nodes run or not: the spec refuses idle stop with it (dev sets it).
+RESERVED = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b", "idleStopMinutes": None}
 RESERVED_BLOCK = {**RESERVED, "capacityBlock": True}
 
 
@@ -639,6 +644,13 @@ ADDED_SINCE_DEPLOYED = {
     "vllm-nodes-to-prometheus",
     "vllm-gateway-metrics",
     "vllm-metrics-password",
+    # Issue 23: with idleStopMinutes (the dev stack sets it), the gateway's role that may
+    # start the stack's stopped GPU instances, its waker, and each node's idle timer.
+    "vllm-gateway-role",
+    "vllm-gateway-role-wake",
+    "vllm-gateway-instance-profile",
+    "vllm-gateway-waker",
+    *(f"vllm-idle-stop-{node}" for node in ("head", *(f"worker-{i}" for i in range(1, 16)))),
 }
 
 

@@ -15,7 +15,8 @@ from components.spec import load_spec
 
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
-RESERVED = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b"}
+# Paid whether its nodes run or not: the spec refuses idleStopMinutes with it (dev sets it).
+RESERVED = {"capacityReservationId": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b", "idleStopMinutes": None}
 RESERVED_BLOCK = {**RESERVED, "capacityBlock": True}
 
 

@@ -284,10 +284,13 @@ def test_a_new_parallel_layout_restarts_only_vllm():
 def test_a_new_model_stages_it_and_restarts_only_vllm():
     before = run_stack("dev")
     after = run_stack("dev", {"model": "Qwen/Qwen2.5-7B-Instruct"})
+    # dev stops when idle: the gateway's waker is told the new model's wake time (it
+    # restarts the waker alone, nothing of Ray or vLLM).
     assert changed_commands(before, after) == {
         "vllm-model",
         "vllm-vllm",
         "vllm-readiness",
+        "vllm-gateway-waker",
     } | preflight_of(after) | on_every_node(after, "prepare", "warmup")
     assert "--model Qwen/Qwen2.5-7B-Instruct " in command_inputs(after)["vllm-model"]["create"]
 

@@ -578,3 +578,54 @@ def test_a_lock_of_the_stacks_versions_is_taken(tmp_path):
     lock = _lock_with(tmp_path, lambda t: re.sub(r"(?m)^vllm==\S+", "vllm==0.34.0", t))
     spec = spec_of(vllmVersion="0.34.0", nodeLock=lock)
     assert spec.node_lock == lock
+
+
+# --- idleStopMinutes (issue 23) -------------------------------------------------------------
+
+
+def test_idle_stop_is_off_unless_set_and_takes_whole_minutes():
+    assert spec_of().idle_stop_minutes is None
+    assert spec_of(idleStopMinutes=0).idle_stop_minutes is None  # Pulumi.yaml's default: never
+    assert spec_of(idleStopMinutes="30").idle_stop_minutes == 30
+    assert spec_of(idleStopMinutes=10080).idle_stop_minutes == 10080
+
+
+@pytest.mark.parametrize("value", [-1, 10081, "soon", 1.5])
+def test_idle_stop_outside_a_minute_to_a_week_is_refused_with_the_fix(value):
+    error = problems_of(idleStopMinutes=value)
+    assert error.keys == ["idleStopMinutes"]
+    assert "pulumi config set vllm-cluster:idleStopMinutes" in str(error) or "whole number" in str(error)
+
+
+@pytest.mark.parametrize(
+    "reservation, key",
+    [
+        ({"capacityReservationId": "cr-0123456789abcdef0"}, "capacityReservationId"),
+        ({"capacityReservationId": "cr-0123456789abcdef0", "capacityBlock": True}, "capacityReservationId"),
+    ],
+)
+def test_idle_stop_with_reserved_capacity_is_refused_naming_both_keys_and_the_fix(reservation, key):
+    """Reserved capacity is paid whether its instances run or not: stopping them saves nothing."""
+    error = problems_of(idleStopMinutes=30, availabilityZone="us-east-1a", **reservation)
+    assert error.keys == ["idleStopMinutes"]
+    message = str(error)
+    assert f"vllm-cluster:{key}" in message and "vllm-cluster:idleStopMinutes = 30" in message
+    assert "paid for whether" in message and "pulumi config rm vllm-cluster:idleStopMinutes" in message
+
+
+def test_idle_stop_with_a_capacity_block_alone_names_the_block_key():
+    error = problems_of(idleStopMinutes=30, capacityBlock=True)
+    problem = next(p for p in error.problems if p.key == "idleStopMinutes")
+    assert "vllm-cluster:capacityBlock" in problem.message
+
+
+def test_idle_stop_with_your_own_hosts_is_refused_naming_both_keys():
+    """Nothing can start a machine of the user's own once it powered itself off."""
+    own = yaml.safe_load(open("stacks/Pulumi.own-hosts.yaml"))["config"]
+    config = {k.split(":", 1)[1]: v for k, v in own.items() if k.startswith("vllm-cluster:")}
+    config["sshPrivateKey"] = "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n"
+    assert load_spec(config, stack="own-hosts").idle_stop_minutes is None
+    with pytest.raises(SpecError) as caught:
+        load_spec({**config, "idleStopMinutes": 30}, stack="own-hosts")
+    assert caught.value.keys == ["idleStopMinutes"]
+    assert "vllm-cluster:hosts" in str(caught.value) and "nothing in the stack can start it again" in str(caught.value)

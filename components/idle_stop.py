@@ -1,0 +1,231 @@
+"""Idle stop and wake (issue 23), the pure pieces: the gateway role's policy, the waker's
+configuration, how long a wake takes and what an idle hour costs. Plain Python, no Pulumi:
+the program declares what these return, the planner prints them, and the fleet's stand-in
+of EC2's API evaluates the very policy document the program declares.
+
+How it works: every node of a gang powers itself off after idleStopMinutes without a
+request (scripts/node/vllm-cluster-node idle-check); its launch template's shutdown
+behaviour `stop` makes EC2 stop it, not terminate it, so its EBS root volume (the software,
+the units) stays and no instance usage is billed while it is stopped
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html).
+The gateway, which stays up, starts the gang's instances again on the next request
+(scripts/gateway/vllm-cluster-waker) and answers 503 with Retry-After until it serves.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from components import aws_contract, sizing
+from components.catalog import InstanceType
+
+SHUTDOWN_BEHAVIOR_DOC = (
+    "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
+)
+# The Service Authorization Reference's table of EC2 actions: StartInstances takes the
+# instance resource type and the aws:ResourceTag/${TagKey} condition key; DescribeInstances
+# lists no resource type, so it is granted on "*" only.
+EC2_ACTIONS_DOC = "https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html"
+# IAM quotas: a role's inline policies at most 10,240 characters, whitespace not counted
+# (components/aws_contract.py checks every declared RolePolicy against it).
+IAM_QUOTAS_DOC = aws_contract.IAM_QUOTAS_SOURCE
+INLINE_ROLE_POLICY_MAX_CHARS = aws_contract.INLINE_ROLE_POLICY_MAX_CHARS
+
+# The tags the gateway's role may start instances by (components/tagging.py puts both on
+# every resource of the stack, the GPU instances among them).
+PROJECT_TAG = "vllm-cluster:project"
+STACK_TAG = "vllm-cluster:stack"
+
+# What the waker tells a client of a stopped or waking gang: come back in 30 s. Short
+# enough that a retrying client is answered within half a minute of the gang serving
+# again, long enough that a wake of minutes costs a client a handful of requests.
+RETRY_AFTER_SECONDS = 30
+
+# A wake, term by term. A started instance boots the same image from the same EBS root:
+# the launch-to-SSH figure of a cold start (sizing.INSTANCE_BOOT_SECONDS) stands for it.
+# Ray's start on every node and its cluster check: an estimate (not measured on AWS): the
+# units start Ray at boot, a node joins its head within seconds once both are up.
+RAY_START_SECONDS = 30
+
+
+def ec2_endpoint(region: str, dns_suffix: str) -> str:
+    """EC2's regional endpoint: ec2.<region>.<the partition's DNS suffix>, such as
+    https://ec2.us-east-1.amazonaws.com or https://ec2.cn-north-1.amazonaws.com.cn
+    (https://docs.aws.amazon.com/general/latest/gr/ec2-service.html)."""
+    return f"https://ec2.{region}.{dns_suffix}"
+
+
+def gateway_wake_policy(partition: str, region: str, account: str, project: str, stack: str) -> dict:
+    """The gateway role's one inline policy: start this stack's instances, and see which are
+    stopped. StartInstances only on instances of this account and region that carry both the
+    stack's and the project's tag, so the gateway can start no other machine; DescribeInstances
+    supports no resource-level permission (EC2_ACTIONS_DOC), so it is granted on "*": it reads,
+    and the waker filters by the same tags."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "StartThisStacksInstances",
+                "Effect": "Allow",
+                "Action": ["ec2:StartInstances"],
+                "Resource": f"arn:{partition}:ec2:{region}:{account}:instance/*",
+                "Condition": {
+                    "StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack, f"aws:ResourceTag/{PROJECT_TAG}": project}
+                },
+            },
+            {
+                "Sid": "SeeWhichInstancesAreStopped",
+                "Effect": "Allow",
+                "Action": ["ec2:DescribeInstances"],
+                "Resource": "*",
+            },
+        ],
+    }
+
+
+def policy_text(policy: dict) -> str:
+    """The policy as IAM receives it: compact, keys sorted (so its text is stable)."""
+    return json.dumps(policy, sort_keys=True, separators=(",", ":"))
+
+
+def policy_size_problems(text: str) -> list[str]:
+    """What IAM would refuse of an inline role policy's size (IAM_QUOTAS_DOC): whitespace
+    does not count."""
+    size = aws_contract.inline_policy_size(text)
+    if size > INLINE_ROLE_POLICY_MAX_CHARS:
+        return [f"inline role policy of {size} characters; IAM takes {INLINE_ROLE_POLICY_MAX_CHARS} ({IAM_QUOTAS_DOC})"]
+    return []
+
+
+@dataclass(frozen=True)
+class WakeTerm:
+    name: str
+    seconds: float
+    assumes: str
+
+
+def wake_terms(model_name: str, instance: InstanceType, nodes: int, pp: int | None = None) -> list[WakeTerm]:
+    """From StartInstances to a gang that serves: the instances boot, Ray starts, each node
+    copies its stage to the instance store again when it serves from there (a stop empties
+    the instance store), the engine reads the weights and starts. What a cold `pulumi up`
+    adds on top (efs-utils build, wheels, install, download) is on the EBS root volume or
+    the shared cache already."""
+    model = sizing.served_model_size(model_name, instance, nodes)
+    loads = sizing.node_loads(model, instance, nodes, pp)
+    slowest_copy = max(loads, key=lambda load: load.copy_seconds)
+    slowest_load = max(loads, key=lambda load: load.load_seconds)
+    terms = [
+        WakeTerm(
+            "instance start",
+            sizing.INSTANCE_BOOT_SECONDS,
+            "start to SSH, taken as the launch-to-SSH figure of a cold start (the same image and EBS root)",
+        ),
+        WakeTerm("ray start", RAY_START_SECONDS, "estimate: Ray's units start at boot and the nodes join the head"),
+    ]
+    if slowest_copy.local:
+        terms.append(
+            WakeTerm(
+                "stage copy",
+                slowest_copy.copy_seconds,
+                f"the instance store is empty after a stop: each node copies its stage (~"
+                f"{slowest_copy.efs_bytes / sizing.GB:.1f} GB) from the EFS cache again at "
+                f"{slowest_copy.efs_mib_s:.0f} MiB/s",
+            )
+        )
+    terms += [
+        WakeTerm(
+            "model load",
+            slowest_load.load_seconds,
+            f"~{slowest_load.load_bytes / sizing.GB:.1f} GB per node from {slowest_load.load_from} "
+            f"at {slowest_load.load_mib_s:.0f} MiB/s",
+        ),
+        WakeTerm(
+            "engine start",
+            sizing.engine_start_seconds(model.params_b),
+            f"{sizing.ENGINE_START_BASE_SECONDS} s + {sizing.ENGINE_START_SECONDS_PER_B} s per billion parameters",
+        ),
+    ]
+    return terms
+
+
+def expected_wake_seconds(model_name: str, instance: InstanceType, nodes: int, pp: int | None = None) -> int:
+    return round(sum(term.seconds for term in wake_terms(model_name, instance, nodes, pp)))
+
+
+def waker_config(
+    *,
+    region: str,
+    endpoint: str,
+    stack: str,
+    project: str,
+    gangs: Mapping[str, Sequence[str]],
+    idle_stop_minutes: int,
+    expected_wake_seconds: int,
+    retry_after_seconds: int = RETRY_AFTER_SECONDS,
+) -> str:
+    """The JSON `vllm-cluster-gateway waker-config` reads on stdin: where EC2 is, which tags
+    the stack's instances carry, each gang's instance ids (head first, gangs in order)."""
+    return json.dumps(
+        {
+            "region": region,
+            "endpoint": endpoint,
+            "stack": stack,
+            "project": project,
+            "gangs": {name: list(ids) for name, ids in gangs.items()},
+            "idle_stop_minutes": idle_stop_minutes,
+            "retry_after_seconds": retry_after_seconds,
+            "expected_wake_seconds": expected_wake_seconds,
+        },
+        indent=2,
+    )
+
+
+# EBS gp3 storage, the us-east-1 list price of https://aws.amazon.com/ebs/pricing/ (its gp3
+# example uses $0.08 per GB-month; the page was not re-read when this was written): billed
+# for the provisioned size whether the instance runs or is stopped.
+EBS_GP3_GB_MONTH = 0.08
+
+
+@dataclass(frozen=True)
+class IdleHour:
+    """What an hour without a request costs, with and without idleStopMinutes."""
+
+    gpu_nodes: float
+    gateway: float
+    nat_gateway: float
+    model_cache: float
+    ebs: float  # the GPU nodes' and the gateway's root volumes
+
+    @property
+    def without_stop(self) -> float:
+        return self.gpu_nodes + self.gateway + self.nat_gateway + self.model_cache + self.ebs
+
+    @property
+    def with_stop(self) -> float:
+        # Stopped instances are not billed for usage; their volumes, the gateway, the NAT
+        # gateway and EFS are.
+        return self.gateway + self.nat_gateway + self.model_cache + self.ebs
+
+
+def idle_hour(
+    instance: InstanceType,
+    nodes: int,
+    gateway_type: str,
+    weights_gb: float,
+    root_volume_gib: int,
+    gateway_root_gib: int,
+) -> IdleHour:
+    """At the planner's prices (sizing.cost) plus the EBS root volumes, which cost the same
+    running or stopped. Not counted, with or without: data through the NAT gateway and public
+    IPv4 addresses."""
+    cost = sizing.cost(instance, nodes, gateway_type, weights_gb)
+    volumes_gib = nodes * root_volume_gib + gateway_root_gib
+    return IdleHour(
+        gpu_nodes=cost.gpu_nodes,
+        gateway=cost.gateway,
+        nat_gateway=cost.nat_gateway,
+        model_cache=cost.model_cache,
+        ebs=volumes_gib * EBS_GP3_GB_MONTH / sizing.HOURS_PER_MONTH,
+    )

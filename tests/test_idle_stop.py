@@ -1,0 +1,317 @@
+"""Idle stop and wake (issue 23), the program's side: what idleStopMinutes declares (the
+template's shutdown behaviour, the gateway's role, the idle-stop and waker commands), what
+it leaves alone without it, what a change of it re-runs, and the pure pieces behind it
+(components/idle_stop.py): the policy, the waker's JSON, the wake time, the idle hour."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pulumi_mocks import run_stack, unsecret
+
+from components import idle_stop, sizing
+from components.catalog import CATALOG
+
+COMMAND = "command:remote:Command"
+INSTANCE = "aws:ec2/instance:Instance"
+TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+GATEWAY_RESOURCES = {"vllm-gateway-role", "vllm-gateway-role-wake", "vllm-gateway-instance-profile"}
+NODE = "sudo /opt/vllm-cluster/bin/vllm-cluster-node"
+GATEWAY = "sudo /opt/vllm-cluster/bin/vllm-cluster-gateway"
+
+
+@pytest.fixture(scope="module")
+def idle():
+    run = run_stack("prod", {"idleStopMinutes": 30})
+    assert run.error is None, run.error
+    return run
+
+
+@pytest.fixture(scope="module")
+def never():
+    run = run_stack("prod", {"idleStopMinutes": None})
+    assert run.error is None, run.error
+    return run
+
+
+def gpu_nodes(run):
+    return [r for r in run.of_type(INSTANCE) if r.parent_type == "vllm-cluster:index:GpuNodes"]
+
+
+def commands(run):
+    return {c.name: c for c in run.of_type(COMMAND)}
+
+
+def by_urn(run):
+    return {r.urn: r for r in run.resources}
+
+
+# --- what the key declares, and what it leaves alone without it ---------------------------------
+
+
+def test_without_the_key_nothing_of_idle_stop_is_declared(never):
+    names = {r.name for r in never.resources}
+    assert not names & GATEWAY_RESOURCES
+    assert not [n for n in names if "idle-stop" in n or "waker" in n]
+    assert "iamInstanceProfile" not in never.named("vllm-gateway-host").inputs
+    assert "instanceInitiatedShutdownBehavior" not in never.of_type(TEMPLATE)[0].inputs
+
+
+def test_with_the_key_a_node_that_powers_off_is_stopped_not_terminated(idle):
+    assert [t.inputs["instanceInitiatedShutdownBehavior"] for t in idle.of_type(TEMPLATE)] == ["stop"]
+
+
+def test_only_the_template_the_role_and_the_commands_differ_from_a_stack_without_it(idle, never):
+    """The gateway keeps its instance (an instance profile is associated in place); nothing
+    else of the graph changes."""
+    before = {(r.type, r.name): r.inputs for r in never.resources}
+    after = {(r.type, r.name): r.inputs for r in idle.resources}
+    added = {name for _, name in set(after) - set(before)}
+    assert set(before) <= set(after)
+    assert added == GATEWAY_RESOURCES | {"vllm-gateway-waker", "vllm-idle-stop-head", "vllm-idle-stop-worker-1"}
+    changed = {name for key, name in before if before[(key, name)] != after[(key, name)]}
+    assert changed == {"vllm-template", "vllm-gateway-host"}
+    gateway = {k: v for k, v in after[(INSTANCE, "vllm-gateway-host")].items() if k != "iamInstanceProfile"}
+    assert gateway == before[(INSTANCE, "vllm-gateway-host")]
+
+
+def test_every_gpu_node_carries_the_tags_the_gateway_may_start_it_by(idle):
+    for node in gpu_nodes(idle):
+        assert node.inputs["tags"][idle_stop.STACK_TAG] == "prod"
+        assert node.inputs["tags"][idle_stop.PROJECT_TAG] == "vllm-cluster"
+
+
+# --- the gateway's role -------------------------------------------------------------------------
+
+
+def wake_policy(run) -> tuple[str, dict]:
+    policy = run.named("vllm-gateway-role-wake", ROLE_POLICY)
+    text = unsecret(policy.inputs["policy"])
+    return text, json.loads(text)
+
+
+def allows(policy: dict, action: str, resource: str, tags: dict[str, str]) -> bool:
+    """IAM's reading of this document's shape: an Allow statement naming the action, whose
+    resource matches (exactly, or a trailing *) and whose StringEquals tag conditions hold."""
+    for statement in policy["Statement"]:
+        if statement["Effect"] != "Allow" or action not in statement["Action"]:
+            continue
+        pattern = statement["Resource"]
+        if not (pattern == resource or (pattern.endswith("*") and resource.startswith(pattern[:-1]))):
+            continue
+        conditions = statement.get("Condition", {}).get("StringEquals", {})
+        if all(tags.get(key.removeprefix("aws:ResourceTag/")) == value for key, value in conditions.items()):
+            return True
+    return False
+
+
+def test_the_gateway_may_start_only_instances_of_its_own_stack_and_project(idle):
+    _, policy = wake_policy(idle)
+    arn = "arn:aws:ec2:us-east-1:123456789012:instance/i-0123456789abcdef0"
+    own = {idle_stop.STACK_TAG: "prod", idle_stop.PROJECT_TAG: "vllm-cluster"}
+    assert allows(policy, "ec2:StartInstances", arn, own)
+    assert not allows(policy, "ec2:StartInstances", arn, {**own, idle_stop.STACK_TAG: "dev"})
+    assert not allows(policy, "ec2:StartInstances", arn, {idle_stop.STACK_TAG: "prod"})
+    assert not allows(policy, "ec2:StartInstances", arn.replace("123456789012", "210987654321"), own)
+    assert not allows(policy, "ec2:StopInstances", arn, own)
+    assert not allows(policy, "ec2:TerminateInstances", arn, own)
+    # DescribeInstances has no resource-level permission: "*", and it only reads.
+    assert allows(policy, "ec2:DescribeInstances", "*", {})
+    actions = {a for s in policy["Statement"] for a in s["Action"]}
+    assert actions == {"ec2:StartInstances", "ec2:DescribeInstances"}
+
+
+def test_the_gpu_nodes_tags_satisfy_the_policy_the_gateway_holds(idle):
+    _, policy = wake_policy(idle)
+    for node in gpu_nodes(idle):
+        arn = f"arn:aws:ec2:us-east-1:123456789012:instance/{idle.id_of(node)}"
+        assert allows(policy, "ec2:StartInstances", arn, node.inputs["tags"]), node.name
+
+
+def test_the_policy_the_role_receives_is_within_iams_limits(idle):
+    text, _ = wake_policy(idle)
+    assert idle_stop.policy_size_problems(text) == []
+    assert len("".join(text.split())) <= idle_stop.INLINE_ROLE_POLICY_MAX_CHARS
+    # The longest stack and project names Pulumi takes still fit.
+    long = idle_stop.policy_text(
+        idle_stop.gateway_wake_policy("aws-us-gov", "us-gov-west-1", "1" * 12, "p" * 100, "s" * 100)
+    )
+    assert idle_stop.policy_size_problems(long) == []
+    assert idle_stop.policy_size_problems("x" * 10241) != []
+
+
+def test_the_role_is_the_gateways_and_only_ec2_may_assume_it(idle):
+    role = idle.named("vllm-gateway-role", "aws:iam/role:Role")
+    trust = json.loads(role.inputs["assumeRolePolicy"])
+    assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
+    profile = idle.named("vllm-gateway-instance-profile")
+    assert profile.inputs["role"] == role.name
+    assert idle.named("vllm-gateway-host").inputs["iamInstanceProfile"] == profile.name
+    assert idle.named("vllm-gateway-host").parent_type == role.parent_type == "vllm-cluster:index:Gateway"
+
+
+# --- the commands -------------------------------------------------------------------------------
+
+
+def test_each_node_turns_idle_stop_on_after_its_setup_and_off_when_deleted(idle):
+    named = commands(idle)
+    urns = by_urn(idle)
+    for node in ("head", "worker-1"):
+        command = named[f"vllm-idle-stop-{node}"]
+        assert command.inputs["create"] == f"{NODE} idle-stop-config --minutes 30"
+        assert command.inputs["delete"] == f"{NODE} idle-stop-config --minutes 0"
+        waits_for = {urns[d].name for d in command.dependencies if d in urns}
+        assert f"vllm-setup-{node}" in waits_for
+        assert (
+            unsecret(command.inputs["connection"])["host"]
+            == unsecret(named[f"vllm-setup-{node}"].inputs["connection"])["host"]
+        )
+
+
+def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
+    named = commands(idle)
+    waker = named["vllm-gateway-waker"]
+    assert waker.inputs["create"] == f"{GATEWAY} waker-config"
+    assert waker.inputs["delete"] == f"{GATEWAY} waker-config --off"
+    waits_for = {by_urn(idle)[d].name for d in waker.dependencies if d in by_urn(idle)}
+    assert {"vllm-gateway-setup", "vllm-head", "vllm-worker-1"} <= waits_for
+    config = json.loads(unsecret(waker.inputs["stdin"]))
+    head, worker = idle.named("vllm-head", INSTANCE), idle.named("vllm-worker-1", INSTANCE)
+    assert config == {
+        "region": "us-east-1",
+        "endpoint": "https://ec2.us-east-1.amazonaws.com",
+        "stack": "prod",
+        "project": "vllm-cluster",
+        "gangs": {"gang0": [idle.id_of(head), idle.id_of(worker)]},
+        "idle_stop_minutes": 30,
+        "retry_after_seconds": idle_stop.RETRY_AFTER_SECONDS,
+        "expected_wake_seconds": idle_stop.expected_wake_seconds(
+            "meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2
+        ),
+    }
+
+
+def test_with_replicas_each_gang_has_its_instances_in_gang_order():
+    run = run_stack("prod", {"idleStopMinutes": 30, "replicas": 2})
+    assert run.error is None, run.error
+    config = json.loads(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
+    ids = {r.name: run.id_of(r) for r in gpu_nodes(run)}
+    assert list(config["gangs"]) == ["gang0", "gang1"]
+    assert config["gangs"]["gang0"] == [ids["vllm-head"], ids["vllm-worker-1"]]
+    assert config["gangs"]["gang1"] == [ids["vllm-gang1-head"], ids["vllm-gang1-worker-1"]]
+    assert {"vllm-idle-stop-gang1-head", "vllm-idle-stop-gang1-worker-1"} <= set(commands(run))
+
+
+def test_a_new_idle_time_re_runs_the_idle_commands_only_never_ray_or_vllm(idle):
+    """Changing idleStopMinutes re-runs what reads it: each node's idle-stop and the waker."""
+    after = run_stack("prod", {"idleStopMinutes": 60})
+    assert after.error is None, after.error
+    before_inputs = {(r.type, r.name): r.inputs for r in idle.resources}
+    after_inputs = {(r.type, r.name): r.inputs for r in after.resources}
+    assert set(before_inputs) == set(after_inputs)
+    changed = {name for key, name in before_inputs if before_inputs[(key, name)] != after_inputs[(key, name)]}
+    assert changed == {"vllm-idle-stop-head", "vllm-idle-stop-worker-1", "vllm-gateway-waker"}
+
+
+def test_a_stack_of_your_own_hosts_refuses_the_key_and_declares_nothing():
+    run = run_stack("own-hosts", {"idleStopMinutes": 30})
+    assert run.error is not None and run.resources == []
+    assert "vllm-cluster:idleStopMinutes" in str(run.error) and "vllm-cluster:hosts" in str(run.error)
+
+
+# --- the pure pieces ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "region, suffix, endpoint",
+    [
+        ("us-east-1", "amazonaws.com", "https://ec2.us-east-1.amazonaws.com"),
+        ("cn-north-1", "amazonaws.com.cn", "https://ec2.cn-north-1.amazonaws.com.cn"),
+    ],
+)
+def test_the_ec2_endpoint_is_the_regions_in_its_partition(region, suffix, endpoint):
+    assert idle_stop.ec2_endpoint(region, suffix) == endpoint
+
+
+def test_a_wake_is_boot_ray_the_stage_copy_the_load_and_the_engine_but_no_install_or_download():
+    terms = idle_stop.wake_terms("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+    assert [t.name for t in terms] == ["instance start", "ray start", "stage copy", "model load", "engine start"]
+    cold = sizing.time_to_first_token(
+        sizing.served_model_size("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2),
+        CATALOG["p4d.24xlarge"],
+        2,
+        2,
+    )
+    by_name = {t.name: t.seconds for t in cold}
+    wake = {t.name: t.seconds for t in terms}
+    # The same figures as the cold start's where the step is the same.
+    assert wake["instance start"] == by_name["instance boot"]
+    assert wake["stage copy"] == by_name["stage copy"] and wake["engine start"] == by_name["engine start"]
+    assert idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2) < sum(
+        by_name.values()
+    )
+
+
+def test_an_idle_hour_with_idle_stop_pays_no_gpu_instance_but_every_volume():
+    hour = idle_stop.idle_hour(CATALOG["p4d.24xlarge"], 2, "t3.small", 141.2, 300, 20)
+    assert hour.without_stop - hour.with_stop == pytest.approx(2 * CATALOG["p4d.24xlarge"].price_per_hour_usd)
+    assert hour.ebs == pytest.approx((2 * 300 + 20) * idle_stop.EBS_GP3_GB_MONTH / sizing.HOURS_PER_MONTH)
+    assert hour.with_stop == pytest.approx(hour.gateway + hour.nat_gateway + hour.model_cache + hour.ebs)
+    assert hour.with_stop < 0.2 < 40 < hour.without_stop
+
+
+def test_the_waker_json_has_the_contracts_fields():
+    text = idle_stop.waker_config(
+        region="us-east-1",
+        endpoint="https://ec2.us-east-1.amazonaws.com",
+        stack="dev",
+        project="vllm-cluster",
+        gangs={"gang0": ["i-1", "i-2"]},
+        idle_stop_minutes=30,
+        expected_wake_seconds=300,
+    )
+    assert json.loads(text) == {
+        "region": "us-east-1",
+        "endpoint": "https://ec2.us-east-1.amazonaws.com",
+        "stack": "dev",
+        "project": "vllm-cluster",
+        "gangs": {"gang0": ["i-1", "i-2"]},
+        "idle_stop_minutes": 30,
+        "retry_after_seconds": 30,
+        "expected_wake_seconds": 300,
+    }
+
+
+def test_the_plan_shows_the_wake_time_the_waker_is_told_and_both_idle_hours():
+    from cli import plan
+
+    document = plan.build_plan("dev")
+    shown = document["idleStop"]
+    run = run_stack("dev")
+    told = json.loads(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
+    assert shown["idleStopMinutes"] == told["idle_stop_minutes"] == 30
+    assert shown["wakeSeconds"] == told["expected_wake_seconds"]
+    assert shown["idleHourWithoutUsd"] == pytest.approx(shown["idleHourWithUsd"] + shown["gpuNodes"], abs=1e-3)
+    printed = plan.render(document)
+    assert f"${shown['idleHourWithUsd']:.4f}/h with it" in printed and f"~{shown['wakeSeconds']} s" in printed
+    assert plan.build_plan("own-hosts")["idleStop"] is None
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_readmes_idle_hours_are_the_plans(stack):
+    from cli import plan
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    shown = plan.build_plan(stack)["idleStop"]
+    row = next(line for line in readme.splitlines() if line.startswith(f"| `{stack}` (") and "idle" not in line)
+    assert f"| ${shown['idleHourWithoutUsd']:.2f} | ${shown['idleHourWithUsd']:.2f}:" in row
+
+
+def test_the_readmes_wake_time_of_dev_is_the_plans():
+    from cli import plan
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"{plan.build_plan('dev')['idleStop']['wakeSeconds']} s for `dev`" in readme
