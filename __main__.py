@@ -384,7 +384,9 @@ services = ClusterServices(
         tensor_parallel=spec.tensor_parallel_size,
         pipeline_parallel=spec.pipeline_parallel_size,
         warmup_key=bootstrap.warmup_key(spec),
-        idle_stop_minutes=spec.idle_stop_minutes,
+        # EC2's nodes always get their idle-stop command, 0 when the key is unset (a command
+        # that vanished would leave a node's timer on); a stack of hosts none (refused there).
+        idle_stop_minutes=(spec.idle_stop_minutes or 0) if spec.own_hosts is None else None,
         waker_config=machines.waker_config,
     ),
 )
@@ -438,6 +440,9 @@ pulumi.export("readiness", services.readiness)
 if spec.own_hosts is None:
     pulumi.export("modelCacheFileSystemId", machines.model_cache_file_system_id)
     pulumi.export("availabilityZone", machines.availability_zone)
+    # What the deployed gateway's waker does (0: no idle stop): scripts/deploy wakes a
+    # stack whose nodes may be stopped before `pulumi up` reaches them.
+    pulumi.export("idleStopMinutes", spec.idle_stop_minutes or 0)
 else:
     # The shared directory every host binds as the model cache (what the stack leaves on destroy).
     pulumi.export("modelCacheDir", spec.own_hosts.model_cache_dir)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -360,37 +359,10 @@ def waker_port_env() -> dict[str, str]:
     return {"PORT_WAKER": str(ports.WAKER)}
 
 
-def waker_config(
-    *,
-    region: str,
-    stack: str,
-    project: str,
-    gangs: dict[str, list[str]],
-    idle_stop_minutes: int,
-    expected_wake_seconds: int,
-    retry_after_seconds: int = WAKER_RETRY_AFTER_SECONDS,
-) -> str:
-    """The waker's /etc/vllm-cluster/waker.json (`vllm-cluster-gateway waker-config`
-    reads it on stdin): the region's EC2 endpoint, the stack's tags and each gang's
-    instance ids, head first. Plain values: call it inside an apply for the ids."""
-    document = {
-        "region": region,
-        # EC2's regional endpoint (https://docs.aws.amazon.com/general/latest/gr/ec2-service.html).
-        "endpoint": f"https://ec2.{region}.amazonaws.com",
-        "stack": stack,
-        "project": project,
-        "gangs": {name: list(ids) for name, ids in gangs.items()},
-        "idle_stop_minutes": idle_stop_minutes,
-        "retry_after_seconds": retry_after_seconds,
-        "expected_wake_seconds": expected_wake_seconds,
-    }
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
-
-
 def gateway_waker_script(config_json: str) -> str:
     """What the gateway's waker command runs (`sudo bash -s`, this on stdin): it writes
-    the waker, its unit and its port (waker.env), then hands `config_json` (waker_config)
-    to `vllm-cluster-gateway waker-config`, which installs it and (re)starts the waker.
+    the waker, its unit and its port (waker.env), then hands `config_json`
+    (idle_stop.waker_config) to `vllm-cluster-gateway waker-config`, which installs it and (re)starts the waker.
     Not in the gateway's user data: that is near EC2's 16 KiB already, and only stacks
     with idleStopMinutes need the waker. The delete runs `waker-config --off`."""
     if _HEREDOC_END in config_json:

@@ -407,15 +407,6 @@ class GpuNodes(pulumi.ComponentResource):
                 {"resource_type": "network-interface", "tags": tags(f"{name}-{gang_prefix(gang)}interface")},
             ],
             tags=tags(f"{name}-{gang_prefix(gang)}template"),
-            # An idle node powers itself off (idleStopMinutes; components/idle_stop.py): "stop"
-            # makes EC2 stop it, keeping its EBS root and billing no instance usage while stopped
-            # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html).
-            # Only with idleStopMinutes: any change of the template is a new version, and the
-            # provider replaces an instance whose launch_template changes (its launch_template is
-            # ForceNew in terraform-provider-aws, internal/service/ec2/ec2_instance.go), so setting
-            # it for every stack would replace the running GPU nodes of every deployed stack. Left
-            # unset, EC2's own default for an EBS-backed instance is stop as well.
-            instance_initiated_shutdown_behavior="stop" if args.stop_on_shutdown else None,
             # A newer Deep Learning AMI must not replace running GPU nodes on an unrelated
             # `pulumi up`: the looked-up image is kept until the user pins amiId.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if args.ami_id is None else None),
@@ -445,6 +436,16 @@ class GpuNodes(pulumi.ComponentResource):
             user_data_base64=user_data.apply(compress_user_data),
             # A Capacity Block is only usable with this market type.
             instance_market_options={"market_type": "capacity-block"} if args.capacity_block else None,
+            # An idle node powers itself off (idleStopMinutes; components/idle_stop.py): "stop"
+            # makes EC2 stop it, keeping its EBS root and billing no instance usage while stopped
+            # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html).
+            # On the instance, not its launch template: a template change is a new version and
+            # the provider replaces an instance whose launch_template changes (ForceNew), while
+            # this attribute it changes in place (ModifyInstanceAttribute; terraform-provider-aws
+            # internal/service/ec2/ec2_instance.go, resourceInstanceUpdate), so turning idle stop
+            # on or off replaces no GPU node. Left unset, EC2's default for an EBS-backed
+            # instance is stop as well.
+            instance_initiated_shutdown_behavior="stop" if args.stop_on_shutdown else None,
             tags=tags(
                 f"{name}-{node_name(index, gang)}",
                 **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},

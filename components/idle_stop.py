@@ -167,18 +167,21 @@ def waker_config(
 ) -> str:
     """The JSON `vllm-cluster-gateway waker-config` reads on stdin: where EC2 is, which tags
     the stack's instances carry, each gang's instance ids (head first, gangs in order)."""
-    return json.dumps(
-        {
-            "region": region,
-            "endpoint": endpoint,
-            "stack": stack,
-            "project": project,
-            "gangs": {name: list(ids) for name, ids in gangs.items()},
-            "idle_stop_minutes": idle_stop_minutes,
-            "retry_after_seconds": retry_after_seconds,
-            "expected_wake_seconds": expected_wake_seconds,
-        },
-        indent=2,
+    return (
+        json.dumps(
+            {
+                "region": region,
+                "endpoint": endpoint,
+                "stack": stack,
+                "project": project,
+                "gangs": {name: list(ids) for name, ids in gangs.items()},
+                "idle_stop_minutes": idle_stop_minutes,
+                "retry_after_seconds": retry_after_seconds,
+                "expected_wake_seconds": expected_wake_seconds,
+            },
+            indent=2,
+        )
+        + "\n"
     )
 
 

@@ -149,9 +149,9 @@ class ServicesArgs:
     # vLLM's compile cache on the shared cache is kept under this (bootstrap.warmup_key).
     warmup_key: str
 
-    # Idle stop (idleStopMinutes, components/idle_stop.py): the minutes, and the waker's
-    # configuration (JSON) for the gateway. None: the stack never stops its nodes, and
-    # declares none of the commands below.
+    # Idle stop (idleStopMinutes, components/idle_stop.py): the minutes (0: off), and the
+    # waker's configuration (JSON) for the gateway, with minutes only. None: a stack whose
+    # machines nothing could start again (the user's own hosts), with no idle commands.
     idle_stop_minutes: int | None = None
     waker_config: pulumi.Input[str] | None = None
 
@@ -260,7 +260,7 @@ class ClusterServices(pulumi.ComponentResource):
                 # Once for every gang: the model cache is shared.
                 model = self._stage_model(args, gang, nodes, ray)
             reports.append(self._serving(args, gang, nodes, ray, model, gateway).stdout)
-        if args.idle_stop_minutes is not None:
+        if args.idle_stop_minutes:
             self._waker(args, gateway)
         self.readiness = (
             reports[0]
@@ -407,7 +407,7 @@ class ClusterServices(pulumi.ComponentResource):
             host, password, *ips = values
             gangs = [metrics.scrape_gang(gang.index, ip) for gang, ip in zip(args.gangs, ips, strict=True)]
             login = metrics.htpasswd_line(metrics.METRICS_USER, password)
-            files = metrics.gateway_files(gangs, host, args.gateway_disk_gib, login)
+            files = metrics.gateway_files(gangs, host, args.gateway_disk_gib, login, waker=bool(args.idle_stop_minutes))
             return bootstrap.gateway_metrics_script(files, metrics.ready_url())
 
         stdin = pulumi.Output.secret(
@@ -433,6 +433,8 @@ class ClusterServices(pulumi.ComponentResource):
                 args.admin_cidrs,
                 read_timeout_seconds=args.api_read_timeout_seconds,
                 rate_limit_per_second=args.api_rate_limit_per_second,
+                # A request no gang could take goes to the waker, which starts stopped gangs.
+                waker=bool(args.idle_stop_minutes),
             )
         )
         pool = pulumi.Output.all(*[gang.node_ips[0] for gang in args.gangs]).apply(
@@ -568,32 +570,35 @@ class ClusterServices(pulumi.ComponentResource):
 
     def _idle_stop(self, args: ServicesArgs, gang: ServingGang, nodes: list[NodeCommands]) -> None:
         """Every node of the gang powers itself off after idleStopMinutes without a request
-        (vllm-cluster-node idle-check, from a timer this turns on). Its own command, after
-        the node's setup: a new idleStopMinutes runs it again and nothing else, neither Ray
-        nor vLLM. Deleting it (the key unset, the node replaced) turns the timer off."""
+        (vllm-cluster-node idle-check, from a timer this turns on), or never (0). Its own
+        command, after the node's setup: a new idleStopMinutes runs it again and nothing
+        else, neither Ray nor vLLM. Declared with 0 too, and without a delete: unsetting
+        the key turns the timer off by running it again, and `pulumi destroy` never has to
+        reach a node, which may be stopped then."""
         for index, host in enumerate(gang.node_ips):
             self._run(
                 f"idle-stop-{gang.node(index)}",
                 self._on_node(host),
                 f"sudo {NODE_COMMAND} idle-stop-config --minutes {args.idle_stop_minutes}",
-                delete=f"sudo {NODE_COMMAND} idle-stop-config --minutes 0",
                 after=[nodes[index].setup],
                 # A replaced node is a new machine: it needs its timer turned on again.
                 triggers=[gang.instances[index].id],
             )
 
     def _waker(self, args: ServicesArgs, gateway: GatewayCommands) -> command.remote.Command:
-        """The gateway's waker (vllm-cluster-gateway waker-config): which instances each
-        gang has, where EC2 is, how long a wake takes, on stdin as JSON. After the gateway's
-        setup and every node's instance (their ids are in it). Deleting it (the key unset)
-        stops the waker and removes its configuration."""
+        """The gateway's waker: its script and unit (not in the gateway's user data, which
+        is near EC2's 16 KiB already), then `vllm-cluster-gateway waker-config` with which
+        instances each gang has, where EC2 is and how long a wake takes (JSON,
+        bootstrap.gateway_waker_script). After the gateway's setup and every node's instance
+        (their ids are in it). Deleting it (the key unset) stops the waker and removes its
+        configuration; the gateway is up whenever `pulumi up` or destroy runs."""
         instances = [instance for gang in args.gangs for instance in gang.instances]
         return self._run(
             "gateway-waker",
             self._on_gateway(),
-            f"sudo {GATEWAY_COMMAND} waker-config",
+            "sudo bash -s",
             delete=f"sudo {GATEWAY_COMMAND} waker-config --off",
-            stdin=args.waker_config,
+            stdin=pulumi.Output.from_input(args.waker_config).apply(bootstrap.gateway_waker_script),
             after=[gateway.setup, *instances],
             triggers=self._gateway_triggers,
         )

@@ -1,5 +1,5 @@
 """Idle stop and wake (issue 23), the program's side: what idleStopMinutes declares (the
-template's shutdown behaviour, the gateway's role, the idle-stop and waker commands), what
+nodes' shutdown behaviour, the gateway's role, the idle-stop and waker commands), what
 it leaves alone without it, what a change of it re-runs, and the pure pieces behind it
 (components/idle_stop.py): the policy, the waker's JSON, the wake time, the idle hour."""
 
@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fleet_ec2 import fed_waker_config
 from pulumi_mocks import run_stack, unsecret
 
 from components import idle_stop, sizing
@@ -52,28 +53,50 @@ def by_urn(run):
 # --- what the key declares, and what it leaves alone without it ---------------------------------
 
 
-def test_without_the_key_nothing_of_idle_stop_is_declared(never):
+def test_without_the_key_no_role_no_waker_and_every_node_is_told_never(never):
+    """The nodes' idle-stop commands are there with 0: a command that vanished when the key
+    was unset would leave a node's timer on."""
     names = {r.name for r in never.resources}
     assert not names & GATEWAY_RESOURCES
-    assert not [n for n in names if "idle-stop" in n or "waker" in n]
+    assert not [n for n in names if "waker" in n]
+    assert [c.inputs["create"] for c in never.of_type(COMMAND) if "idle-stop" in c.name] == [
+        f"{NODE} idle-stop-config --minutes 0"
+    ] * 2
     assert "iamInstanceProfile" not in never.named("vllm-gateway-host").inputs
     assert "instanceInitiatedShutdownBehavior" not in never.of_type(TEMPLATE)[0].inputs
+    assert not [n for n in gpu_nodes(never) if "instanceInitiatedShutdownBehavior" in n.inputs]
+    assert "vllm_waker" not in never.named("vllm-gateway-proxy", COMMAND).inputs["stdin"]
 
 
 def test_with_the_key_a_node_that_powers_off_is_stopped_not_terminated(idle):
-    assert [t.inputs["instanceInitiatedShutdownBehavior"] for t in idle.of_type(TEMPLATE)] == ["stop"]
+    """On the instance, which the provider changes in place: in the launch template it would
+    be a new version, which replaces the instances."""
+    assert [n.inputs["instanceInitiatedShutdownBehavior"] for n in gpu_nodes(idle)] == ["stop", "stop"]
+    assert "instanceInitiatedShutdownBehavior" not in idle.of_type(TEMPLATE)[0].inputs
 
 
-def test_only_the_template_the_role_and_the_commands_differ_from_a_stack_without_it(idle, never):
-    """The gateway keeps its instance (an instance profile is associated in place); nothing
-    else of the graph changes."""
+def test_only_the_nodes_the_role_and_the_gateways_commands_differ_from_a_stack_without_it(idle, never):
+    """The gateway keeps its instance (an instance profile is associated in place), the
+    nodes theirs (their shutdown behaviour changes in place); nothing else of the graph
+    changes."""
     before = {(r.type, r.name): r.inputs for r in never.resources}
     after = {(r.type, r.name): r.inputs for r in idle.resources}
     added = {name for _, name in set(after) - set(before)}
     assert set(before) <= set(after)
-    assert added == GATEWAY_RESOURCES | {"vllm-gateway-waker", "vllm-idle-stop-head", "vllm-idle-stop-worker-1"}
+    assert added == GATEWAY_RESOURCES | {"vllm-gateway-waker"}
     changed = {name for key, name in before if before[(key, name)] != after[(key, name)]}
-    assert changed == {"vllm-template", "vllm-gateway-host"}
+    # The nodes (in place), the gateway (its profile, in place), the idle time, and nginx's
+    # site, which hands the waker what no gang could take.
+    assert changed == {
+        "vllm-head",
+        "vllm-worker-1",
+        "vllm-gateway-host",
+        "vllm-idle-stop-head",
+        "vllm-idle-stop-worker-1",
+        "vllm-gateway-proxy",
+        "vllm-gateway-metrics",
+    }
+    assert "error_page 502 504 = @vllm_waker;" in idle.named("vllm-gateway-proxy", COMMAND).inputs["stdin"]
     gateway = {k: v for k, v in after[(INSTANCE, "vllm-gateway-host")].items() if k != "iamInstanceProfile"}
     assert gateway == before[(INSTANCE, "vllm-gateway-host")]
 
@@ -156,13 +179,14 @@ def test_the_role_is_the_gateways_and_only_ec2_may_assume_it(idle):
 # --- the commands -------------------------------------------------------------------------------
 
 
-def test_each_node_turns_idle_stop_on_after_its_setup_and_off_when_deleted(idle):
+def test_each_node_turns_idle_stop_on_after_its_setup_and_destroy_never_needs_it(idle):
+    """No delete: `pulumi destroy` of a stack whose nodes are stopped must not wait for them."""
     named = commands(idle)
     urns = by_urn(idle)
     for node in ("head", "worker-1"):
         command = named[f"vllm-idle-stop-{node}"]
         assert command.inputs["create"] == f"{NODE} idle-stop-config --minutes 30"
-        assert command.inputs["delete"] == f"{NODE} idle-stop-config --minutes 0"
+        assert not command.inputs.get("delete")
         waits_for = {urns[d].name for d in command.dependencies if d in urns}
         assert f"vllm-setup-{node}" in waits_for
         assert (
@@ -174,11 +198,13 @@ def test_each_node_turns_idle_stop_on_after_its_setup_and_off_when_deleted(idle)
 def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
     named = commands(idle)
     waker = named["vllm-gateway-waker"]
-    assert waker.inputs["create"] == f"{GATEWAY} waker-config"
+    assert waker.inputs["create"] == "sudo bash -s"
     assert waker.inputs["delete"] == f"{GATEWAY} waker-config --off"
+    # The waker itself travels with its configuration (the gateway's user data has no room).
+    assert "install -D -m 0755 /dev/stdin /opt/vllm-cluster/bin/vllm-cluster-waker" in unsecret(waker.inputs["stdin"])
     waits_for = {by_urn(idle)[d].name for d in waker.dependencies if d in by_urn(idle)}
     assert {"vllm-gateway-setup", "vllm-head", "vllm-worker-1"} <= waits_for
-    config = json.loads(unsecret(waker.inputs["stdin"]))
+    config = fed_waker_config(unsecret(waker.inputs["stdin"]))
     head, worker = idle.named("vllm-head", INSTANCE), idle.named("vllm-worker-1", INSTANCE)
     assert config == {
         "region": "us-east-1",
@@ -197,7 +223,7 @@ def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
 def test_with_replicas_each_gang_has_its_instances_in_gang_order():
     run = run_stack("prod", {"idleStopMinutes": 30, "replicas": 2})
     assert run.error is None, run.error
-    config = json.loads(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
+    config = fed_waker_config(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
     ids = {r.name: run.id_of(r) for r in gpu_nodes(run)}
     assert list(config["gangs"]) == ["gang0", "gang1"]
     assert config["gangs"]["gang0"] == [ids["vllm-head"], ids["vllm-worker-1"]]
@@ -291,7 +317,7 @@ def test_the_plan_shows_the_wake_time_the_waker_is_told_and_both_idle_hours():
     document = plan.build_plan("dev")
     shown = document["idleStop"]
     run = run_stack("dev")
-    told = json.loads(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
+    told = fed_waker_config(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
     assert shown["idleStopMinutes"] == told["idle_stop_minutes"] == 30
     assert shown["wakeSeconds"] == told["expected_wake_seconds"]
     assert shown["idleHourWithoutUsd"] == pytest.approx(shown["idleHourWithUsd"] + shown["gpuNodes"], abs=1e-3)

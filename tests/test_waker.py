@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap, ports
+from components import bootstrap, idle_stop, ports
 from tests.doubles.ec2_api import (
     CredentialStore,
     Ec2ApiDouble,
@@ -722,8 +722,9 @@ def test_waker_config_installs_checks_starts_and_turns_off_the_waker(aws, head, 
 
 
 def test_the_waker_script_carries_the_waker_its_unit_and_port_and_then_configures_it(tmp_path):
-    document = bootstrap.waker_config(
+    document = idle_stop.waker_config(
         region="us-east-1",
+        endpoint="https://ec2.us-east-1.amazonaws.com",
         stack=STACK,
         project=PROJECT,
         gangs={"gang0": GANG0},
@@ -772,3 +773,28 @@ def test_the_endpoint_is_verified_against_the_trust_store(aws):
     with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED|match"):
         by_address.describe(GANG0, STACK)
     assert aws.ec2.calls == []
+
+
+def test_prometheus_reads_which_gangs_are_asleep_from_the_waker_and_a_client_cannot(aws, head, start_waker):
+    """GET /metrics: 1 for a gang stopped, stopping or waking (the alerts of an engine
+    or a Ray node gone leave such a gang alone, components/metrics.py), 0 for a serving
+    one; through nginx (X-Forwarded-For) it is just a request no gang could take."""
+    for instance_id in GANG1:
+        aws.states[instance_id] = "stopped"
+    process = start_waker({"gang0": GANG0, "gang1": GANG1})
+    eventually(lambda: process.power().get("gang1", {}).get("state") == "stopped", what="gang1 seen stopped")
+    status, headers, body = process.request("GET", "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    samples = [line for line in body.decode().splitlines() if not line.startswith("#")]
+    assert samples == ['vllm_cluster_gang_asleep{gang="gang0"} 0', 'vllm_cluster_gang_asleep{gang="gang1"} 1']
+    assert process.request("GET", "/metrics", headers={"X-Forwarded-For": "203.0.113.9"})[0] in (502, 503)
+
+
+def test_the_asleep_gauge_counts_stopping_and_waking_as_asleep():
+    text = waker.exposition({"gang0": "serving", "gang1": "stopping", "gang2": "waking", "gang3": "stopped"})
+    assert text.decode().splitlines()[2:] == [
+        'vllm_cluster_gang_asleep{gang="gang0"} 0',
+        'vllm_cluster_gang_asleep{gang="gang1"} 1',
+        'vllm_cluster_gang_asleep{gang="gang2"} 1',
+        'vllm_cluster_gang_asleep{gang="gang3"} 1',
+    ]
