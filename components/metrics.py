@@ -52,6 +52,10 @@ ROUTE_PREFIX = "/prometheus"
 JOB_VLLM = "vllm"
 JOB_RAY = "ray"
 JOB_PROMETHEUS = "prometheus"
+# With idle stop: the gateway's waker, and its gauge of the gangs it has asleep (stopped,
+# stopping or waking: scripts/gateway/vllm-cluster-waker ASLEEP_METRIC).
+JOB_WAKER = "waker"
+ASLEEP = "vllm_cluster_gang_asleep"
 # Every target carries these, so every series names its gang, node and role.
 TARGET_LABELS = ("gang", "node", "role")
 
@@ -214,9 +218,20 @@ def _self_job() -> dict:
     }
 
 
-def prometheus_config(directory: str = CLUSTER_DIR) -> str:
-    """prometheus.yml: the scrape interval, the rule files, and the jobs. It names no
-    host: the targets come from the file_sd files, so it changes only with this code."""
+def _waker_job() -> dict:
+    """The gateway's waker (idleStopMinutes): which gangs it has stopped, stopping or
+    waking (ASLEEP, scripts/gateway/vllm-cluster-waker)."""
+    return {
+        "job_name": JOB_WAKER,
+        "metrics_path": "/metrics",
+        "static_configs": [{"targets": [f"127.0.0.1:{ports.WAKER}"]}],
+    }
+
+
+def prometheus_config(directory: str = CLUSTER_DIR, waker: bool = False) -> str:
+    """prometheus.yml: the scrape interval, the rule files, and the jobs (the waker's with
+    idle stop). It names no host: the targets come from the file_sd files, so it changes
+    only with this code."""
     config = {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": EVALUATION_INTERVAL},
         "rule_files": [f"{directory}/{RECORDING_RULES}", f"{directory}/{ALERT_RULES}"],
@@ -224,6 +239,7 @@ def prometheus_config(directory: str = CLUSTER_DIR) -> str:
             _file_sd_job(JOB_VLLM, f"{directory}/{VLLM_TARGETS}"),
             _file_sd_job(JOB_RAY, f"{directory}/{RAY_TARGETS}"),
             _self_job(),
+            *([_waker_job()] if waker else []),
         ],
     }
     header = "# Written by vllm-cluster (components/metrics.py). Do not edit on the host: `pulumi up` rewrites it.\n"
@@ -323,14 +339,19 @@ class Alert:
     summary: str
 
 
-def alerts() -> list[Alert]:
-    """The five alerts of issue 21, each per gang (and per node for Ray)."""
+def alerts(waker: bool = False) -> list[Alert]:
+    """The five alerts of issue 21, each per gang (and per node for Ray). With the waker
+    (idleStopMinutes), an engine or Ray node gone says nothing of a gang idle stop
+    powered off on purpose, or is starting again: those two alerts leave it alone."""
+    # `unless on (gang)`: no result for a gang the waker has asleep; without the waker's
+    # series nothing is removed (https://prometheus.io/docs/prometheus/latest/querying/operators/#logical-set-binary-operators).
+    awake = f" unless on (gang) (max by (gang) ({ASLEEP}) == 1)" if waker else ""
     return [
         Alert(
             "VllmEngineDown",
             # The scrape of a gang's head fails: vLLM's API server is gone (it exits when
             # its engine dies) or the head is unreachable.
-            f'min by (gang) (up{{job="{JOB_VLLM}"}}) == 0',
+            f'min by (gang) (up{{job="{JOB_VLLM}"}}) == 0{awake}',
             ENGINE_DOWN_FOR,
             "critical",
             "vLLM on gang {{ $labels.gang }}'s head does not answer /metrics",
@@ -365,7 +386,7 @@ def alerts() -> list[Alert]:
             "RayNodeMetricsGone",
             # The node's dashboard agent does not answer on RAY_METRICS: the agent, Ray or
             # the node is down. A node taken out of the stack leaves the targets instead.
-            f'max by (gang, node) (up{{job="{JOB_RAY}"}}) == 0',
+            f'(max by (gang, node) (up{{job="{JOB_RAY}"}}) == 0){awake}',
             RAY_METRICS_GONE_FOR,
             "warning",
             "Ray's metrics of node {{ $labels.node }} (gang {{ $labels.gang }}) are gone",
@@ -383,15 +404,16 @@ def _alert_rule(alert: Alert) -> dict:
     }
 
 
-def alert_rules() -> str:
+def alert_rules(waker: bool = False) -> str:
     """The alert rules file. No Alertmanager: alerts show at /prometheus/alerts and in
     the API (/prometheus/api/v1/alerts)."""
-    return _yaml({"groups": [{"name": "vllm-cluster-alerts", "rules": [_alert_rule(a) for a in alerts()]}]})
+    rules = [_alert_rule(a) for a in alerts(waker)]
+    return _yaml({"groups": [{"name": "vllm-cluster-alerts", "rules": rules}]})
 
 
-def rule_files(directory: str = CLUSTER_DIR) -> dict[str, str]:
+def rule_files(directory: str = CLUSTER_DIR, waker: bool = False) -> dict[str, str]:
     """Both rule files by their path on the gateway."""
-    return {f"{directory}/{RECORDING_RULES}": recording_rules(), f"{directory}/{ALERT_RULES}": alert_rules()}
+    return {f"{directory}/{RECORDING_RULES}": recording_rules(), f"{directory}/{ALERT_RULES}": alert_rules(waker)}
 
 
 # --- command line -----------------------------------------------------------------------
@@ -469,14 +491,17 @@ def prometheus_defaults(flags: list[str]) -> str:
     )
 
 
-def gateway_files(gangs: list[ScrapeGang], gateway_host: str, disk_gib: int, htpasswd: str) -> dict[str, str]:
+def gateway_files(
+    gangs: list[ScrapeGang], gateway_host: str, disk_gib: int, htpasswd: str, waker: bool = False
+) -> dict[str, str]:
     """Every file of the metrics on the gateway, by its path there: the configuration, the
-    rules, the targets, Prometheus's flags and the login. `vllm-cluster-gateway metrics`
-    installs them, checks them with promtool first, and restarts Prometheus only for new
-    flags, reloads it for a new configuration or rules, and neither for new targets."""
+    rules, the targets, Prometheus's flags and the login; `waker`: with idle stop.
+    `vllm-cluster-gateway metrics` installs them, checks them with promtool first, and
+    restarts Prometheus only for new flags, reloads it for a new configuration or rules,
+    and neither for new targets."""
     return {
-        CONFIG_FILE: prometheus_config(),
-        **rule_files(),
+        CONFIG_FILE: prometheus_config(waker=waker),
+        **rule_files(waker=waker),
         **target_files(gangs),
         DEFAULTS_FILE: prometheus_defaults(prometheus_flags(gateway_host, disk_gib)),
         HTPASSWD_FILE: htpasswd,

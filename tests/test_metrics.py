@@ -507,3 +507,66 @@ def test_every_file_the_gateway_gets_sits_where_the_package_and_nginx_read_it():
     assert re.search(
         r'^ARGS="--config\.file=/etc/prometheus/prometheus\.yml .*--web\.route-prefix=/prometheus"$', defaults, re.M
     )
+
+
+# --- idle stop: the waker's gauge of the gangs it has asleep --------------------------------
+
+
+@pytest.fixture
+def rendered_with_waker(tmp_path) -> Path:
+    directory = str(tmp_path)
+    files = {
+        **metrics.rule_files(directory, waker=True),
+        **metrics.target_files(GANGS, directory),
+        str(tmp_path / "prometheus.yml"): metrics.prometheus_config(directory, waker=True),
+    }
+    for path, text in files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    return tmp_path
+
+
+def test_with_idle_stop_prometheus_scrapes_the_waker_and_promtool_accepts_it(rendered_with_waker):
+    config = yaml.safe_load((rendered_with_waker / "prometheus.yml").read_text())
+    waker = next(job for job in config["scrape_configs"] if job["job_name"] == metrics.JOB_WAKER)
+    assert waker["static_configs"] == [{"targets": [f"127.0.0.1:{ports.WAKER}"]}]
+    result = run_promtool("check", "config", str(rendered_with_waker / "prometheus.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Without idle stop: no waker job, and the rules as before.
+    assert metrics.JOB_WAKER not in metrics.prometheus_config()
+    assert metrics.ASLEEP not in metrics.alert_rules()
+
+
+@pytest.mark.parametrize(
+    "name, job, node", [("VllmEngineDown", "vllm", "head"), ("RayNodeMetricsGone", "ray", "worker-1")]
+)
+def test_a_gang_idle_stop_has_asleep_raises_no_alert_while_an_awake_one_still_does(
+    rendered_with_waker, name, job, node
+):
+    """Both gangs' targets are down for 30 minutes; the waker has gang1 asleep (stopped,
+    then waking) the whole time: only gang0's alert fires."""
+    asleep = {"series": f'{metrics.ASLEEP}{{job="waker", instance="x", gang="gang1"}}', "values": "1x30"}
+    awake = {"series": f'{metrics.ASLEEP}{{job="waker", instance="x", gang="gang0"}}', "values": "0x30"}
+    inputs = [
+        series("up", "gang0", "0x30", job=job, node=node),
+        series("up", "gang1", "0x30", job=job, node=node),
+        asleep,
+        awake,
+    ]
+    alert = next(a for a in metrics.alerts(waker=True) if a.name == name)
+    labels = {"gang": "gang0", "severity": alert.severity} | ({"node": node} if "node" in alert.expr else {})
+    fired = {"exp_labels": labels, "exp_annotations": {"summary": summary_for(alert, labels)}}
+    test = {
+        "rule_files": [metrics.RECORDING_RULES, metrics.ALERT_RULES],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "alert_rule_test": [{"eval_time": "20m", "alertname": name, "exp_alerts": [fired]}],
+            }
+        ],
+    }
+    (rendered_with_waker / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = run_promtool("test", "rules", str(rendered_with_waker / "test.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
