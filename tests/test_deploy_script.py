@@ -35,6 +35,8 @@ def test_deploys_a_stack_with_local_state_and_a_generated_passphrase(tmp_path):
     assert [c["args"] for c in calls] == [
         ["install"],
         ["stack", "select", "--create", "--secrets-provider", "passphrase", "dev"],
+        # Not deployed yet (no outputs): nothing can be stopped, nothing to wake.
+        ["stack", "output", "--stack", "dev", "idleStopMinutes"],
         ["up", "--stack", "dev", "--yes"],
     ]
     home = tmp_path / ".vllm-cluster"
@@ -151,3 +153,23 @@ def test_destroy_without_a_kept_cache_prints_no_reuse_command(tmp_path):
     result, _ = deploy(tmp_path, "dev", "--yes", script=DESTROY, PATH=f"{bin_dir}:/usr/bin:/bin")
     assert result.returncode == 0, result.stderr
     assert "modelCacheFileSystemId" not in result.stdout
+
+
+def test_a_deployed_stack_with_idle_stop_is_woken_before_pulumi_up_reaches_its_nodes(tmp_path):
+    """Its nodes may be stopped: `vllm-cluster wake` first (here it finds no outputs and
+    says so), and `pulumi up` goes on either way (a gang that does not serve may be what it repairs)."""
+    bin_dir = _pulumi_answering(tmp_path, {"idleStopMinutes": "30"})
+    result, calls = deploy(tmp_path, "dev", "--yes", PATH=f"{bin_dir}:/usr/bin:/bin")
+    assert result.returncode == 0, result.stderr
+    args = [c["args"] for c in calls]
+    woke = args.index(["stack", "output", "--stack", "dev", "--json", "--show-secrets"])
+    assert woke < args.index(["up", "--stack", "dev", "--yes"])
+    assert "starting any that are stopped first" in result.stdout
+    assert "pulumi up goes on" in result.stderr
+
+
+def test_a_deployed_stack_without_idle_stop_is_not_woken(tmp_path):
+    bin_dir = _pulumi_answering(tmp_path, {"idleStopMinutes": "0"})
+    result, calls = deploy(tmp_path, "dev", "--yes", PATH=f"{bin_dir}:/usr/bin:/bin")
+    assert result.returncode == 0, result.stderr
+    assert ["stack", "output", "--stack", "dev", "--json", "--show-secrets"] not in [c["args"] for c in calls]
