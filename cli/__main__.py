@@ -1,4 +1,4 @@
-"""vllm-cluster operator tools: `plan`, `preflight`, `status`. Run through
+"""vllm-cluster operator tools: `plan`, `preflight`, `status`, `wake`, `stop`. Run through
 scripts/vllm-cluster from the repository root (it finds the virtualenv)."""
 
 from __future__ import annotations
@@ -43,6 +43,17 @@ def main(argv: list[str] | None = None) -> int:
         if name == "status":
             sub.add_argument("--watch", action="store_true", help="refresh in place")
             sub.add_argument("--interval", type=float, default=5.0)
+    for name, text in (
+        ("wake", "start a stack's stopped gangs (idleStopMinutes) and wait until they serve"),
+        ("stop", "power a stack's GPU nodes off now (idleStopMinutes) and wait until they are stopped"),
+    ):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--stack", required=True)
+        sub.add_argument("--stack-file", help="the stack's config file (default: stacks/Pulumi.<stack>.yaml)")
+        sub.add_argument(
+            "--outputs", help="the stack's outputs as JSON (default: pulumi stack output --json --show-secrets)"
+        )
+        sub.add_argument("--timeout", type=float, help="seconds to wait (wake: 1200, stop: 600)")
 
     args = parser.parse_args(argv)
     # Imported after parsing, like each command's module: `--help` loads none of
@@ -60,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Exit codes for "the tool could not look": status documents 3 (unknown) for it.
-CANNOT_LOOK = {"plan": 2, "preflight": 2, "status": 3}
+CANNOT_LOOK = {"plan": 2, "preflight": 2, "status": 3, "wake": 2, "stop": 2}
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -77,6 +88,10 @@ def run_command(args: argparse.Namespace) -> int:
         )
         # What AWS would refuse (components/aws_contract.py): `pulumi up` fails there.
         return 1 if document["problems"] else 0
+    if args.command in ("wake", "stop"):
+        from cli import power
+
+        return power.main(args)
     if args.command == "preflight":
         from cli import preflight
 

@@ -10,10 +10,13 @@ but a node or GPU is missing, or so saturated that its completion waited out the
 timeout while the engine made tokens for others), down (not serving) or unknown (its
 head did not answer).
 
-Exit 0 healthy (every gang serves whole); 1 degraded (something serves, but a gang
-does not, lacks a node or GPU, or the endpoint's completion fails: what is wrong is
-named); 2 down (no gang serves); 3 unknown (the tool could not look: no outputs, no
-answer from any head, and no completion either). A gang drained from the gateway's
+Exit 0 healthy (every gang serves whole, or is stopped by idle stop while another
+serves); 1 degraded (something serves, but a gang does not, lacks a node or GPU, or
+the endpoint's completion fails: what is wrong is named); 2 down (no gang serves); 3
+unknown (the tool could not look: no outputs, no answer from any head, and no
+completion either); 4 stopped or waking (idleStopMinutes: every gang's instances are
+stopped, stopping or starting, as the stack was asked to do; the next request, or
+`vllm-cluster wake`, starts them). A gang drained from the gateway's
 pool makes the pool degraded, named: during a roll that is the truth (it serves with
 less), and a roll that failed leaves it so until an operator returns it.
 
@@ -30,17 +33,21 @@ import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from cli import prometheus_view
 from cli.cluster import Cluster, Gang, stack_outputs
 from cli.stack_file import read_stack
 from components import bootstrap, metrics
 
-HEALTHY, DEGRADED, DOWN, UNKNOWN = 0, 1, 2, 3
+HEALTHY, DEGRADED, DOWN, UNKNOWN, IDLE = 0, 1, 2, 3, 4
 VERDICTS = {HEALTHY: "healthy", DEGRADED: "degraded", DOWN: "down", UNKNOWN: "unknown"}
 # A gang's verdict, and how the pool's problems name a gang that has one.
 SERVING, GANG_DEGRADED, GANG_DOWN, GANG_UNKNOWN = "serving", "degraded", "down", "unknown"
+# A gang's instances as the gateway's waker sees them (idleStopMinutes; `vllm-cluster-gateway
+# power`): stopped by idle stop (or `vllm-cluster stop`), stopping, or started and not yet
+# serving. None of them is a fault: the next request wakes a stopped service.
+POWERED_DOWN = ("stopped", "stopping", "waking")
 GANG_STATES = {GANG_DEGRADED: "is degraded", GANG_DOWN: "is not serving", GANG_UNKNOWN: "is unknown"}
 # status-facts on a head: the GCS and /health (10 s each at most), its completion
 # (30 s at most, scripts/node/vllm-cluster-node), two metric samples 2 s apart.
@@ -80,6 +87,29 @@ def _gateway_pool(result) -> dict:
     return {"view": None, "error": error or f"exit {result.returncode}"}
 
 
+def _gateway_power(result) -> dict:
+    """The waker's view as `vllm-cluster-gateway power` prints it, one gang a line
+    (`gang1 stopped 2026-12-02T12:03:00Z`, `gang0 serving -`): {view: name -> {state,
+    since (None for -)}, error}; view None when the gateway gave none."""
+    view = {}
+    if result.returncode == 0:
+        for line in result.stdout.splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0].startswith("gang"):
+                since = fields[2] if len(fields) > 2 and fields[2] != "-" else None
+                view[fields[0]] = {"state": fields[1], "since": since}
+    if view:
+        return {"view": view, "error": None}
+    error = " ".join(result.stderr.split()) if result.returncode else "it listed no gang"
+    return {"view": None, "error": error or f"exit {result.returncode}"}
+
+
+def _powered_down(power: dict, gang_name: str) -> str | None:
+    """The gang's state when the waker has it stopped, stopping or waking, else None."""
+    state = ((power["view"] or {}).get(gang_name) or {}).get("state")
+    return state if state in POWERED_DOWN else None
+
+
 def _prometheus(result, trends: bool) -> dict:
     return prometheus_view.read(result.returncode, result.stdout, result.stderr, trends)
 
@@ -88,18 +118,40 @@ def snapshot(cluster: Cluster, spec, trends: bool = False) -> dict:
     """Every gang's head's status-facts, a completion through the endpoint, the
     gateway's pool and Prometheus's figures and alerts (with `trends`, the last 15
     minutes' too), asked at once (each bounded by its own timeout). Prometheus's
-    questions go in one SSH call: a login costs more than all of them."""
+    questions go in one SSH call: a login costs more than all of them.
+
+    With idleStopMinutes the waker's view comes first: a stopped or waking gang's head is
+    not asked (it is off, or still booting), and no completion goes through the endpoint
+    while no gang serves, as it would wake the service."""
     facts_command = f"sudo {bootstrap.NODE_COMMAND} status-facts"
+    power = {"view": None, "error": None}
+    if getattr(spec, "idle_stop_minutes", None):
+        power = _gateway_power(cluster.ssh_gateway(f"sudo {bootstrap.GATEWAY_COMMAND} power"))
+    asleep = {gang.name: _powered_down(power, gang.name) for gang in cluster.gangs}
+    all_asleep = power["view"] is not None and all(asleep.values())
     with ThreadPoolExecutor(len(cluster.gangs) + 3) as pool:
-        heads = [pool.submit(cluster.ssh, gang.head, facts_command, FACTS_TIMEOUT) for gang in cluster.gangs]
-        endpoint = pool.submit(cluster.completion, bootstrap.served_model_name(spec))
+        heads = [
+            None if asleep[gang.name] else pool.submit(cluster.ssh, gang.head, facts_command, FACTS_TIMEOUT)
+            for gang in cluster.gangs
+        ]
+        endpoint = None if all_asleep else pool.submit(cluster.completion, bootstrap.served_model_name(spec))
         gateway = pool.submit(cluster.ssh_gateway, f"sudo {bootstrap.GATEWAY_COMMAND} pool")
         prometheus = pool.submit(cluster.ssh_gateway, prometheus_view.gateway_command(trends), PROMETHEUS_TIMEOUT)
-        status, seconds, error = endpoint.result()
+        if endpoint is None:
+            completion = {"status": None, "seconds": 0.0, "error": "not sent: no gang serves, and a request wakes them"}
+        else:
+            status, seconds, error = endpoint.result()
+            completion = {"status": status, "seconds": round(seconds, 3), "error": error}
         return {
-            "gangs": [_head_answer(head.result()) for head in heads],
-            "completion": {"status": status, "seconds": round(seconds, 3), "error": error},
+            "gangs": [
+                {"facts": None, "factsError": None, "power": asleep[gang.name]}
+                if head is None
+                else _head_answer(head.result())
+                for gang, head in zip(cluster.gangs, heads, strict=True)
+            ],
+            "completion": completion,
             "gateway": _gateway_pool(gateway.result()),
+            "power": power,
             "prometheus": _prometheus(prometheus.result(), trends),
         }
 
@@ -108,8 +160,52 @@ def _http(status) -> str:
     return f"HTTP {status or 'nothing'}"
 
 
-def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None) -> dict:
-    """One gang's verdict from its head's facts: serving, degraded, down or unknown."""
+def _idle_since(power_entry: dict | None, spec) -> str | None:
+    """When a stopped gang's last request was: its instances stopped idleStopMinutes after
+    it (to the idle check's period), so the stop's time less that."""
+    since = (power_entry or {}).get("since")
+    minutes = getattr(spec, "idle_stop_minutes", None)
+    if not since or not minutes:
+        return None
+    try:
+        stopped = datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (stopped - timedelta(minutes=minutes)).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _asleep_gang(gang: Gang, spec, state: str, power_entry: dict | None, pool_entry: dict | None) -> dict:
+    """A gang the waker has stopped, stopping or waking: no fault, and not asked."""
+    idle_since = _idle_since(power_entry, spec) if state == "stopped" else None
+    described = f"stopped (idle since {idle_since})" if idle_since else state
+    return {
+        "name": gang.name,
+        "verdict": state,
+        "described": described,
+        "serving": False,
+        "notServingReason": described,
+        "pool": pool_entry,
+        "power": power_entry,
+        "idleSince": idle_since,
+        "problems": [],
+        "nodes": [{"node": n.name, "ip": n.ip, "alive": None, "gpus": None} for n in gang.nodes],
+        "ray": {
+            "nodes": 0,
+            "expectedNodes": len(gang.nodes),
+            "gpus": 0,
+            "expectedGpus": len(gang.nodes) * spec.gpus_per_node,
+        },
+        "vllm": {"unit": None, "health": None},
+        "completion": None,
+        "metrics": None,
+    }
+
+
+def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None, power_entry: dict | None = None) -> dict:
+    """One gang's verdict from its head's facts: serving, degraded, down or unknown; or
+    from the waker's view (idleStopMinutes): stopped, stopping or waking."""
+    if answer.get("power"):
+        return _asleep_gang(gang, spec, answer["power"], power_entry, pool_entry)
     facts = answer["facts"]
     seen = facts is not None and "ray_error" not in facts  # did we see Ray's membership at all?
     alive = (facts or {}).get("alive", {})
@@ -193,14 +289,18 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
     ray, vllm and metrics are gang 0's (as before replicas); verdict, exitCode,
     problems and completion (through the endpoint) are the pool's."""
     view = snap["gateway"]["view"]
+    power = (snap.get("power") or {}).get("view") or {}
     gangs = [
-        assess_gang(gang, spec, answer, None if view is None else view.get(gang.name))
+        assess_gang(gang, spec, answer, None if view is None else view.get(gang.name), power.get(gang.name))
         for gang, answer in zip(cluster.gangs, snap["gangs"], strict=True)
     ]
+    asleep = [g for g in gangs if g["verdict"] in POWERED_DOWN]
     drained = {g["name"] for g in gangs if (g["pool"] or {}).get("state") == DRAINED}
     completion = snap["completion"]
     problems = []
     for gang in gangs:
+        if gang["verdict"] in POWERED_DOWN:
+            continue  # idle stop's doing, not a fault: listed with its state, not as a problem
         if gang["name"] in drained:
             # Out of the pool: the pool serves with less, whether a roll is under way or
             # one failed and left it so (which only an operator notices). Say which.
@@ -213,13 +313,16 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
             problems += gang["problems"] if len(gangs) == 1 else [_gang_problem(gang)]
         if view is not None and gang["pool"] is None:
             problems.append(f"{gang['name']} is not in the gateway's pool: the gateway sends it no request")
-    if completion["status"] != 200:
+    if completion["status"] is not None and completion["status"] != 200:
         problems.append(
             f"a completion through the endpoint got {_http(completion['status'])}"
             + (f" ({completion['error']})" if completion["error"] else "")
         )
     serving_in_pool = [g for g in gangs if g["serving"] and g["name"] not in drained]
-    if all(g["verdict"] == GANG_UNKNOWN for g in gangs) and completion["status"] != 200:
+    if asleep and len(asleep) == len(gangs):
+        # Every gang stopped (or waking) by idle stop: what the stack was asked to do.
+        verdict = IDLE
+    elif all(g["verdict"] == GANG_UNKNOWN for g in gangs) and completion["status"] != 200:
         verdict = UNKNOWN  # nothing answered: we cannot tell down from unreachable
     elif not serving_in_pool and completion["status"] != 200:
         verdict = DOWN
@@ -230,14 +333,19 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
     for gang in gangs:
         gang["prometheus"] = prometheus_view.gang_view(prometheus, gang["name"])
     first = gangs[0]
+    if verdict == IDLE:
+        named = "waking" if any(g["verdict"] == "waking" for g in gangs) else "stopped"
+    else:
+        named = VERDICTS[verdict]
     return {
-        "verdict": VERDICTS[verdict],
+        "verdict": named,
         "exitCode": verdict,
         "problems": problems,
         "pool": {
             "serving": [g["name"] for g in serving_in_pool],
             "notServing": [g["name"] for g in gangs if not g["serving"]],
             "drained": None if view is None else sorted(drained),
+            "asleep": {g["name"]: g["described"] for g in asleep},
             "gatewayError": snap["gateway"]["error"],
         },
         "gangs": gangs,
@@ -284,6 +392,17 @@ def _gang_lines(gang: dict, width: int) -> list[str]:
     return lines
 
 
+def _asleep_lines(gang: dict) -> list[str]:
+    """A stopped, stopping or waking gang: its state (and idle time), its nodes unasked."""
+    nodes = ", ".join(node["node"] for node in gang["nodes"])
+    doing = {"stopped": "stopped", "stopping": "stopping", "waking": "starting"}[gang["verdict"]]
+    return [
+        f"  {gang['name']:12s}{gang['verdict'].upper()}"
+        + (f" (idle since {gang['idleSince']})" if gang["idleSince"] else ""),
+        f"  {'':12s}{nodes}: not asked, their instances are {doing}",
+    ]
+
+
 def _prometheus_lines(report: dict, now: datetime) -> list[str]:
     """Prometheus unreachable in one line naming why, or the active alerts (none said)."""
     prometheus, alerts = report["prometheus"], report["alerts"]
@@ -308,6 +427,9 @@ def render(stack: str, report: dict, endpoint: str) -> str:
     lines = [f"vllm-cluster status: stack {stack}   {stamp}"]
     for gang in gangs:
         lines.append("")
+        if gang["verdict"] in POWERED_DOWN:
+            lines += _asleep_lines(gang)
+            continue
         if len(gangs) > 1:
             where = f", {gang['pool']['state']}" if gang["pool"] else ""
             lines.append(f"  {gang['name']:12s}{gang['verdict'].upper()}{where}")
@@ -321,8 +443,13 @@ def render(stack: str, report: dict, endpoint: str) -> str:
         drained = f"; drained: {', '.join(pool['drained']) or 'none'}" if pool["drained"] is not None else ""
         unseen = f" (no pool view from the gateway: {pool['gatewayError']})" if pool["drained"] is None else ""
         lines.append(f"  pool        {len(pool['serving'])} of {len(gangs)} gangs serving{drained}{unseen}")
+    if completion["status"] is None:
+        lines.append(f"  endpoint    {completion['error']} ({endpoint})")
+    else:
+        lines.append(
+            f"  endpoint    HTTP {completion['status'] or 'none'} in {completion['seconds']:.2f} s through {endpoint}"
+        )
     lines += [
-        f"  endpoint    HTTP {completion['status'] or 'none'} in {completion['seconds']:.2f} s through {endpoint}",
         "",
         f"  verdict     {report['verdict'].upper()}",
     ]

@@ -4,6 +4,7 @@ healthy, degraded (naming the gang, node or GPU), down when no gang serves, or u
 when nothing answered. With one gang it judges as it did before replicas. Prometheus's
 figures and alerts are shown beside the verdicts and never change them."""
 
+import dataclasses
 import http.server
 import json
 import re
@@ -729,3 +730,70 @@ def test_the_head_counts_the_tokens_its_engine_made_while_its_completion_waited(
     assert answered["completion"]["status"] == 200 and "tokens_while_waiting" not in answered["completion"]
     assert busy["completion"]["status"] == 0
     assert busy["completion"]["tokens_while_waiting"] >= 50
+
+
+# --- idle stop (idleStopMinutes): the waker's view of each gang's instances ----------------
+
+IDLE_SPEC = dataclasses.replace(SPEC, idle_stop_minutes=30)
+
+
+class PoweredCluster(AskedCluster):
+    """AskedCluster whose gateway also answers `vllm-cluster-gateway power`, and whose
+    endpoint records whether a completion was sent (one would wake a stopped service)."""
+
+    def __init__(self, outputs, answers, power_lines, pool_lines=""):
+        super().__init__(outputs, answers, pool_lines)
+        self.power_lines, self.completions = power_lines, 0
+
+    def ssh_gateway(self, command, timeout=30):
+        if command.endswith(" power"):
+            self.asked.append(("gateway", command, timeout))
+            return subprocess.CompletedProcess([], 0, self.power_lines, "")
+        return super().ssh_gateway(command, timeout)
+
+    def completion(self, model, timeout=60):
+        self.completions += 1
+        return super().completion(model, timeout)
+
+
+def test_a_gang_stopped_for_idleness_is_stopped_since_its_last_request_not_down_and_not_asked():
+    cluster = PoweredCluster(
+        {**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)},
+        {IPS[0]: head(IPS)["facts"], GANG1_IPS[0]: None},
+        "gang0 serving -\ngang1 stopped 2026-12-02T12:40:00Z\n",
+        "gang0 10.0.0.1:8000 in-pool serving\ngang1 10.0.1.1:8000 in-pool not-serving\n",
+    )
+    report = status.assess(cluster, IDLE_SPEC, status.snapshot(cluster, IDLE_SPEC))
+    # gang1's head is off: not dialled (that would wait out ssh's connect timeout).
+    assert GANG1_IPS[0] not in [asked[0] for asked in cluster.asked]
+    assert report["exitCode"] == status.HEALTHY and report["problems"] == [], report["problems"]
+    gang1 = report["gangs"][1]
+    # It stopped idleStopMinutes (30) after its last request.
+    assert gang1["verdict"] == "stopped" and gang1["idleSince"] == "2026-12-02 12:10 UTC"
+    assert report["pool"]["asleep"] == {"gang1": "stopped (idle since 2026-12-02 12:10 UTC)"}
+    text = status.render("t", report, "https://x/v1")
+    assert "gang1       STOPPED (idle since 2026-12-02 12:10 UTC)" in text
+    assert "not asked, their instances are stopped" in text
+    assert cluster.completions == 1  # gang0 serves: the endpoint is asked as always
+
+
+def test_every_gang_stopped_is_its_own_verdict_and_no_request_wakes_them():
+    cluster = PoweredCluster(
+        {**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)},
+        {IPS[0]: None, GANG1_IPS[0]: None},
+        "gang0 stopped 2026-12-02T12:41:00Z\ngang1 waking 2026-12-02T12:50:00Z\n",
+    )
+    report = status.assess(cluster, IDLE_SPEC, status.snapshot(cluster, IDLE_SPEC))
+    assert cluster.completions == 0, "status sent a completion, which would wake the service"
+    assert [a[0] for a in cluster.asked if a[0] != "gateway"] == []
+    assert report["exitCode"] == status.IDLE and report["verdict"] == "waking", report
+    assert [g["verdict"] for g in report["gangs"]] == ["stopped", "waking"]
+    assert report["problems"] == []
+    text = status.render("t", report, "https://x/v1")
+    assert "verdict     WAKING" in text and "endpoint    not sent" in text
+
+
+def test_without_idle_stop_status_never_asks_the_waker():
+    cluster = PoweredCluster(BASE_OUTPUTS, {IPS[0]: head(IPS)["facts"]}, "gang0 stopped -\n")
+    status.snapshot(cluster, SPEC)
+    assert not [a for a in cluster.asked if a[1].endswith(" power")]
