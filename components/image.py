@@ -28,6 +28,11 @@ Sources:
 - [ubuntu-ami] Ubuntu's EC2 images (and the DLAMI built on them): the default user
   is `ubuntu`, with passwordless sudo, set up by cloud-init.
   https://documentation.ubuntu.com/aws/en/latest/aws-how-to/instances/connect-to-instance/
+- [ubuntu-manifest] Ubuntu's server cloud images list libpam-systemd in their package
+  manifest (pam_systemd in common-session): systemd-logind registers every login, an
+  SSH command without a terminal included, as a session (`loginctl list-sessions`).
+  https://cloud-images.ubuntu.com/releases/noble/release/ubuntu-24.04-server-cloudimg-amd64.manifest
+  https://www.freedesktop.org/software/systemd/man/latest/pam_systemd.html
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ from __future__ import annotations
 DLAMI_OWNER = "amazon"
 DLAMI_NAME_PATTERN = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) *"
 DLAMI_DESCRIPTION = "AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)"
+
+# [ubuntu-manifest] logind sees every login (pam_systemd): the idle check's "nobody is
+# logged in" (scripts/node/vllm-idle-check) reads logind first; the local hosts install
+# the package that gives it them (localhosts/fleet.py BASE_PACKAGES).
+LOGIN_SESSIONS_PACKAGE = "libpam-systemd"
 
 # [release-notes] The image's Python: where it is and which version.
 PYTHON = "/usr/bin/python3.12"

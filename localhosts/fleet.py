@@ -74,6 +74,8 @@ BASE_PACKAGES = (
     "openssl",
     "procps",
     "ca-certificates",
+    # Every login a session of logind's, SSH commands included, as on the image.
+    image.LOGIN_SESSIONS_PACKAGE,
     # The image has a C compiler (components/image.py, C_COMPILER): vLLM's engine compiles
     # its kernels at start (torch's inductor on this CPU build).
     "gcc",
