@@ -357,20 +357,25 @@ def test_promtool_sees_each_alert_fire_after_its_duration_and_per_gang(rendered,
     inputs, too_early, late_enough = ALERT_CASES[name]
     alert = next(a for a in metrics.alerts() if a.name == name)
     labels = {"gang": "gang0", "severity": alert.severity} | ({"node": "worker-1"} if "node" in alert.expr else {})
-    fired = {"exp_labels": labels, "exp_annotations": {"summary": summary_for(alert, labels)}}
+    checks = [
+        {"eval_time": too_early, "alertname": name, "exp_alerts": []},
+        {"eval_time": late_enough, "alertname": name, "exp_alerts": [fired_as(alert, labels)]},
+    ]
+    assert_promtool_sees(rendered, inputs, checks)
+
+
+def fired_as(alert: metrics.Alert, labels: dict[str, str]) -> dict:
+    """promtool's expected alert: its labels and its summary filled in."""
+    return {"exp_labels": labels, "exp_annotations": {"summary": summary_for(alert, labels)}}
+
+
+def assert_promtool_sees(rendered: Path, inputs: list[dict], checks: list[dict]) -> None:
+    """promtool's unit test of the rule files in `rendered`: `inputs` every minute, then each
+    check's alerts at its time."""
     test = {
         "rule_files": [metrics.RECORDING_RULES, metrics.ALERT_RULES],
         "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": inputs,
-                "alert_rule_test": [
-                    {"eval_time": too_early, "alertname": name, "exp_alerts": []},
-                    {"eval_time": late_enough, "alertname": name, "exp_alerts": [fired]},
-                ],
-            }
-        ],
+        "tests": [{"interval": "1m", "input_series": inputs, "alert_rule_test": checks}],
     }
     (rendered / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = run_promtool("test", "rules", str(rendered / "test.yml"))
@@ -555,18 +560,6 @@ def test_a_gang_idle_stop_has_asleep_raises_no_alert_while_an_awake_one_still_do
     ]
     alert = next(a for a in metrics.alerts(waker=True) if a.name == name)
     labels = {"gang": "gang0", "severity": alert.severity} | ({"node": node} if "node" in alert.expr else {})
-    fired = {"exp_labels": labels, "exp_annotations": {"summary": summary_for(alert, labels)}}
-    test = {
-        "rule_files": [metrics.RECORDING_RULES, metrics.ALERT_RULES],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": inputs,
-                "alert_rule_test": [{"eval_time": "20m", "alertname": name, "exp_alerts": [fired]}],
-            }
-        ],
-    }
-    (rendered_with_waker / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = run_promtool("test", "rules", str(rendered_with_waker / "test.yml"))
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_promtool_sees(
+        rendered_with_waker, inputs, [{"eval_time": "20m", "alertname": name, "exp_alerts": [fired_as(alert, labels)]}]
+    )
