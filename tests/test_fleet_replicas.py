@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from fleet_helpers import Load, boot_log, first_timestamp
@@ -56,8 +59,8 @@ def pool(cluster) -> dict[str, list[str]]:
 
 def served_requests(cluster, gang: int) -> float:
     """Completions the gang's own engine finished (vLLM's counter on its head)."""
-    head = cluster.fleet.nodes[gang * NODES_PER_GANG]
-    metrics = cluster.node_shell(gang * NODES_PER_GANG, f"curl -s http://{head.ip}:8000/metrics").stdout
+    head = heads(cluster)[gang]
+    metrics = cluster.fleet.ssh(head, f"curl -s http://{head.ip}:8000/metrics").stdout
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()
@@ -210,50 +213,6 @@ def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_
     assert order == [("drained", "gang0"), ("returned", "gang0"), ("drained", "gang1"), ("returned", "gang1")], journal
 
 
-def test_a_powered_off_gang_is_ejected_named_and_returns_after_boot(gangs):
-    lost = gangs.fleet.nodes[1 * NODES_PER_GANG]  # gang 1's head
-    gangs.fleet.power_off(lost)
-    try:
-        # Clients see no failure: what could not reach gang 1 is sent to gang 0.
-        with Load(gangs, clients=2) as load:
-            time.sleep(15)
-        assert load.failed == [] and load.sent >= 5, (load.sent, load.failed[:3])
-        code, report = status(gangs)
-        assert code == 1 and report["verdict"] == "degraded", report
-        assert any("gang1" in problem for problem in report["problems"]), report["problems"]
-        assert not any("gang0" in problem for problem in report["problems"]), report["problems"]
-        # Prometheus: gang 1's engine down fires once it held for the rule's time; gang 0's does not.
-        fired = gangs.wait_for_alert("VllmEngineDown", "gang1", "firing", timeout=ENGINE_DOWN_WITHIN)
-        print(
-            f"VllmEngineDown of gang1 fired {fired:.0f} s after the status check (rule: for {metrics.ENGINE_DOWN_FOR})"
-        )
-        assert not [
-            a
-            for a in gangs.prometheus_alerts()
-            if a["labels"]["alertname"] == "VllmEngineDown" and a["labels"]["gang"] == "gang0"
-        ]
-        code, report = status(gangs)
-        assert [a["name"] for a in report["alerts"] if a["gang"] == "gang1" and a["state"] == "firing"].count(
-            "VllmEngineDown"
-        ) == 1, report["alerts"]
-    finally:
-        gangs.fleet.boot(lost)
-    # After its boot the gang starts Ray and vLLM by itself and the gateway sends to it again.
-    deadline = time.monotonic() + 420
-    while True:
-        code, report = status(gangs)
-        if code == 0:
-            break
-        assert time.monotonic() < deadline, f"gang1 did not serve again within 420 s of its boot: {report['problems']}"
-        time.sleep(10)
-    before = served_requests(gangs, 1)
-    with Load(gangs, clients=2) as load:
-        time.sleep(15)
-    assert load.failed == [] and served_requests(gangs, 1) > before, (load.sent, load.failed[:3])
-    # Serving again: the alert clears at the rules' next evaluations.
-    gangs.wait_for_alert("VllmEngineDown", "gang1", None, timeout=90)
-
-
 def test_replacing_a_gangs_node_fails_no_request_the_old_head_serving_until_the_new_one_did(gangs):
     """A launch-template change replaces gang 1's node, as `pulumi up` does it: the new
     host first, at a new IP; the commands whose inputs changed, in order; the old host
@@ -323,3 +282,238 @@ def test_replacing_a_gangs_node_fails_no_request_the_old_head_serving_until_the_
     seeded = outcomes[f"vllm-prepare-{node_name(0, 1)}"].stderr
     assert re.search(r"seeded ([1-9]\d*) of \1 pieces", seeded), seeded
     assert outcomes["vllm-gang1-return"].finished <= outcomes["vllm-gang1-readiness"].started
+
+
+def test_a_powered_off_gang_is_ejected_and_named(gangs):
+    """Gang 1's head loses power (a plug pulled: to EC2 a crashed instance, still
+    running). It stays off: the idle tests next boot it again, and it serves again by
+    itself, the gateway sending to it once it does."""
+    lost = heads(gangs)[1]
+    gangs.fleet.power_off(lost)
+    LOST.append(lost)
+    # Clients see no failure: what could not reach gang 1 is sent to gang 0.
+    with Load(gangs, clients=2) as load:
+        time.sleep(15)
+    assert load.failed == [] and load.sent >= 5, (load.sent, load.failed[:3])
+    code, report = status(gangs)
+    assert code == 1 and report["verdict"] == "degraded", report
+    assert any("gang1" in problem for problem in report["problems"]), report["problems"]
+    assert not any("gang0" in problem for problem in report["problems"]), report["problems"]
+    # Prometheus: gang 1's engine down fires once it held for the rule's time; gang 0's does not.
+    fired = gangs.wait_for_alert("VllmEngineDown", "gang1", "firing", timeout=ENGINE_DOWN_WITHIN)
+    print(f"VllmEngineDown of gang1 fired {fired:.0f} s after the status check (rule: for {metrics.ENGINE_DOWN_FOR})")
+    assert not [
+        a
+        for a in gangs.prometheus_alerts()
+        if a["labels"]["alertname"] == "VllmEngineDown" and a["labels"]["gang"] == "gang0"
+    ]
+    code, report = status(gangs)
+    assert [a["name"] for a in report["alerts"] if a["gang"] == "gang1" and a["state"] == "firing"].count(
+        "VllmEngineDown"
+    ) == 1, report["alerts"]
+
+
+# --- idle stop and wake (idleStopMinutes; EC2's API through its test double) ---------------
+
+IDLE_MINUTES = 1
+IDLE_RECORD = "var/lib/vllm-cluster/idle/last-stop.json"
+# The host test_a_powered_off_gang_is_ejected_and_named left off.
+LOST = []
+# A gang stops once its last request is IDLE_MINUTES old, seen by a node's idle check
+# (every 15 s) and its shutdown; the waker sees it at its next DescribeInstances (15 s).
+STOPS_WITHIN = IDLE_MINUTES * 60 + 90
+# After a wake: the hosts boot (their logins refused for a while), Ray and the engine start
+# by themselves from the model and warm-up on the shared cache.
+SERVES_AGAIN_WITHIN = 480
+
+
+@pytest.fixture(scope="module")
+def ec2(gangs, tmp_path_factory):
+    """The program with idle stop (IDLE_MINUTES), and EC2's API and metadata service
+    for the gateway's waker, set up by the first idle test and torn down after the last."""
+    holder = {}
+    yield holder
+    if "session" in holder:
+        holder["session"].terminate()
+        holder["session"].wait(timeout=30)
+    if "stand_in" in holder:
+        holder["stand_in"].__exit__(None, None, None)
+
+
+def current_ips(cluster) -> dict[str, str]:
+    """Every node instance at the IP it has now (gang 1's head was replaced)."""
+    return {f"vllm-{node['name']}": node["ip"] for gang in cluster.run.outputs["gangs"] for node in gang["nodes"]}
+
+
+def heads(cluster):
+    ips = [gang["nodes"][0]["ip"] for gang in cluster.run.outputs["gangs"]]
+    return [next(host for host in cluster.fleet.nodes if host.ip == ip) for ip in ips]
+
+
+def unit_property(cluster, host, unit: str, name: str) -> str:
+    return cluster.fleet.ssh(host, f"systemctl show -p {name} --value {unit}").stdout.strip()
+
+
+def is_up(host) -> bool:
+    return host.process is not None and host.process.poll() is None
+
+
+def wait_until_off(host, timeout: float) -> float:
+    """Seconds until the host's nspawn ended (it powered itself off); fails after `timeout`."""
+    started = time.monotonic()
+    while is_up(host):
+        assert time.monotonic() - started < timeout, f"{host.name} still up after {timeout:.0f} s"
+        time.sleep(2)
+    return time.monotonic() - started
+
+
+def completion_answer(cluster) -> tuple[int, dict, object]:
+    """(status, headers, body) of one completion through the endpoint."""
+    request = urllib.request.Request(
+        cluster.endpoint + "/completions",
+        data=json.dumps({"model": cluster.served_model, "prompt": "Hi", "max_tokens": 2}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {cluster.api_key}"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, context=cluster.tls(), timeout=60) as response:
+            return response.status, dict(response.headers), json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode(errors="replace")
+
+
+def test_idle_stop_set_by_a_later_up_configures_the_nodes_and_the_waker_and_restarts_no_engine(gangs, ec2, tmp_path):
+    from fleet_ec2 import WAKER_COMMAND, FleetEc2
+
+    # Gang 1's head, off since its plug was pulled, boots again; its Ray and engine start
+    # by themselves (checked by the next test) while this one goes on.
+    for host in LOST:
+        gangs.fleet.boot(host)
+    run = fleet_program(
+        NODES_PER_GANG,
+        gangs.key_store,
+        moved=current_ips(gangs),
+        replicas=REPLICAS,
+        idleStopMinutes=IDLE_MINUTES,
+        **ROLLED,
+    )
+    old = {c.name: c.inputs for c in gangs.run.of_type(COMMAND)}
+    changed = {c.name for c in run.of_type(COMMAND) if old.get(c.name) != c.inputs}
+    nodes = [node["name"] for gang in run.outputs["gangs"] for node in gang["nodes"]]
+    assert {f"vllm-idle-stop-{node}" for node in nodes} | {WAKER_COMMAND} <= changed, changed
+    assert not [name for name in changed if name.endswith(("-vllm", "-ray")) or "start-ray" in name], changed
+    # Gang 0's engine, serving all along (gang 1's is starting after its boot).
+    engine = unit_property(gangs, heads(gangs)[0], "vllm.service", "MainPID")
+    ec2["stand_in"] = FleetEc2(gangs, run, tmp_path).__enter__()
+    outcomes = replay(run, only=changed)
+    gangs.run = run
+    # The stack file the operator tools read says so too.
+    gangs.config = {**gangs.config, **ROLLED, "idleStopMinutes": str(IDLE_MINUTES)}
+    assert unit_property(gangs, heads(gangs)[0], "vllm.service", "MainPID") == engine
+    for host in heads(gangs):  # every node: a gang is one node here
+        assert unit_property(gangs, host, "vllm-idle-check.timer", "ActiveState") == "active"
+    assert "waker" in outcomes[WAKER_COMMAND].stderr
+    # The waker reads the stack's instances through EC2's API with the role's credentials.
+    deadline = time.monotonic() + 60
+    while not [c for c in ec2["stand_in"].ec2.calls if c[:2] == ("DescribeInstances", 200)]:
+        assert time.monotonic() < deadline, ec2["stand_in"].ec2.calls
+        time.sleep(2)
+    assert all(status == 200 for _, status, _ in ec2["stand_in"].ec2.calls), ec2["stand_in"].ec2.calls
+
+
+def test_a_busy_gang_never_stops_an_idle_one_does_and_a_login_session_keeps_its_node_up(gangs, ec2):
+    stand_in = ec2["stand_in"]
+    head0, head1 = heads(gangs)
+    # An operator's interactive login (a terminal, as `ssh` gives one by default).
+    login = gangs.fleet.ssh_command(head0, "sleep 1200")
+    session = subprocess.Popen(
+        [login[0], "-tt", *login[1:]],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ec2["session"] = session
+    # Busy for longer than the idle time and a check: nothing stops. (Gang 1, booted again
+    # after its plug was pulled, joins the pool once its engine serves, by itself.)
+    with Load(gangs, clients=2) as load:
+        time.sleep(IDLE_MINUTES * 60 + 15)
+    assert load.failed == [] and load.sent >= 20, (load.sent, load.failed[:3])
+    assert is_up(head0) and is_up(head1)
+    # Then nobody sends: gang 1 powers itself off; gang 0's head, with a login session open,
+    # does not. A node's idle check arms only once its engine answered since the boot: gang
+    # 1's stop for idleness says its engine came back by itself after the plug was pulled.
+    took = wait_until_off(head1, SERVES_AGAIN_WITHIN + STOPS_WITHIN)
+    print(f"gang1 powered itself off {took:.0f} s after the load ended (idleStopMinutes {IDLE_MINUTES})")
+    # Its idle check's record of why, on its disk (the node script's last-stop.json).
+    record = json.loads((head1.root / IDLE_RECORD).read_text())
+    assert record["by"] == "idle" and record["minutes"] == IDLE_MINUTES, record
+    assert record["reason"].startswith(f"idle since {record['idle_since']}: no request and no login"), record
+    # Gang 0 had its last request when gang 1 did: its check (every 15 s) has seen the idle time too.
+    time.sleep(20)
+    assert is_up(head0), "gang0's head powered off with a login session open on it"
+    assert not (head0.root / IDLE_RECORD).exists()
+    assert stand_in.started == []
+    # status: gang 1 stopped since its last request, not down; the pool healthy; a request
+    # is served by gang 0 without waking gang 1.
+    deadline = time.monotonic() + 60
+    while True:
+        code, report = status(gangs)
+        if report["gangs"][1]["verdict"] == "stopped":
+            break
+        assert time.monotonic() < deadline, report
+        time.sleep(5)
+    assert code == 0 and report["verdict"] == "healthy", report["problems"]
+    assert report["gangs"][1]["idleSince"], report["gangs"][1]
+    assert report["gangs"][0]["verdict"] == "serving"
+    assert gangs.completion() == 200
+    assert stand_in.started == []
+
+
+def test_a_stopped_service_answers_503_with_retry_after_and_the_gateway_wakes_it(gangs, ec2):
+    stand_in = ec2["stand_in"]
+    head0, head1 = heads(gangs)
+    session = ec2.pop("session")
+    session.terminate()
+    session.wait(timeout=30)
+    took = wait_until_off(head0, STOPS_WITHIN)
+    print(f"gang0 powered itself off {took:.0f} s after its login session ended")
+    # The waker sees it at its next look at EC2 (every 15 s); until then gang 0 is unknown.
+    deadline = time.monotonic() + 45
+    while True:
+        code, report = status(gangs)
+        if code == 4:
+            break
+        assert time.monotonic() < deadline, report
+        time.sleep(5)
+    assert report["verdict"] == "stopped" and report["problems"] == [], report
+    # A request finds no gang: 503 at once, with Retry-After, and the gateway starts them.
+    asked = time.monotonic()
+    answer, headers, body = completion_answer(gangs)
+    assert time.monotonic() - asked < 30
+    assert answer == 503 and int(headers["Retry-After"]) > 0, (answer, headers, body)
+    node_ids = {i for i, name in stand_in.names.items() if name != "vllm-gateway-host"}
+    deadline = time.monotonic() + 30
+    while set(stand_in.started) != node_ids:
+        assert time.monotonic() < deadline, (stand_in.started, stand_in.ec2.calls)
+        time.sleep(1)
+    code, report = status(gangs)
+    assert code == 4 and {g["verdict"] for g in report["gangs"]} <= {"waking", "serving"}, report
+    # A client that retries as Retry-After says gets its completion.
+    tries = 1
+    while answer != 200:
+        assert time.monotonic() - asked < SERVES_AGAIN_WITHIN, (answer, body)
+        time.sleep(int(headers.get("Retry-After", "10")))
+        answer, headers, body = completion_answer(gangs)
+        tries += 1
+        assert answer in (200, 503), (answer, body)
+    print(f"woken: the first completion after {time.monotonic() - asked:.0f} s and {tries} tries")
+    deadline = time.monotonic() + SERVES_AGAIN_WITHIN
+    while True:
+        code, report = status(gangs)
+        if code == 0 and all(g["verdict"] == "serving" for g in report["gangs"]):
+            break
+        assert time.monotonic() < deadline, report
+        time.sleep(10)
+    # No engine-down alert stands for either gang: asleep they were left alone, and they serve.
+    for gang in ("gang0", "gang1"):
+        gangs.wait_for_alert("VllmEngineDown", gang, None, timeout=90)
