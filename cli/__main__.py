@@ -16,6 +16,15 @@ def positive_number(text: str) -> float:
     return value
 
 
+def deployed_stack_arguments(sub: argparse.ArgumentParser) -> None:
+    """What every tool that looks at a deployed stack takes: the stack, its file, its outputs."""
+    sub.add_argument("--stack", required=True)
+    sub.add_argument("--stack-file", help="the stack's config file (default: stacks/Pulumi.<stack>.yaml)")
+    sub.add_argument(
+        "--outputs", help="the stack's outputs as JSON (default: pulumi stack output --json --show-secrets)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/vllm-cluster", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -34,11 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         ("status", "gang health of the running cluster"),
     ):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("--stack", required=True)
-        sub.add_argument("--stack-file", help="the stack's config file (default: stacks/Pulumi.<stack>.yaml)")
-        sub.add_argument(
-            "--outputs", help="the stack's outputs as JSON (default: pulumi stack output --json --show-secrets)"
-        )
+        deployed_stack_arguments(sub)
         sub.add_argument("--json", action="store_true")
         if name == "status":
             sub.add_argument("--watch", action="store_true", help="refresh in place")
@@ -48,11 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         ("stop", "power a stack's GPU nodes off now (idleStopMinutes) and wait until they are stopped"),
     ):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("--stack", required=True)
-        sub.add_argument("--stack-file", help="the stack's config file (default: stacks/Pulumi.<stack>.yaml)")
-        sub.add_argument(
-            "--outputs", help="the stack's outputs as JSON (default: pulumi stack output --json --show-secrets)"
-        )
+        deployed_stack_arguments(sub)
         sub.add_argument("--timeout", type=float, help="seconds to wait (wake: 1200, stop: 600)")
 
     args = parser.parse_args(argv)

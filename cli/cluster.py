@@ -50,6 +50,10 @@ def ssh_args(
     return [*args, f"{user}@{host}", command]
 
 
+# The header that marks `status`'s completion through the endpoint as a probe: the gateway's
+# waker (scripts/gateway/vllm-cluster-waker PROBE_HEADER) wakes no stopped gang for it.
+PROBE_HEADER = "X-Vllm-Cluster-Probe"
+
 # What the tools read from a deployed stack's outputs (__main__.py exports them).
 REQUIRED_OUTPUTS = ("gatewayPublicIp", "headPrivateIp", "sshPrivateKey", "endpoint", "apiKey", "tlsCertificate")
 
@@ -186,7 +190,12 @@ class Cluster:
             self.outputs["endpoint"].rstrip("/") + "/completions",
             data=body,
             method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.outputs['apiKey']}"},
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.outputs['apiKey']}",
+                # A look, not a use: the gateway's waker starts no stopped gang for it (idle stop).
+                PROBE_HEADER: "status",
+            },
         )
         started = time.monotonic()
         try:

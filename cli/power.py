@@ -83,6 +83,15 @@ def _gateway_states(cluster: Cluster) -> dict[str, str]:
     return parse_power(result.stdout) if result.returncode == 0 else {}
 
 
+def _every_gang(cluster: Cluster, goal: str, timeout: float, say: Callable[[str], None]) -> bool:
+    """Wait for the waker to see every gang in `goal`; False, naming the others, when not in time."""
+    done, states = wait_for(lambda: _gateway_states(cluster), goal, timeout, say)
+    if not done:
+        late = sorted(gang for gang, state in states.items() if state != goal) or ["every gang (no answer)"]
+        say(f"{', '.join(late)} not {goal} within {timeout:g} s (status --stack shows why)")
+    return done
+
+
 def _say(text: str) -> None:
     print(f"vllm-cluster: {text}", file=sys.stderr, flush=True)
 
@@ -98,12 +107,7 @@ def wake(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) ->
         say(f"the gateway's waker refused: {said}")
         return 2 if NO_WAKER in said else 1
     say("the gateway started the stopped gangs' instances; waiting until every gang serves")
-    done, states = wait_for(lambda: _gateway_states(cluster), "serving", timeout, say)
-    if not done:
-        late = sorted(gang for gang, state in states.items() if state != "serving") or ["every gang (no answer)"]
-        say(f"{', '.join(late)} did not serve within {timeout:g} s (status --stack shows why)")
-        return 1
-    return 0
+    return 0 if _every_gang(cluster, "serving", timeout, say) else 1
 
 
 def stop(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) -> int:
@@ -121,10 +125,7 @@ def stop(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) ->
     for line in refused:
         say(f"did not stop: {line}")
     say("every node was told to power off; waiting until the gateway sees every gang stopped")
-    done, states = wait_for(lambda: _gateway_states(cluster), "stopped", timeout, say)
-    if not done:
-        late = sorted(gang for gang, state in states.items() if state != "stopped") or ["every gang (no answer)"]
-        say(f"{', '.join(late)} not stopped within {timeout:g} s")
+    if not _every_gang(cluster, "stopped", timeout, say):
         return 1
     return 1 if refused else 0
 

@@ -248,7 +248,8 @@ class ClusterUnderTest:
         config = {**self.config, **changes}
         if self.own_hosts:
             return own_hosts_program(config, self.key_store)
-        return fleet_program(int(config["nodes"]), self.key_store, moved, **config)
+        nodes = int(config.pop("nodes"))
+        return fleet_program(nodes, self.key_store, moved, **config)
 
     @property
     def head(self) -> Host:

@@ -191,6 +191,8 @@ def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_
     assert load.failed == [], f"{len(load.failed)} of {load.sent} failed: {load.failed[:5]}"
     assert load.sent >= 30, load.sent
     gangs.run = updated
+    # The stack keeps the setting from now on (its stack file would).
+    gangs.config = {**gangs.config, **ROLLED}
     # Both engines restarted with the new setting...
     for g in range(REPLICAS):
         index = g * NODES_PER_GANG
@@ -389,14 +391,8 @@ def test_idle_stop_set_by_a_later_up_configures_the_nodes_and_the_waker_and_rest
     # by themselves (checked by the next test) while this one goes on.
     for host in LOST:
         gangs.fleet.boot(host)
-    run = fleet_program(
-        NODES_PER_GANG,
-        gangs.key_store,
-        moved=current_ips(gangs),
-        replicas=REPLICAS,
-        idleStopMinutes=IDLE_MINUTES,
-        **ROLLED,
-    )
+    # The stack as it runs now (the rolling change's setting kept), with idle stop.
+    run = gangs.program(moved=current_ips(gangs), idleStopMinutes=IDLE_MINUTES)
     old = {c.name: c.inputs for c in gangs.run.of_type(COMMAND)}
     changed = {c.name for c in run.of_type(COMMAND) if old.get(c.name) != c.inputs}
     nodes = [node["name"] for gang in run.outputs["gangs"] for node in gang["nodes"]]
@@ -408,7 +404,7 @@ def test_idle_stop_set_by_a_later_up_configures_the_nodes_and_the_waker_and_rest
     outcomes = replay(run, only=changed)
     gangs.run = run
     # The stack file the operator tools read says so too.
-    gangs.config = {**gangs.config, **ROLLED, "idleStopMinutes": str(IDLE_MINUTES)}
+    gangs.config = {**gangs.config, "idleStopMinutes": str(IDLE_MINUTES)}
     assert unit_property(gangs, heads(gangs)[0], "vllm.service", "MainPID") == engine
     for host in heads(gangs):  # every node: a gang is one node here
         assert unit_property(gangs, host, "vllm-idle-check.timer", "ActiveState") == "active"

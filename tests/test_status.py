@@ -797,3 +797,32 @@ def test_without_idle_stop_status_never_asks_the_waker():
     cluster = PoweredCluster(BASE_OUTPUTS, {IPS[0]: head(IPS)["facts"]}, "gang0 stopped -\n")
     status.snapshot(cluster, SPEC)
     assert not [a for a in cluster.asked if a[1].endswith(" power")]
+
+
+def test_status_marks_its_completion_through_the_endpoint_as_a_probe_the_waker_does_not_wake_for(monkeypatch):
+    from cli import cluster as cluster_module
+
+    sent = []
+
+    class Answer:
+        status = 200
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return b"{}"
+
+    def urlopen(request, context=None, timeout=None):
+        sent.append(dict(request.header_items()))
+        return Answer()
+
+    monkeypatch.setattr(cluster_module.urllib.request, "urlopen", urlopen)
+    real = cluster_module.Cluster.__new__(cluster_module.Cluster)
+    real.outputs = {**BASE_OUTPUTS, "tlsCertificate": None}
+    monkeypatch.setattr(real, "tls_context", lambda: None)
+    assert real.completion("m")[0] == 200
+    assert sent[0].get("X-vllm-cluster-probe") == "status", sent

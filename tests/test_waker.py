@@ -798,3 +798,21 @@ def test_the_asleep_gauge_counts_stopping_and_waking_as_asleep():
         'vllm_cluster_gang_asleep{gang="gang2"} 1',
         'vllm_cluster_gang_asleep{gang="gang3"} 1',
     ]
+
+
+def test_an_operators_probe_finds_the_service_asleep_and_wakes_nothing(aws, head, start_waker):
+    """`vllm-cluster status` right after the last gang stopped (before this waker's next
+    look at EC2) still sends its completion through the endpoint: marked as a probe, it
+    gets the answer any request would, and starts no instance."""
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    process = start_waker({"gang0": GANG0})
+    eventually(lambda: process.power().get("gang0", {}).get("state") == "stopped", what="gang0 seen stopped")
+    body = json.dumps({"model": "m", "prompt": "hello"}).encode()
+    probe = {"X-Forwarded-For": "203.0.113.9", waker.PROBE_HEADER: "status", "X-Vllm-Cluster-Status": "502"}
+    status, headers, _ = process.request("POST", "/v1/completions", body, probe)
+    assert status == 503 and headers["Retry-After"] == "30"
+    assert aws.started == [] and process.power()["gang0"]["state"] == "stopped"
+    # The same request from a client wakes it.
+    status, _, _ = process.completion()
+    assert status == 503 and sorted(aws.started) == sorted(GANG0)
