@@ -43,8 +43,8 @@ DLAMI_NAME_PATTERN = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04
 DLAMI_DESCRIPTION = "AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04)"
 
 # [ubuntu-manifest] logind sees every login (pam_systemd): the idle check's "nobody is
-# logged in" (scripts/node/vllm-idle-check) reads logind first; the local hosts install
-# the package that gives it them (localhosts/fleet.py BASE_PACKAGES).
+# logged in" (scripts/node/vllm-idle-check) reads logind first, then utmp. The local hosts
+# lack it (localhosts/fleet.py BASE_PACKAGES says why): there only utmp's terminal logins show.
 LOGIN_SESSIONS_PACKAGE = "libpam-systemd"
 
 # [release-notes] The image's Python: where it is and which version.

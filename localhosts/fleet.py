@@ -74,8 +74,10 @@ BASE_PACKAGES = (
     "openssl",
     "procps",
     "ca-certificates",
-    # Every login a session of logind's, SSH commands included, as on the image.
-    image.LOGIN_SESSIONS_PACKAGE,
+    # Not image.LOGIN_SESSIONS_PACKAGE (pam_systemd), which the image has: with it, logins
+    # to the saturated one-core node hosts timed out in sshd's banner exchange (the main
+    # fleet's hung-engine test, CI run of 5756ae4). Here logind sees no SSH login; the idle
+    # check's utmp does see a login with a terminal, which the fleet's idle test opens.
     # The image has a C compiler (components/image.py, C_COMPILER): vLLM's engine compiles
     # its kernels at start (torch's inductor on this CPU build).
     "gcc",
