@@ -41,6 +41,7 @@ from localhosts.fleet import (
     Host,
     _digest,
     base_rootfs,
+    building,
     fleet_venv,
     node_ip,
 )
@@ -165,16 +166,20 @@ def tiny_model() -> Path:
     source = (ROOT / "tests" / "tiny_model.py").read_text()
     venv = fleet_venv()
     target = CACHE_DIR / f"tiny-model-{_digest(source, str(venv))}"
-    if not (target / "config.json").exists():
-        building = target.with_name(target.name + ".building")
-        shutil.rmtree(building, ignore_errors=True)
+    if (target / "config.json").exists():
+        return target
+    with building("tiny-model"):
+        if (target / "config.json").exists():
+            return target
+        scratch = target.with_name(target.name + ".building")
+        shutil.rmtree(scratch, ignore_errors=True)
         subprocess.run(
-            [str(venv / "bin" / "python"), str(ROOT / "tests" / "tiny_model.py"), str(building)],
+            [str(venv / "bin" / "python"), str(ROOT / "tests" / "tiny_model.py"), str(scratch)],
             check=True,
             capture_output=True,
             text=True,
         )
-        building.rename(target)
+        scratch.rename(target)
     return target
 
 

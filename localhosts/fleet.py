@@ -38,6 +38,7 @@ As a command, from the repository's root:
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import shutil
@@ -47,7 +48,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,6 +157,19 @@ def _digest(*parts: str) -> str:
 
 # --- cached images -------------------------------------------------------------------
 
+
+@contextmanager
+def building(item: str) -> Iterator[None]:
+    """One builder of a cached item at a time, across processes and threads: `make test`
+    runs two pytest workers (the fleet's and the rest, Makefile), and tests in both reach
+    for the images, which on a new machine are not built yet. An flock on the item's own
+    lock file; a caller that waited checks again and finds the item built."""
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / f".{item}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 PROVISION = f"""set -eu
 useradd --create-home --shell /bin/bash {SSH_USER}
 echo '{SSH_USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/90-cloud-init-users
@@ -168,21 +184,28 @@ def base_rootfs() -> tuple[Path, Path]:
     built once by debootstrap and apt and cached."""
     digest = _digest(*BASE_PACKAGES, PROVISION, *MIRROR_PACKAGES)
     target, mirror = CACHE_DIR / f"rootfs-{SUITE}-{digest}", CACHE_DIR / f"apt-mirror-{SUITE}-{digest}"
-    if (target / ".complete").exists() and (mirror / "Release").exists():
+
+    def built() -> bool:
+        return (target / ".complete").exists() and (mirror / "Release").exists()
+
+    if built():
         return target, mirror
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix="rootfs-building-", dir=CACHE_DIR))
-    try:
-        _run("debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(building), MIRROR)
-        _run("chroot", str(building), "/bin/sh", "-c", PROVISION)
-        _fill_mirror(building, mirror)
-        (building / ".complete").write_text(f"{SUITE} {' '.join(BASE_PACKAGES)}\n")
-        if target.exists():
-            shutil.rmtree(target)
-        building.rename(target)
-    finally:
-        if building.exists():
-            shutil.rmtree(building)
+    with building("rootfs"):
+        if built():
+            return target, mirror
+        scratch = Path(tempfile.mkdtemp(prefix="rootfs-building-", dir=CACHE_DIR))
+        try:
+            debootstrap = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}"]
+            _run(*debootstrap, SUITE, str(scratch), MIRROR)
+            _run("chroot", str(scratch), "/bin/sh", "-c", PROVISION)
+            _fill_mirror(scratch, mirror)
+            (scratch / ".complete").write_text(f"{SUITE} {' '.join(BASE_PACKAGES)}\n")
+            if target.exists():
+                shutil.rmtree(target)
+            scratch.rename(target)
+        finally:
+            if scratch.exists():
+                shutil.rmtree(scratch)
     return target, mirror
 
 
@@ -231,21 +254,27 @@ def fleet_wheelhouse() -> Path:
     target = node_env.local_host()
     house = CACHE_DIR / "wheelhouse"
     incoming, missing_file = house / ".incoming", house / ".incoming" / "missing.txt"
-    incoming.mkdir(parents=True, exist_ok=True)
-    pure_wheel.build(VLLM_GPU_BUILD_DOUBLE, incoming)
 
     def missing() -> int:
         command = [sys.executable, str(NODE_ENV_SCRIPT), "wheelhouse", "--lock", str(target.lock_path)]
         return int(_run(*command, "--wheelhouse", str(house), "--missing", str(missing_file)).stdout)
 
-    if missing():
-        find_links = [f"--find-links={folder}" for folder in target.find_links]
-        download = ["--no-deps", "--require-hashes", "--only-binary=:all:", "--dest", str(incoming)]
-        _run(sys.executable, "-m", "pip", "download", "--quiet", *download, *find_links, "-r", str(missing_file))
-        left = missing()
-        if left:
-            raise RuntimeError(f"{left} locked packages have no wheel in {house} after downloading: {missing_file}")
+    with building("wheelhouse"):
+        incoming.mkdir(parents=True, exist_ok=True)
+        pure_wheel.build(VLLM_GPU_BUILD_DOUBLE, incoming)
+        if missing():
+            find_links = [f"--find-links={folder}" for folder in target.find_links]
+            download = ["--no-deps", "--require-hashes", "--only-binary=:all:", "--dest", str(incoming)]
+            _run(sys.executable, "-m", "pip", "download", "--quiet", *download, *find_links, "-r", str(missing_file))
+            left = missing()
+            if left:
+                raise RuntimeError(f"{left} locked packages have no wheel in {house} after downloading: {missing_file}")
     return house
+
+
+def fleet_venv_dir() -> Path:
+    """Where fleet_venv keeps the environment of this Python and the lock's pins."""
+    return CACHE_DIR / f"venv-{_digest(sys.version, node_env.local_host().lock_path.read_text())}"
 
 
 def fleet_venv() -> Path:
@@ -254,23 +283,26 @@ def fleet_venv() -> Path:
     lock, installed with uv offline from the fleet's wheelhouse, as a node installs it.
     Cached (about 3.7 GiB). The hosts install their own, inside the booted hosts."""
     lock = node_env.local_host().lock_path
-    target = CACHE_DIR / f"venv-{_digest(sys.version, lock.read_text())}"
+    target = fleet_venv_dir()
     if (target / ".complete").exists():
         return target
-    house = fleet_wheelhouse()
-    uv = Path(sys.prefix) / "bin" / "uv"
-    if not uv.exists():
-        raise RuntimeError(f"no uv at {uv}: the fleet's virtualenv is installed with it (requirements-dev.txt)")
-    if target.exists():
-        shutil.rmtree(target)
-    python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    _run(str(uv), "venv", "--quiet", "--python", str(python), str(target))
-    # uv's cache beside the virtualenv, on the same file system: the virtualenv's files
-    # are hard links to the unpacked wheels there (no copy of 3.7 GiB).
-    offline = ["--offline", "--no-index", f"--find-links={house}", "--require-hashes"]
-    into = ["--quiet", "--python", str(target / "bin" / "python"), "--cache-dir", str(CACHE_DIR / "uv")]
-    _run(str(uv), "pip", "sync", *into, *offline, str(lock))
-    (target / ".complete").write_text("ok\n")
+    with building("venv"):
+        if (target / ".complete").exists():
+            return target
+        house = fleet_wheelhouse()
+        uv = Path(sys.prefix) / "bin" / "uv"
+        if not uv.exists():
+            raise RuntimeError(f"no uv at {uv}: the fleet's virtualenv is installed with it (requirements-dev.txt)")
+        if target.exists():
+            shutil.rmtree(target)
+        python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        _run(str(uv), "venv", "--quiet", "--python", str(python), str(target))
+        # uv's cache beside the virtualenv, on the same file system: the virtualenv's files
+        # are hard links to the unpacked wheels there (no copy of 3.7 GiB).
+        offline = ["--offline", "--no-index", f"--find-links={house}", "--require-hashes"]
+        into = ["--quiet", "--python", str(target / "bin" / "python"), "--cache-dir", str(CACHE_DIR / "uv")]
+        _run(str(uv), "pip", "sync", *into, *offline, str(lock))
+        (target / ".complete").write_text("ok\n")
     return target
 
 
