@@ -4,10 +4,11 @@ idle stop does by itself (idleStopMinutes, components/idle_stop.py).
 wake asks the gateway's waker to start every stopped gang's instances
 (`vllm-cluster-gateway wake`: its role may start only this stack's), then waits until
 every gang serves; stop has every GPU node power itself off from inside
-(`vllm-cluster-node stop-now`: the launch template makes EC2 stop, not terminate, an
-instance that does), then waits until the waker sees every gang stopped. Both print a
-progress line while they wait and exit 0 once done, 1 when the wait ran out (naming
-the gangs that did not get there), 2 when the stack has no idle stop. stop asks the
+(`vllm-cluster-node stop-now`: the instance's shutdown behaviour makes EC2 stop, not
+terminate, an instance that does), but for gangs the waker sees stopped already, then
+waits until the waker sees every gang stopped. Both print a progress line while they
+wait and exit 0 once done, 1 when the wait ran out (naming the gangs that did not get
+there), 2 when the stack has no idle stop. stop asks the
 stack file (without idleStopMinutes the gateway may not start instances, and nothing
 but the console would start stopped ones); wake asks the gateway, whose waker is what
 the deployed stack has (a stack file that just dropped the key still needs its stopped
@@ -112,10 +113,14 @@ def wake(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) ->
 
 def stop(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) -> int:
     command = f"sudo {bootstrap.NODE_COMMAND} stop-now"
+    # A gang that idled out already is powered off: a login to it would only time out.
+    asleep = {gang for gang, state in _gateway_states(cluster).items() if state in ("stopped", "stopping")}
+    for gang in sorted(asleep):
+        say(f"{gang} is stopped already (the gateway's waker says so): nothing to tell its nodes")
     # Workers before their heads: a head that went first would leave its workers' Ray
     # looking for it in their last seconds, which says nothing useful in their logs.
-    order = [node for gang in cluster.gangs for node in reversed(gang.nodes)]
-    with ThreadPoolExecutor(len(order)) as pool:
+    order = [node for gang in cluster.gangs if gang.name not in asleep for node in reversed(gang.nodes)]
+    with ThreadPoolExecutor(max(1, len(order))) as pool:
         results = list(pool.map(lambda node: cluster.ssh(node, command, 60), order))
     refused = [
         f"{node.name} ({node.ip}): {' '.join(result.stderr.split()) or f'exit {result.returncode}'}"

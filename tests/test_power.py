@@ -68,7 +68,13 @@ class Cluster:
 
 def test_stop_tells_every_node_workers_first_and_waits_for_the_gateway_to_see_them_stopped(monkeypatch):
     monkeypatch.setattr(power.time, "sleep", lambda seconds: None)
-    cluster = Cluster(["gang0 stopping -\ngang1 serving -\n", "gang0 stopped x\ngang1 stopped y\n"])
+    cluster = Cluster(
+        [
+            "gang0 serving -\ngang1 serving -\n",
+            "gang0 stopping -\ngang1 serving -\n",
+            "gang0 stopped x\ngang1 stopped y\n",
+        ]
+    )
     said = []
     assert power.stop(cluster, 60, said.append) == 0
     stop_now = f"sudo {bootstrap.NODE_COMMAND} stop-now"
@@ -76,6 +82,18 @@ def test_stop_tells_every_node_workers_first_and_waits_for_the_gateway_to_see_th
     assert sorted(told) == sorted(IPS + GANG1_IPS)
     assert told.index(IPS[1]) < told.index(IPS[0]) and told.index(GANG1_IPS[2]) < told.index(GANG1_IPS[0])
     assert said[-1].endswith("gang0 stopped, gang1 stopped")
+
+
+def test_stop_leaves_alone_a_gang_that_stopped_already_and_waits_for_the_others(monkeypatch):
+    """A gang that idled out earlier is powered off: a login to it would only time out
+    (and its node be reported as not stopped)."""
+    monkeypatch.setattr(power.time, "sleep", lambda seconds: None)
+    cluster = Cluster(["gang0 serving -\ngang1 stopped 2026-12-02T12:00:00Z\n", "gang0 stopped x\ngang1 stopped y\n"])
+    said = []
+    assert power.stop(cluster, 60, said.append) == 0
+    told = [ip for ip, command in cluster.asked if command == f"sudo {bootstrap.NODE_COMMAND} stop-now"]
+    assert sorted(told) == sorted(IPS)
+    assert "gang1 is stopped already" in said[0], said
 
 
 def test_wake_asks_the_gateways_waker_then_waits_for_every_gang_to_serve(monkeypatch):
