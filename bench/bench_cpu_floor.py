@@ -9,8 +9,10 @@ any parallelism) could take here.
 
 The command's output passes through; the module is read from pytest's progress lines
 (`tests/test_x.py ....`), and what runs before the first one (installs, lint, the
-test venv) counts as "before pytest". Run it with nothing else busy: every process on
-the machine counts. Ends with the line
+test venv) counts as "before pytest". A run in pytest-xdist's workers (`make test`: the
+fleet's beside the rest) names no module: its time is one phase, "N pytest workers";
+the default command runs the suite in one process, module by module. Run it with
+nothing else busy: every process on the machine counts. Ends with the line
 `cpu floor: N cores, wall W min, work B core-min, floor F min`.
 """
 
@@ -29,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_COMMAND = ["venv/bin/python", "-m", "pytest"]
 BEFORE_PYTEST = "before pytest"
 MODULE_LINE = re.compile(r"^(tests/\S+\.py) ")
+# pytest-xdist's line once its workers collected (`2 workers [1650 items]`).
+WORKERS_LINE = re.compile(r"^(\d+) workers \[\d+ items?\]")
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -58,6 +62,9 @@ def run_and_sample(command: list[str], interval: float) -> tuple[int, dict[str, 
                 matched = MODULE_LINE.match(line)
                 if matched:
                     current[0] = matched.group(1)
+                workers = WORKERS_LINE.match(line)
+                if workers:
+                    current[0] = f"{workers.group(1)} pytest workers"
 
     reader = threading.Thread(target=follow_output, daemon=True)
     reader.start()
