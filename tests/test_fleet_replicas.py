@@ -475,9 +475,17 @@ def test_a_stopped_service_answers_503_with_retry_after_and_the_gateway_wakes_it
     session = ec2.pop("session")
     session.terminate()
     session.wait(timeout=30)
-    took = wait_until_off(head0, STOPS_WITHIN)
-    print(f"gang0 powered itself off {took:.0f} s after its login session ended")
-    # The waker sees it at its next look at EC2 (every 15 s); until then gang 0 is unknown.
+    # By hand, as an operator leaving for the night: `vllm-cluster stop` tells gang 0's node
+    # to power off (gang 1 idled out already: not dialled) and waits until the waker sees
+    # every gang stopped.
+    asked = time.monotonic()
+    stopped = gangs.operator("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "gang1 is stopped already" in stopped.stderr, stopped.stderr
+    wait_until_off(head0, 30)
+    print(f"vllm-cluster stop: gang0 off and seen stopped by the waker in {time.monotonic() - asked:.0f} s")
+    record = json.loads((head0.root / IDLE_RECORD).read_text())
+    assert record["by"] == "hand", record
     deadline = time.monotonic() + 45
     while True:
         code, report = status(gangs)
