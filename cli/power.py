@@ -129,7 +129,8 @@ def stop(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) ->
     ]
     for line in refused:
         say(f"did not stop: {line}")
-    say("every node was told to power off; waiting until the gateway sees every gang stopped")
+    if order:
+        say("every node was told to power off; waiting until the gateway sees every gang stopped")
     if not _every_gang(cluster, "stopped", timeout, say):
         return 1
     return 1 if refused else 0

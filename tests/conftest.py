@@ -1,9 +1,12 @@
 """Puts the repository root on sys.path so tests import `components` as the program does,
-runs the local fleet's tests last, and ends a run naming the tests it skipped
-(tests/not_run.py)."""
+runs the local fleet's tests last (in make test's two pytest-xdist workers: in one worker,
+from the start), and ends a run naming the tests it skipped (tests/not_run.py)."""
 
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 for path in (ROOT, ROOT / "tests"):
@@ -26,7 +29,11 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_collection_finish(session):
     """When the fleet's tests will run, its images start building now, beside the other
-    tests (minutes on a new machine, mostly downloads and disk)."""
+    tests (minutes on a new machine, mostly downloads and disk). Not in make test's
+    workers: there the fleet's tests start at once, their first fixture builds the images,
+    and the other worker runs the rest beside it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     if any(item.path.name in FLEET_TESTS for item in session.items):
         from localhosts.fleet import why_no_fleet
 
@@ -41,3 +48,22 @@ def pytest_sessionfinish(session):
     images' build it started rather than leave it running."""
     if "localhosts.cluster" in sys.modules:
         sys.modules["localhosts.cluster"].wait_for_images()
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown without it
+def pytest_xdist_make_scheduler(config, log):
+    """make test's workers (pytest -n 2): the fleet's tests are one unit of work, in file
+    order, which one worker takes first (xdist hands out the largest unit first); every
+    other test is a unit of its own for the other worker. The two fleets share the bridge
+    and run one after the other; their module fixtures tear down between them as in one
+    process. (pytest-xdist's own xdist_group marks change test ids, which pytest 9.2 no
+    longer lets a plugin do: pytest-xdist issue 1386.)"""
+    if config.getvalue("dist") != "load":  # -n's default; another --dist asked for is kept
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FleetInOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "fleet" if nodeid.split("::")[0].rsplit("/", 1)[-1] in FLEET_TESTS else nodeid
+
+    return FleetInOneWorker(config, log)

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from localhosts import cluster, fleet
+from localhosts import cluster
 
 
 @pytest.fixture
@@ -61,9 +62,8 @@ def test_without_a_build_started_there_is_nothing_to_wait_for(monkeypatch):
 # marks the virtualenv complete just before it lets go.
 OTHER_BUILDER = """
 import sys, time
-from pathlib import Path
-from localhosts.fleet import building
-target = Path(sys.argv[1])
+from localhosts.fleet import building, fleet_venv_dir
+target = fleet_venv_dir()
 with building("venv"):
     print("building", flush=True)
     time.sleep(1.5)
@@ -71,27 +71,31 @@ with building("venv"):
     (target / ".complete").write_text("ok")
 """
 
+# This worker asking for it meanwhile: any build step of its own is refused.
+WAITER = """
+import time
+from localhosts import fleet
+def refuse(*args):
+    raise SystemExit(f"built again: {args}")
+fleet.fleet_wheelhouse = fleet._run = refuse
+asked = time.monotonic()
+print(fleet.fleet_venv(), f"{time.monotonic() - asked:.2f}")
+"""
 
-def test_a_build_another_process_has_under_way_is_waited_for_and_not_done_again(monkeypatch, tmp_path):
-    monkeypatch.setattr(fleet, "CACHE_DIR", tmp_path)
-    target = fleet.fleet_venv_dir()
-    other = subprocess.Popen(
-        [sys.executable, "-c", OTHER_BUILDER, str(target)],
-        cwd=cluster.ROOT,
-        env={**os.environ, "VLLM_CLUSTER_TESTBED_CACHE": str(tmp_path)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+
+def test_a_build_another_process_has_under_way_is_waited_for_and_not_done_again(tmp_path):
+    # Both sides in processes of their own, on a cache of the test's: nothing of this
+    # process's (where the real images may be building) is touched.
+    run = {"cwd": cluster.ROOT, "env": {**os.environ, "VLLM_CLUSTER_TESTBED_CACHE": str(tmp_path)}, "text": True}
+    other = subprocess.Popen([sys.executable, "-c", OTHER_BUILDER], stdout=subprocess.PIPE, **run)
     try:
         assert other.stdout.readline() == "building\n"
-        builds = []
-        monkeypatch.setattr(fleet, "fleet_wheelhouse", lambda: builds.append("wheelhouse") or tmp_path)
-        monkeypatch.setattr(fleet, "_run", lambda *command: builds.append(command))
-        asked = time.monotonic()
-        assert fleet.fleet_venv() == target
+        waiter = subprocess.run([sys.executable, "-c", WAITER], capture_output=True, timeout=60, **run)
         # It waited for the other builder (1.5 s with the lock), then had nothing to build.
-        assert time.monotonic() - asked > 1.0
-        assert builds == []
+        assert waiter.returncode == 0, waiter.stderr
+        path, waited = waiter.stdout.split()
+        assert Path(path).parent == tmp_path and (Path(path) / ".complete").exists()
+        assert float(waited) > 1.0
     finally:
         other.wait(timeout=30)
         other.stdout.close()

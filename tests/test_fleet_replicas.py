@@ -38,11 +38,7 @@ ROLLED = {"maxModelLen": 2048}
 _reason = why_no_fleet()
 if _reason and in_ci():
     pytest.fail(f"CI cannot host the local fleet: {_reason}", pytrace=False)
-pytestmark = [
-    pytest.mark.skipif(_reason is not None, reason=f"no local fleet here: {_reason}"),
-    # make test's workers: both fleets in one, one after the other (they share the bridge).
-    pytest.mark.xdist_group("fleet"),
-]
+pytestmark = pytest.mark.skipif(_reason is not None, reason=f"no local fleet here: {_reason}")
 
 
 @pytest.fixture(scope="module")
