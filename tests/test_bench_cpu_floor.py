@@ -4,25 +4,28 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("bench_cpu_floor", ROOT / "bench" / "bench_cpu_floor.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
-# A "module" that pytest names before its dots, then two seconds of one busy core.
-BUSY_MODULE = (
-    "import time\n"
-    "print('tests/test_busy.py ', end='', flush=True)\n"
-    "end = time.monotonic() + 2\n"
-    "while time.monotonic() < end: pass\n"
-    "print('.')\n"
-)
+# What pytest prints at the start of a phase, then two seconds of one busy core: a module
+# named before its dots (its line still open while it runs), or pytest-xdist's line once its
+# workers collected (no module named after it).
+BUSY = "import time\nend = time.monotonic() + 2\nwhile time.monotonic() < end: pass\nprint('.')\n"
+PHASE_STARTS = {
+    "tests/test_busy.py": "print('tests/test_busy.py ', end='', flush=True)\n",
+    "2 pytest workers": "print('created: 2/2 workers')\nprint('2 workers [1650 items]', flush=True)\n",
+}
 
 
-def test_the_work_of_a_module_is_counted_while_its_line_is_still_open():
-    status, phases = bench.run_and_sample([sys.executable, "-c", BUSY_MODULE], interval=0.2)
+@pytest.mark.parametrize("phase", PHASE_STARTS)
+def test_the_work_of_a_phase_is_counted_from_the_line_that_starts_it(phase):
+    status, phases = bench.run_and_sample([sys.executable, "-c", PHASE_STARTS[phase] + BUSY], interval=0.2)
     assert status == 0
-    wall, busy = phases["tests/test_busy.py"]
+    wall, busy = phases[phase]
     assert 1.5 <= wall <= 4 and busy >= 1.5  # one core busy all along (other processes may add)
 
 
@@ -30,21 +33,3 @@ def test_the_floor_is_the_work_over_the_cores():
     lines = bench.report({"before pytest": [60.0, 30.0], "tests/test_x.py": [600.0, 960.0]}, cores=2)
     assert lines[-1] == "cpu floor: 2 cores, wall 11.0 min, work 16.5 core-min, floor 8.2 min"
     assert "80%" in lines[2] and lines[2].startswith("tests/test_x.py")
-
-
-# What pytest-xdist prints once its workers collected, then two seconds of one busy core.
-BUSY_WORKERS = (
-    "import time\n"
-    "print('created: 2/2 workers')\n"
-    "print('2 workers [1650 items]', flush=True)\n"
-    "end = time.monotonic() + 2\n"
-    "while time.monotonic() < end: pass\n"
-    "print('.')\n"
-)
-
-
-def test_a_run_in_pytest_workers_is_counted_as_one_phase():
-    status, phases = bench.run_and_sample([sys.executable, "-c", BUSY_WORKERS], interval=0.2)
-    assert status == 0
-    wall, busy = phases["2 pytest workers"]
-    assert 1.5 <= wall <= 4 and busy >= 1.5
