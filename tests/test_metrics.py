@@ -33,7 +33,10 @@ GANGS = [
 
 
 def loggers_file() -> Path:
-    found = sorted(TESTBED_CACHE.glob(f"venv-*/{LOGGERS}"))
+    # Only a complete one (localhosts/fleet.py fleet_venv marks it): the fleet's worker may
+    # be installing one beside this test.
+    complete = [venv for venv in sorted(TESTBED_CACHE.glob("venv-*")) if (venv / ".complete").exists()]
+    found = [venv / LOGGERS for venv in complete if (venv / LOGGERS).exists()]
     if not found:
         pytest.skip(f"no vLLM to read metric names from: {TESTBED_CACHE}/venv-*/{LOGGERS} is absent")
     return found[0]
