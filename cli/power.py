@@ -8,11 +8,11 @@ every gang serves; stop has every GPU node power itself off from inside
 terminate, an instance that does), but for gangs the waker sees stopped already, then
 waits until the waker sees every gang stopped. Both print a progress line while they
 wait and exit 0 once done, 1 when the wait ran out (naming the gangs that did not get
-there), 2 when the stack has no idle stop. stop asks the
-stack file (without idleStopMinutes the gateway may not start instances, and nothing
-but the console would start stopped ones); wake asks the gateway, whose waker is what
-the deployed stack has (a stack file that just dropped the key still needs its stopped
-nodes started before `pulumi up` can reach them).
+there), 2 when the stack has no idle stop. stop asks the stack file (without
+idleStopMinutes the gateway may not start instances, and nothing but the console would
+start stopped ones); wake asks the gateway, whose waker is what the deployed stack has
+(a stack file that just dropped the key still needs its stopped nodes started before
+`pulumi up` can reach them).
 """
 
 from __future__ import annotations
