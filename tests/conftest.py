@@ -50,6 +50,28 @@ def pytest_sessionfinish(session):
         sys.modules["localhosts.cluster"].wait_for_images()
 
 
+# In make test's workers the fleet's tests come first: the fleet's worker is the run's
+# critical path (its bring-ups and engine starts take both cores at times), and the other
+# tests finish long before it either way. So the worker that runs the others gives the
+# CPU way: a niceness of 10 weighs about a tenth of the default in the kernel's scheduler,
+# and holds for what that worker starts too (nginx, uvicorn, promtool). Only the priority
+# changes: no test's timeout does.
+OTHER_TESTS_NICENESS = 10
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures' setup: the hosts a fleet boots inherit it
+def pytest_runtest_setup(item):
+    """In make test's workers: a test outside the fleet's runs at OTHER_TESTS_NICENESS, the
+    fleet's (and the hosts it boots) at the default 0."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    wanted = 0 if item.path.name in FLEET_TESTS else OTHER_TESTS_NICENESS
+    now = os.getpriority(os.PRIO_PROCESS, 0)
+    # Lowering it needs root; without root the fleet's tests skip, and start nothing.
+    if wanted != now and (wanted > now or os.geteuid() == 0):
+        os.setpriority(os.PRIO_PROCESS, 0, wanted)
+
+
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown without it
 def pytest_xdist_make_scheduler(config, log):
     """make test's workers (pytest -n 2): the fleet's tests are one unit of work, in file

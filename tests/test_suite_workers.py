@@ -7,6 +7,7 @@ conftest's hooks, under the real pytest-xdist."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ real = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(real)
 pytest_collection_modifyitems = real.pytest_collection_modifyitems
 pytest_xdist_make_scheduler = real.pytest_xdist_make_scheduler
+pytest_runtest_setup = real.pytest_runtest_setup
 """
 
 # Each test and fixture appends what it did, where and when, to events.jsonl.
@@ -29,7 +31,12 @@ from pathlib import Path
 import pytest
 
 def record(what):
-    line = {"what": what, "worker": os.environ["PYTEST_XDIST_WORKER"], "at": time.monotonic()}
+    line = {
+        "what": what,
+        "worker": os.environ["PYTEST_XDIST_WORKER"],
+        "at": time.monotonic(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    }
     with open(Path(__file__).parent / "events.jsonl", "a") as events:
         events.write(json.dumps(line) + "\\n")
 """
@@ -82,3 +89,7 @@ def test_the_fleets_run_in_one_worker_from_the_start_and_the_rest_beside_them(tm
     beside = [e for e in others if e["worker"] != fleet[0]["worker"]]
     assert len(beside) == len(others) == 24
     assert max(e["at"] for e in beside) < fleet[-1]["at"]
+    # The others give the CPU way to the fleet, whose worker (and the hosts it boots) keeps
+    # the default priority; lowering a niceness needs root (this test may run at 10 itself).
+    assert {e["nice"] for e in others} == {10}
+    assert {e["nice"] for e in fleet} == {0 if os.geteuid() == 0 else os.getpriority(os.PRIO_PROCESS, 0)}
