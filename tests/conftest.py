@@ -52,8 +52,8 @@ def pytest_sessionfinish(session):
 
 # In make test's workers the fleet's tests come first: the fleet's worker is the run's
 # critical path (its bring-ups and engine starts take both cores at times), and the other
-# tests finish long before it either way. So the worker that runs the others gives the
-# CPU way: a niceness of 10 weighs about a tenth of the default in the kernel's scheduler,
+# tests finish long before it either way. So the worker that runs the others yields the
+# CPU to it: a niceness of 10 weighs about a tenth of the default in the kernel's scheduler,
 # and holds for what that worker starts too (nginx, uvicorn, promtool). Only the priority
 # changes: no test's timeout does.
 OTHER_TESTS_NICENESS = 10
