@@ -22,13 +22,13 @@ test-deps:
 	tools/install-test-deps
 
 # The packages first: creating the virtualenv needs python3-venv.
-# Two workers: the local fleet's tests (one unit of work, in file order: tests/conftest.py)
-# take one from the start, and every other test runs in the other beside them. The fleet
-# leaves about a core idle while its hosts wait on boots, engines and timers (make
-# bench-cpu-floor), so the rest of the suite costs the run almost no time.
+# Three workers: each local fleet's tests (a unit of work, in file order: tests/conftest.py)
+# take one from the start, side by side on networks of their own, and every other test runs
+# in the third beside them. One fleet leaves about a core idle while its hosts wait on boots,
+# engines and timers (make bench-cpu-floor): the other fleet and the rest of the suite use it.
 test: test-deps
 	@$(MAKE) --no-print-directory --silent $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -n 2
+	$(VENV)/bin/python -m pytest -n 3
 
 # Lint and format check of every Python file (ruff.toml) and shellcheck of every shell
 # script; `venv/bin/ruff format .` fixes the formatting.

@@ -32,18 +32,16 @@ from components import node_env
 from components.catalog import CATALOG
 from components.topology import efa_interface_count, node_name
 from localhosts.fleet import (
-    BRIDGE_IP,
     CACHE_DIR,
-    GATEWAY_IP,
+    MAIN_NETWORK,
     SSH_USER,
-    VPC_CIDR,
     Fleet,
     Host,
+    Network,
     _digest,
     base_rootfs,
     building,
     fleet_venv,
-    node_ip,
 )
 from localhosts.replay import COMMAND, Outcome, ReplayError, replay, user_data_of
 
@@ -66,11 +64,11 @@ ENGINE_CACHE = re.search(
 ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)")
 
 
-def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
+def fleet_config(nodes: int, network: Network = MAIN_NETWORK, **overrides: Any) -> dict[str, Any]:
     """A stack config for the fleet: g5.8xlarge nodes (one GPU each, and EFA), one
     pipeline stage per node (PP = nodes, TP 1), the VPC where the fleet's addresses
-    are, and the vLLM release and the locked environment of the fleet's engine (its
-    CPU build)."""
+    are (its `network`), and the vLLM release and the locked environment of the fleet's
+    engine (its CPU build)."""
     config = {
         "model": MODEL,
         "instanceType": "g5.8xlarge",
@@ -87,10 +85,10 @@ def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
         # A batch of two sequences: a few long completions fill it, as real traffic fills
         # a GPU's, and what comes after them waits (the watchdog tests need a full engine).
         "vllmExtraArgs": [f"--kv-cache-memory-bytes={KV_CACHE_BYTES}", "--max-num-seqs=2"],
-        "apiAllowedCidrs": [VPC_CIDR],
-        "adminCidrs": [f"{BRIDGE_IP}/32"],
-        "vpcCidr": VPC_CIDR,
-        "hfEndpoint": f"http://{BRIDGE_IP}:{HUB_PORT}",
+        "apiAllowedCidrs": [network.vpc_cidr],
+        "adminCidrs": [f"{network.bridge_ip}/32"],
+        "vpcCidr": network.vpc_cidr,
+        "hfEndpoint": f"http://{network.bridge_ip}:{HUB_PORT}",
         "maxModelLen": 4096,
         "apiKey": API_KEY,
     }
@@ -98,20 +96,22 @@ def fleet_config(nodes: int, **overrides: Any) -> dict[str, Any]:
     return config
 
 
-def own_hosts_config(nodes: int, private_key: str, replicas: int = 1, **overrides: Any) -> dict[str, Any]:
+def own_hosts_config(
+    nodes: int, private_key: str, replicas: int = 1, network: Network = MAIN_NETWORK, **overrides: Any
+) -> dict[str, Any]:
     """fleet_config's cluster as a stack of hosts a user already has (config hosts): the
     fleet's hosts by address, gang by gang, reached through its gateway with a key of the
     user's own, the shared directory at LOCAL_MODEL_CACHE_DIR; no AWS (no VPC, no EFA),
     and the API key left to the stack to draw, as a real stack's."""
-    config = fleet_config(nodes, **overrides)
+    config = fleet_config(nodes, network, **overrides)
     for key in ("nodes", "efa", "vpcCidr"):
         config.pop(key)
     if "apiKey" not in overrides:
         config.pop("apiKey")
     config.update(
-        hosts=[",".join(node_ip(gang * nodes + index) for index in range(nodes)) for gang in range(replicas)],
-        gatewayHost=GATEWAY_IP,
-        gatewayPrivateIp=GATEWAY_IP,
+        hosts=[",".join(network.node_ip(gang * nodes + index) for index in range(nodes)) for gang in range(replicas)],
+        gatewayHost=network.gateway_ip,
+        gatewayPrivateIp=network.gateway_ip,
         sshUser=SSH_USER,
         sshPrivateKey=private_key,
         modelCacheDir=LOCAL_MODEL_CACHE_DIR,
@@ -138,20 +138,29 @@ def node_hosts(nodes: int, replicas: int = 1) -> dict[str, str]:
     }
 
 
-def instance_ips(nodes: int, replicas: int = 1) -> dict[str, str]:
-    ips = {"vllm-gateway-host": GATEWAY_IP}
-    ips.update({name: node_ip(int(host.removeprefix("node"))) for name, host in node_hosts(nodes, replicas).items()})
+def instance_ips(nodes: int, replicas: int = 1, network: Network = MAIN_NETWORK) -> dict[str, str]:
+    ips = {"vllm-gateway-host": network.gateway_ip}
+    ips.update(
+        {name: network.node_ip(int(host.removeprefix("node"))) for name, host in node_hosts(nodes, replicas).items()}
+    )
     return ips
 
 
-def fleet_program(nodes: int, key_store: dict, moved: dict[str, str] | None = None, **overrides: Any) -> ProgramRun:
-    """The program for the fleet; `moved`: instance resource name -> the private IP of
-    its replacement (a launch-template change gives every replaced node a new one)."""
+def fleet_program(
+    nodes: int,
+    key_store: dict,
+    moved: dict[str, str] | None = None,
+    network: Network = MAIN_NETWORK,
+    **overrides: Any,
+) -> ProgramRun:
+    """The program for the fleet on `network`; `moved`: instance resource name -> the
+    private IP of its replacement (a launch-template change gives every replaced node a
+    new one)."""
     run = run_program(
-        fleet_config(nodes, **overrides),
+        fleet_config(nodes, network, **overrides),
         stack="fleet",
-        instance_ips={**instance_ips(nodes, int(overrides.get("replicas", 1))), **(moved or {})},
-        public_ips={"vllm-gateway-ip": GATEWAY_IP},
+        instance_ips={**instance_ips(nodes, int(overrides.get("replicas", 1)), network), **(moved or {})},
+        public_ips={"vllm-gateway-ip": network.gateway_ip},
         secret_keys=["apiKey"],
         real_crypto=True,
         key_store=key_store,
@@ -186,7 +195,8 @@ def tiny_model() -> Path:
 class FakeHub:
     """tests/doubles/fake_hf_hub.py serving one tiny model repository on the bridge."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, network: Network = MAIN_NETWORK):
+        self.network = network
         self.root = workdir / "hub"
         self.log = workdir / "hub-downloads.jsonl"
         self.process: subprocess.Popen | None = None
@@ -205,7 +215,7 @@ class FakeHub:
                 "--root",
                 str(self.root),
                 "--host",
-                BRIDGE_IP,
+                self.network.bridge_ip,
                 "--port",
                 str(HUB_PORT),
                 "--log",
@@ -254,7 +264,7 @@ class ClusterUnderTest:
         if self.own_hosts:
             return own_hosts_program(config, self.key_store)
         nodes = int(config.pop("nodes"))
-        return fleet_program(nodes, self.key_store, moved, **config)
+        return fleet_program(nodes, self.key_store, moved, self.fleet.network, **config)
 
     @property
     def head(self) -> Host:
@@ -448,8 +458,8 @@ def replace_nodes(cluster: ClusterUnderTest, instances: dict[str, Host], **overr
     fleet = cluster.fleet
     nodes = int(cluster.config["nodes"])
     first_new = len(fleet.nodes)
-    moved = {name: node_ip(first_new + offset) for offset, name in enumerate(instances)}
-    updated = fleet_program(nodes, cluster.key_store, moved=moved, **overrides)
+    moved = {name: fleet.network.node_ip(first_new + offset) for offset, name in enumerate(instances)}
+    updated = fleet_program(nodes, cluster.key_store, moved=moved, network=fleet.network, **overrides)
     scripts = user_data_of(updated)
     hosts = {name: fleet.add_node(scripts[name]) for name in instances}
     assert [host.ip for host in hosts.values()] == list(moved.values())
@@ -523,13 +533,16 @@ def serving_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> Iterator
         stop_cluster(cluster.fleet, cluster.hub)
 
 
-def start_cluster(workdir: Path, nodes: int = 3, own_hosts: bool = False, **overrides: Any) -> ClusterUnderTest:
+def start_cluster(
+    workdir: Path, nodes: int = 3, own_hosts: bool = False, network: Network = MAIN_NETWORK, **overrides: Any
+) -> ClusterUnderTest:
     """Start the fleet's hosts and replay the program's commands at once, while the hosts
     still boot, as `pulumi up` does; returns once `pulumi up` would have finished (the
     readiness command passed). The hosts stand in for the EC2 instances of fleet_config's
     stack, started with the program's user data (cloud-init's final stage runs it at
     boot), or with `own_hosts` for the machines of own_hosts_config's stack of hosts, which
-    exist before the stack and get nothing at boot. A host whose boot failed twice
+    exist before the stack and get nothing at boot; on `network` (another fleet may run
+    on another at the same time). A host whose boot failed twice
     (localhosts/boot_check.py) raises HostBootError, the machinery's fault. On failure,
     removes what it made."""
     key_store: dict = {}
@@ -537,12 +550,12 @@ def start_cluster(workdir: Path, nodes: int = 3, own_hosts: bool = False, **over
     if own_hosts:
         # The user's own key, which the machines authorize before any stack exists.
         key = real_private_key("ED25519")
-        config = own_hosts_config(nodes, key["privateKeyOpenssh"], **overrides)
+        config = own_hosts_config(nodes, key["privateKeyOpenssh"], network=network, **overrides)
         run = own_hosts_program(config, key_store)
         public_key, user_data = key["publicKeyOpenssh"], {}
     else:
-        run = fleet_program(nodes, key_store, **overrides)
-        config = fleet_config(nodes, **overrides)
+        run = fleet_program(nodes, key_store, network=network, **overrides)
+        config = fleet_config(nodes, network, **overrides)
         public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
         host_names = {"vllm-gateway-host": "gateway", **node_hosts(nodes, replicas)}
         user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
@@ -561,8 +574,9 @@ def start_cluster(workdir: Path, nodes: int = 3, own_hosts: bool = False, **over
         # machines of a stack of hosts run before the stack does.
         wait_for_ssh=own_hosts,
         model_cache_dir=LOCAL_MODEL_CACHE_DIR if own_hosts else None,
+        network=network,
     )
-    hub = FakeHub(workdir)
+    hub = FakeHub(workdir, network)
     try:
         fleet.__enter__()
         hub.__enter__()

@@ -109,18 +109,55 @@ NOLOGIN_SECONDS = {
 APT_LOCK_SECONDS = int(os.environ.get("VLLM_CLUSTER_FLEET_APT_LOCK_SECONDS", "40"))
 MIRROR_PORT = 8766
 
-BRIDGE = "vcbr0"
-BRIDGE_IP = "10.99.0.254"
 PREFIX_LENGTH = 16
-GATEWAY_IP = "10.99.0.10"
-# The program's node subnet for vpcCidr 10.99.0.0/16 is 10.99.128.0/17.
-VPC_CIDR = "10.99.0.0/16"
-NETNS_PREFIX = "vc-"
 SSH_USER = image.DEFAULT_USER
 
 
+@dataclass(frozen=True)
+class Network:
+    """One fleet's network: its bridge, the /16 its hosts live in (the stack's vpcCidr)
+    and the prefix of its namespaces' names. Fleets on different networks run at once
+    on one machine: make test runs its two fleets side by side."""
+
+    bridge: str
+    netns_prefix: str
+    second_octet: int
+
+    @property
+    def vpc_cidr(self) -> str:
+        return f"10.{self.second_octet}.0.0/{PREFIX_LENGTH}"
+
+    @property
+    def bridge_ip(self) -> str:
+        """This machine's address on the bridge: the package mirror, the fake hub."""
+        return f"10.{self.second_octet}.0.254"
+
+    @property
+    def gateway_ip(self) -> str:
+        return f"10.{self.second_octet}.0.10"
+
+    def node_ip(self, index: int) -> str:
+        # The program's node subnet for vpcCidr 10.N.0.0/16 is 10.N.128.0/17.
+        return f"10.{self.second_octet}.128.{index + 1}"
+
+    def state(self) -> dict:
+        return {"bridge": self.bridge, "netns_prefix": self.netns_prefix, "second_octet": self.second_octet}
+
+
+# `make local`'s and the main fleet's (tests/test_fleet.py).
+MAIN_NETWORK = Network("vcbr0", "vc-", 99)
+# The replicas fleet's (tests/test_fleet_replicas.py), which runs beside the main one.
+SECOND_NETWORK = Network("vcbr1", "vd-", 98)
+BRIDGE = MAIN_NETWORK.bridge
+BRIDGE_IP = MAIN_NETWORK.bridge_ip
+GATEWAY_IP = MAIN_NETWORK.gateway_ip
+VPC_CIDR = MAIN_NETWORK.vpc_cidr
+NETNS_PREFIX = MAIN_NETWORK.netns_prefix
+
+
 def node_ip(index: int) -> str:
-    return f"10.99.128.{index + 1}"
+    """The main network's node `index`."""
+    return MAIN_NETWORK.node_ip(index)
 
 
 def in_ci() -> bool:
@@ -366,14 +403,15 @@ class Host:
     dir: Path
     process: subprocess.Popen | None = None
     binds: list[str] = field(default_factory=list)
+    netns_prefix: str = NETNS_PREFIX
 
     @property
     def netns(self) -> str:
-        return f"{NETNS_PREFIX}{self.name}"
+        return f"{self.netns_prefix}{self.name}"
 
     @property
     def veth(self) -> str:
-        return f"{NETNS_PREFIX}v-{self.name}"[:15]
+        return f"{self.netns_prefix}v-{self.name}"[:15]
 
     @property
     def root(self) -> Path:
@@ -398,6 +436,7 @@ class Fleet:
         user_data: dict[str, str] | None = None,
         wait_for_ssh: bool = True,
         model_cache_dir: str | None = None,
+        network: Network = MAIN_NETWORK,
     ):
         """`user_data`: host name -> the script EC2 would hand that host (run at first
         boot as cloud-init's final stage does). `wait_for_ssh=False` returns as soon as
@@ -405,7 +444,9 @@ class Fleet:
         `model_cache_dir`: hosts a user already has (config hosts) have the shared
         directory mounted there (modelCacheDir), and the stack binds it as the model
         cache and its wheels/ as the wheelhouse itself; None: EFS's two trees, mounted
-        where the user data finds them."""
+        where the user data finds them. `network`: its bridge and addresses (another
+        fleet may run on another network at the same time)."""
+        self.network = network
         self.workdir = Path(workdir)
         self.authorized_key = authorized_key.strip()
         self.key_file = self.workdir / "ssh-key"
@@ -415,8 +456,8 @@ class Fleet:
         self.model_cache_dir = model_cache_dir
         if model_cache_dir is not None:
             self.wheelhouse = self.shared / "wheels"  # where the stack's setup looks for it
-        self.gateway = Host("gateway", GATEWAY_IP, "gateway", self.workdir / "gateway")
-        self.nodes = [Host(f"node{i}", node_ip(i), "node", self.workdir / f"node{i}") for i in range(nodes)]
+        self.gateway = self._host("gateway", network.gateway_ip, "gateway")
+        self.nodes = [self._host(f"node{i}", network.node_ip(i), "node") for i in range(nodes)]
         self._private_key = private_key
         # What the nvidia-smi double reports on every node host (default: a g5.12xlarge).
         # A driver of the image's CUDA (components/image.py DRIVER_CUDA_MAJOR): 580 brought CUDA 13.0.
@@ -441,6 +482,9 @@ class Fleet:
         self._machinery_units: frozenset[str] = frozenset()
         self._stopping = threading.Event()
         self._boot_lock = threading.Lock()
+
+    def _host(self, name: str, ip: str, role: str) -> Host:
+        return Host(name, ip, role, self.workdir / name, netns_prefix=self.network.netns_prefix)
 
     @property
     def hosts(self) -> list[Host]:
@@ -482,7 +526,16 @@ class Fleet:
         """The package mirror on the bridge, where the hosts' apt sources point."""
         log = open(self.workdir / "apt-mirror.log", "ab")
         self._mirror = subprocess.Popen(
-            [sys.executable, "-m", "http.server", "--bind", BRIDGE_IP, "--directory", str(mirror), str(MIRROR_PORT)],
+            [
+                sys.executable,
+                "-m",
+                "http.server",
+                "--bind",
+                self.network.bridge_ip,
+                "--directory",
+                str(mirror),
+                str(MIRROR_PORT),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -492,10 +545,11 @@ class Fleet:
 
     def _network(self) -> None:
         self._remove_leftovers()
-        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        bridge = self.network.bridge
+        _run("ip", "link", "add", bridge, "type", "bridge")
         self._made_bridge = True
-        _run("ip", "addr", "add", f"{BRIDGE_IP}/{PREFIX_LENGTH}", "dev", BRIDGE)
-        _run("ip", "link", "set", BRIDGE, "up")
+        _run("ip", "addr", "add", f"{self.network.bridge_ip}/{PREFIX_LENGTH}", "dev", bridge)
+        _run("ip", "link", "set", bridge, "up")
         for host in self.hosts:
             self._plug(host)
 
@@ -504,7 +558,7 @@ class Fleet:
         _run("ip", "netns", "add", host.netns)
         self._netns.append(host.netns)
         _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
-        _run("ip", "link", "set", host.veth, "master", BRIDGE, "up")
+        _run("ip", "link", "set", host.veth, "master", self.network.bridge, "up")
         _run("ip", "-n", host.netns, "addr", "add", f"{host.ip}/{PREFIX_LENGTH}", "dev", "eth0")
         _run("ip", "-n", host.netns, "link", "set", "eth0", "up")
         _run("ip", "-n", host.netns, "link", "set", "lo", "up")
@@ -515,7 +569,7 @@ class Fleet:
         creates a replacement before it deletes the old one. Removed with the fleet."""
         rootfs, _ = base_rootfs()
         index = len(self.nodes)
-        host = Host(f"node{index}", node_ip(index), "node", self.workdir / f"node{index}")
+        host = self._host(f"node{index}", self.network.node_ip(index), "node")
         if user_data is not None:
             self.user_data[host.name] = user_data
         self.nodes.append(host)
@@ -540,13 +594,13 @@ class Fleet:
             f"--bind{'' if writer else '-ro'}={self.wheelhouse}:/mnt/vllm-wheelhouse",
         ]
 
-    @staticmethod
-    def _remove_leftovers() -> None:
+    def _remove_leftovers(self) -> None:
         """A fleet of an earlier run that was killed before its teardown: same names, ours."""
-        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
+        bridge = self.network.bridge
+        if subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode == 0:
             raise RuntimeError(
-                f"bridge {BRIDGE} exists: another fleet is running, or a killed run left it. "
-                f"Remove it with: ip link del {BRIDGE}; ip netns list | grep {NETNS_PREFIX}"
+                f"bridge {bridge} exists: another fleet is running on its network, or a killed run left it. "
+                f"Remove it with: ip link del {bridge}; ip netns list | grep {self.network.netns_prefix}"
             )
 
     def _prepare(self, host: Host, rootfs: Path) -> None:
@@ -567,7 +621,7 @@ class Fleet:
         _run("ssh-keygen", "-A", "-f", str(host.root))  # this host's own host keys
         # The image's package sources point at a mirror; here, the fleet's own.
         (host.root / "etc" / "apt" / "sources.list").write_text(
-            f"deb [trusted=yes] http://{BRIDGE_IP}:{MIRROR_PORT}/ ./\n"
+            f"deb [trusted=yes] http://{self.network.bridge_ip}:{MIRROR_PORT}/ ./\n"
         )
         for listed in (host.root / "etc" / "apt" / "sources.list.d").glob("*"):
             listed.unlink()
@@ -699,7 +753,7 @@ class Fleet:
 
     def ssh_command(self, host: Host, command: str) -> list[str]:
         """Nodes through the gateway, as the stack reaches them."""
-        jump = GATEWAY_IP if host.role == "node" else None
+        jump = self.network.gateway_ip if host.role == "node" else None
         return ssh_args(self.key_file, SSH_USER, host.ip, command, SSH_USER, jump)
 
     def ssh(
@@ -850,11 +904,14 @@ class Fleet:
             "netns": list(self._netns),
             "mounts": [str(mount) for mount in self._mounts],
             "bridge": self._made_bridge,
+            "network": self.network.state(),
         }
 
     @classmethod
     def adopt(cls, state: dict) -> "Fleet":
-        fleet = cls(Path(state["workdir"]), state["nodes"], authorized_key="", private_key="")
+        # A target recorded before fleets had networks of their own ran on the main one.
+        network = Network(**state["network"]) if "network" in state else MAIN_NETWORK
+        fleet = cls(Path(state["workdir"]), state["nodes"], authorized_key="", private_key="", network=network)
         fleet.run_id = state["run_id"]
         for host in fleet.hosts:
             host.process = adopt(state["hosts"].get(host.name))
@@ -890,7 +947,7 @@ class Fleet:
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         self._netns.clear()
         if self._made_bridge:
-            subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+            subprocess.run(["ip", "link", "del", self.network.bridge], capture_output=True)
             self._made_bridge = False
         for host in self.hosts:
             if host.dir.exists():

@@ -1,6 +1,7 @@
 """Puts the repository root on sys.path so tests import `components` as the program does,
-runs the local fleet's tests last (in make test's two pytest-xdist workers: in one worker,
-from the start), and ends a run naming the tests it skipped (tests/not_run.py)."""
+runs the local fleets' tests last (in make test's three pytest-xdist workers: each fleet
+in a worker of its own, from the start), and ends a run naming the tests it skipped
+(tests/not_run.py)."""
 
 import os
 import sys
@@ -15,7 +16,8 @@ for path in (ROOT, ROOT / "tests"):
 
 from not_run import pytest_terminal_summary  # noqa: E402,F401  (a hook: pytest finds it here)
 
-# The modules that boot a fleet each, in the order they run: last, after every other test.
+# The modules that boot a fleet each (on networks of their own: localhosts/fleet.py
+# Network), in the order they run in one process: last, after every other test.
 FLEET_TESTS = ("test_fleet.py", "test_fleet_replicas.py")
 
 
@@ -30,8 +32,9 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_collection_finish(session):
     """When the fleet's tests will run, its images start building now, beside the other
     tests (minutes on a new machine, mostly downloads and disk). Not in make test's
-    workers: there the fleet's tests start at once, their first fixture builds the images,
-    and the other worker runs the rest beside it."""
+    workers: there the fleets' tests start at once, their first fixtures build the images
+    (one builds, the other waits: localhosts/fleet.py building), and another worker runs
+    the rest beside them."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     if any(item.path.name in FLEET_TESTS for item in session.items):
@@ -50,10 +53,10 @@ def pytest_sessionfinish(session):
         sys.modules["localhosts.cluster"].wait_for_images()
 
 
-# In make test's workers the fleet's tests come first: the fleet's worker is the run's
-# critical path (its bring-ups and engine starts take both cores at times), and the other
-# tests finish long before it either way. So the worker that runs the others yields the
-# CPU to it: a niceness of 10 weighs about a tenth of the default in the kernel's scheduler,
+# In make test's workers the fleets' tests come first: the fleets' workers are the run's
+# critical path (their bring-ups and engine starts take both cores at times), and the other
+# tests finish long before them either way. So the worker that runs the others yields the
+# CPU to them: a niceness of 10 weighs about a tenth of the default in the kernel's scheduler,
 # and holds for what that worker starts too (nginx, uvicorn, promtool). Only the priority
 # changes: no test's timeout does.
 OTHER_TESTS_NICENESS = 10
@@ -74,18 +77,20 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown without it
 def pytest_xdist_make_scheduler(config, log):
-    """make test's workers (pytest -n 2): the fleet's tests are one unit of work, in file
-    order, which one worker takes first (xdist hands out the largest unit first); every
-    other test is a unit of its own for the other worker. The two fleets share the bridge
-    and run one after the other; their module fixtures tear down between them as in one
-    process. (pytest-xdist's own xdist_group marks change test ids, which pytest 9.2 no
+    """make test's workers (pytest -n 3): each fleet's tests are one unit of work, in file
+    order, which a worker takes first (xdist hands out the largest units first, one a
+    worker); every other test is a unit of its own for the third worker. The two fleets
+    run side by side, each on its own bridge and addresses: together they keep both
+    cores busier than one after the other, whose hosts often wait (on boots, timers and
+    engines). (pytest-xdist's own xdist_group marks change test ids, which pytest 9.2 no
     longer lets a plugin do: pytest-xdist issue 1386.)"""
     if config.getvalue("dist") != "load":  # -n's default; another --dist asked for is kept
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class FleetInOneWorker(LoadScopeScheduling):
+    class EachFleetInOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "fleet" if nodeid.split("::")[0].rsplit("/", 1)[-1] in FLEET_TESTS else nodeid
+            module = nodeid.split("::")[0].rsplit("/", 1)[-1]
+            return f"fleet {module}" if module in FLEET_TESTS else nodeid
 
-    return FleetInOneWorker(config, log)
+    return EachFleetInOneWorker(config, log)

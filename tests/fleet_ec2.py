@@ -28,7 +28,7 @@ from doubles.ec2_api import CredentialStore, Ec2ApiDouble, InstanceMetadataDoubl
 
 from cli.mock_runtime import MockCloud
 from components import image
-from localhosts.fleet import BRIDGE, BRIDGE_IP, Host
+from localhosts.fleet import Host
 from localhosts.replay import COMMAND
 
 IMDS_IP = "169.254.169.254"
@@ -134,12 +134,13 @@ class FleetEc2:
         ca_file, cert_file, key_file = issue_test_certificate(self.workdir, [endpoint_name])
         credentials = CredentialStore()
         self.imds = None
-        subprocess.run(["ip", "addr", "add", f"{IMDS_IP}/32", "dev", BRIDGE], check=True)
+        network = self.fleet.network
+        subprocess.run(["ip", "addr", "add", f"{IMDS_IP}/32", "dev", network.bridge], check=True)
         gateway = self.fleet.gateway
         subprocess.run(["ip", "-n", gateway.netns, "route", "add", f"{IMDS_IP}/32", "dev", "eth0"], check=True)
         self.imds = InstanceMetadataDouble(IMDS_IP, 80, role="vllm-gateway-role", credentials=credentials).start()
         self.ec2 = Ec2ApiDouble(
-            BRIDGE_IP,
+            network.bridge_ip,
             443,
             str(cert_file),
             str(key_file),
@@ -153,7 +154,7 @@ class FleetEc2:
         self.refresh(self.run)
         # The gateway resolves EC2's name to the double and trusts its CA, as it trusts Amazon's.
         with open(gateway.root / "etc" / "hosts", "a") as hosts:
-            hosts.write(f"{BRIDGE_IP} {endpoint_name}\n")
+            hosts.write(f"{network.bridge_ip} {endpoint_name}\n")
         (gateway.root / CA_FILE).write_bytes(Path(ca_file).read_bytes())
         self.fleet.ssh(gateway, "sudo update-ca-certificates >/dev/null")
         return self
@@ -164,4 +165,4 @@ class FleetEc2:
                 server.stop()
         # The address goes with the bridge, the route with the namespace; removed now
         # all the same, so a fleet torn down later leaves nothing of ours.
-        subprocess.run(["ip", "addr", "del", f"{IMDS_IP}/32", "dev", BRIDGE], capture_output=True)
+        subprocess.run(["ip", "addr", "del", f"{IMDS_IP}/32", "dev", self.fleet.network.bridge], capture_output=True)

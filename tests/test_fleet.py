@@ -1149,11 +1149,12 @@ def test_make_local_down_removes_everything_it_made(cluster):
     assert all(
         not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower() for pid in pids
     )
-    assert subprocess.run(["ip", "link", "show", "vcbr0"], capture_output=True).returncode != 0
+    network = cluster.fleet.network
+    assert subprocess.run(["ip", "link", "show", network.bridge], capture_output=True).returncode != 0
     assert not [
         name
         for name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-        if name.startswith("vc-")
+        if name.startswith(network.netns_prefix)
     ]
     assert str(workdir) not in Path("/proc/self/mounts").read_text()
     assert not workdir.exists()

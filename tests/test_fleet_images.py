@@ -1,8 +1,8 @@
 """The fleet's images build in the background from the start of a run (tests/conftest.py):
 whoever waits gets the build's outcome, and a run that ends early waits for the build
 instead of leaving it running. The build itself is replaced here by a slow function.
-`make test` runs two pytest workers that may both reach for an image no one built yet:
-one builds, the other waits for it and finds it built."""
+`make test` runs the two fleets in two pytest workers that both reach for the images at
+once on a new machine: one builds, the other waits for it and finds it built."""
 
 from __future__ import annotations
 

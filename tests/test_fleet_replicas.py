@@ -24,7 +24,7 @@ from components import metrics, ports, prometheus_sizing
 from components.bootstrap import GATEWAY_COMMAND
 from components.topology import gang_name, gang_prefix, node_name
 from localhosts.cluster import fleet_program, replace_nodes, serving_cluster
-from localhosts.fleet import in_ci, why_no_fleet
+from localhosts.fleet import SECOND_NETWORK, in_ci, why_no_fleet
 from localhosts.replay import COMMAND, replay
 
 NODES_PER_GANG = 1
@@ -43,7 +43,9 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=f"no local fleet her
 
 @pytest.fixture(scope="module")
 def gangs(tmp_path_factory):
-    with serving_cluster(tmp_path_factory.mktemp("replicas") / "fleet", NODES_PER_GANG, replicas=REPLICAS) as cluster:
+    # On a network of its own: make test runs it beside the main fleet (tests/conftest.py).
+    workdir = tmp_path_factory.mktemp("replicas") / "fleet"
+    with serving_cluster(workdir, NODES_PER_GANG, replicas=REPLICAS, network=SECOND_NETWORK) as cluster:
         yield cluster
 
 
@@ -158,7 +160,7 @@ def test_prometheus_has_each_gangs_figures_after_completions(gangs):
 
 
 def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_other(gangs):
-    updated = fleet_program(NODES_PER_GANG, gangs.key_store, replicas=REPLICAS, **ROLLED)
+    updated = fleet_program(NODES_PER_GANG, gangs.key_store, network=gangs.fleet.network, replicas=REPLICAS, **ROLLED)
     old = {c.name: c.inputs for c in gangs.run.of_type(COMMAND)}
     changed = {c.name for c in updated.of_type(COMMAND) if old.get(c.name) != c.inputs}
     assert changed == {

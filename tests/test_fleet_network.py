@@ -1,0 +1,69 @@
+"""The local fleets' networks (localhosts/fleet.py Network): make test runs the main fleet
+and the replicas fleet at once, so nothing the kernel names or routes may be shared
+between them: bridges, namespaces, veths, addresses, and the stack configs that point
+the hosts at them."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from localhosts.cluster import fleet_config, instance_ips, own_hosts_config
+from localhosts.fleet import MAIN_NETWORK, SECOND_NETWORK, Fleet
+
+NETWORKS = (MAIN_NETWORK, SECOND_NETWORK)
+
+
+def fleet(tmp_path, network, nodes: int = 3) -> Fleet:
+    return Fleet(tmp_path / network.bridge, nodes, authorized_key="", private_key="", network=network)
+
+
+def test_the_two_networks_share_no_name_and_no_address(tmp_path):
+    assert MAIN_NETWORK.bridge != SECOND_NETWORK.bridge
+    # A teardown lists namespaces by prefix: neither may be the start of the other's.
+    assert not MAIN_NETWORK.netns_prefix.startswith(SECOND_NETWORK.netns_prefix)
+    assert not SECOND_NETWORK.netns_prefix.startswith(MAIN_NETWORK.netns_prefix)
+    main, second = (ipaddress.ip_network(n.vpc_cidr) for n in NETWORKS)
+    assert not main.overlaps(second)
+    fleets = [fleet(tmp_path, network) for network in NETWORKS]
+    for network, hosts in zip(NETWORKS, (f.hosts for f in fleets), strict=True):
+        subnet = ipaddress.ip_network(network.vpc_cidr)
+        assert ipaddress.ip_address(network.bridge_ip) in subnet
+        assert all(ipaddress.ip_address(host.ip) in subnet for host in hosts)
+        assert all(host.netns.startswith(network.netns_prefix) for host in hosts)
+    names = [(host.netns, host.veth) for f in fleets for host in f.hosts]
+    assert len({netns for netns, _ in names}) == len({veth for _, veth in names}) == len(names)
+    assert all(len(veth) <= 15 for _, veth in names)  # the kernel's limit on an interface name
+
+
+def test_the_main_network_keeps_the_addresses_make_local_has_always_had():
+    assert (MAIN_NETWORK.bridge, MAIN_NETWORK.netns_prefix) == ("vcbr0", "vc-")
+    assert (MAIN_NETWORK.gateway_ip, MAIN_NETWORK.node_ip(0), MAIN_NETWORK.vpc_cidr) == (
+        "10.99.0.10",
+        "10.99.128.1",
+        "10.99.0.0/16",
+    )
+
+
+def test_make_local_down_finds_the_fleets_network_in_what_make_local_recorded(tmp_path):
+    running = fleet(tmp_path, SECOND_NETWORK)
+    adopted = Fleet.adopt(running.state())
+    assert adopted.network == SECOND_NETWORK
+    assert [(h.name, h.ip, h.netns) for h in adopted.hosts] == [(h.name, h.ip, h.netns) for h in running.hosts]
+    # A target recorded before fleets had networks of their own ran on the main one.
+    old = {key: value for key, value in running.state().items() if key != "network"}
+    assert Fleet.adopt(old).network == MAIN_NETWORK
+
+
+def test_the_stack_configs_point_the_hosts_at_their_own_network():
+    config = fleet_config(1, SECOND_NETWORK, replicas=2)
+    assert config["vpcCidr"] == config["apiAllowedCidrs"][0] == "10.98.0.0/16"
+    assert config["adminCidrs"] == ["10.98.0.254/32"]
+    assert config["hfEndpoint"].startswith("http://10.98.0.254:")
+    assert instance_ips(1, 2, SECOND_NETWORK) == {
+        "vllm-gateway-host": "10.98.0.10",
+        "vllm-head": "10.98.128.1",
+        "vllm-gang1-head": "10.98.128.2",
+    }
+    own = own_hosts_config(2, "key", network=SECOND_NETWORK)
+    assert own["hosts"] == ["10.98.128.1,10.98.128.2"]
+    assert own["gatewayHost"] == own["gatewayPrivateIp"] == "10.98.0.10"
