@@ -148,10 +148,6 @@ class Network:
 MAIN_NETWORK = Network("vcbr0", "vc-", 99)
 # The replicas fleet's (tests/test_fleet_replicas.py), which runs beside the main one.
 SECOND_NETWORK = Network("vcbr1", "vd-", 98)
-BRIDGE = MAIN_NETWORK.bridge
-BRIDGE_IP = MAIN_NETWORK.bridge_ip
-GATEWAY_IP = MAIN_NETWORK.gateway_ip
-VPC_CIDR = MAIN_NETWORK.vpc_cidr
 NETNS_PREFIX = MAIN_NETWORK.netns_prefix
 
 
