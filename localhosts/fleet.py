@@ -391,6 +391,22 @@ def adopt(state: dict | None) -> AdoptedProcess | None:
     return AdoptedProcess(state["pid"], state["started"]) if state else None
 
 
+def running_nspawn(machine: str) -> AdoptedProcess | None:
+    """The systemd-nspawn running the container named `machine` (its `-M`), if any."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it exited while we listed
+        if Path(argv[0].decode(errors="replace")).name != "systemd-nspawn":
+            continue
+        if any(flag == b"-M" and name == machine.encode() for flag, name in zip(argv, argv[1:], strict=False)):
+            pid = int(cmdline.parent.name)
+            if started := AdoptedProcess.start_time(pid):
+                return AdoptedProcess(pid, started)
+    return None
+
+
 @dataclass
 class Host:
     name: str
@@ -714,7 +730,7 @@ class Fleet:
                 "--keep-unit",
                 f"--network-namespace-path=/run/netns/{host.netns}",
                 "-M",
-                f"{host.name}-{self.run_id}",
+                self.machine(host),
                 f"--hostname={host.name}",
                 *self._cpu_affinity(host),
                 *host.binds,
@@ -725,6 +741,9 @@ class Fleet:
             start_new_session=True,
         )
         log.close()
+
+    def machine(self, host: Host) -> str:
+        return f"{host.name}-{self.run_id}"
 
     def _cpu_affinity(self, host: Host) -> list[str]:
         """Each node host gets a core of its own (round robin over this machine's), as
@@ -910,7 +929,10 @@ class Fleet:
         fleet = cls(Path(state["workdir"]), state["nodes"], authorized_key="", private_key="", network=network)
         fleet.run_id = state["run_id"]
         for host in fleet.hosts:
-            host.process = adopt(state["hosts"].get(host.name))
+            # A host booted again since (a reboot, an idle stop and wake) runs in an nspawn
+            # the state never recorded: found by its run's machine name, the teardown powers
+            # it off and waits for it, not only for its namespace to empty.
+            host.process = running_nspawn(fleet.machine(host)) or adopt(state["hosts"].get(host.name))
         fleet._mirror = adopt(state["mirror"])
         fleet._netns = list(state["netns"])
         fleet._mounts = [Path(mount) for mount in state["mounts"]]
@@ -950,7 +972,7 @@ class Fleet:
                 shutil.rmtree(host.dir / "upper", ignore_errors=True)
                 shutil.rmtree(host.dir / "work", ignore_errors=True)
             # What nspawn made for this run's machine and could not remove itself.
-            propagate = Path("/run/systemd/nspawn/propagate") / f"{host.name}-{self.run_id}"
+            propagate = Path("/run/systemd/nspawn/propagate") / self.machine(host)
             if propagate.is_dir() and not any(propagate.iterdir()):
                 propagate.rmdir()
 

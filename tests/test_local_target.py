@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,39 @@ def test_several_gangs_are_listed_with_their_nodes_and_one_gang_adds_nothing():
         local_target.gang_lines({"gangs": [gang("gang0", ("head", "10.99.128.1"), ("worker-1", "10.99.128.2"))]}) == []
     )
     assert local_target.gang_lines({}) == []
+
+
+def test_make_local_down_stops_a_host_booted_again_after_make_local_recorded_it(tmp_path):
+    """A host powered off and booted again (a reboot, an idle stop and wake) runs in a new
+    nspawn whose PID `make local` never recorded. The teardown finds it by the machine
+    name of its run and waits for it to exit: the old check only saw the namespace empty
+    and went on while that nspawn was still exiting (CI under load: a process left)."""
+    from localhosts.fleet import AdoptedProcess, Fleet
+
+    running = Fleet(tmp_path / "fleet", 2, authorized_key="", private_key="")
+    host = running.nodes[1]
+    recorded = running.state()
+
+    # A stand-in with nspawn's name and the arguments the teardown reads (-D, -M); SIGTERM
+    # ends it, as it makes systemd-nspawn power its container off and exit.
+    def nspawn_stand_in(machine: str) -> subprocess.Popen:
+        argv = ["systemd-nspawn", "-c", "import time; time.sleep(120)", "-D", str(host.root), "-M", machine]
+        return subprocess.Popen(argv, executable=sys.executable)
+
+    rebooted = nspawn_stand_in(running.machine(host))
+    other_run = nspawn_stand_in(f"{host.name}-1{running.run_id}")
+    try:
+        deadline = time.monotonic() + 10  # until the stand-ins' argv is in /proc
+        while "-M" not in Path(f"/proc/{other_run.pid}/cmdline").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        adopted = Fleet.adopt(recorded)
+        found = {h.name: h.process.pid for h in adopted.hosts if h.process is not None}
+        assert found == {host.name: rebooted.pid}
+        adopted.stop()
+        assert AdoptedProcess.start_time(rebooted.pid) == ""  # exited (a zombie until we reap it)
+        assert rebooted.wait(timeout=5) == -15
+        assert other_run.poll() is None  # another run's machine of the same name is not touched
+    finally:
+        for process in (rebooted, other_run):
+            process.kill()
+            process.wait()
