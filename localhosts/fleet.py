@@ -148,12 +148,6 @@ class Network:
 MAIN_NETWORK = Network("vcbr0", "vc-", 99)
 # The replicas fleet's (tests/test_fleet_replicas.py), which runs beside the main one.
 SECOND_NETWORK = Network("vcbr1", "vd-", 98)
-NETNS_PREFIX = MAIN_NETWORK.netns_prefix
-
-
-def node_ip(index: int) -> str:
-    """The main network's node `index`."""
-    return MAIN_NETWORK.node_ip(index)
 
 
 def in_ci() -> bool:
@@ -169,7 +163,9 @@ def why_no_fleet() -> str | None:
             return f"{tool} is missing (apt-get install systemd-container debootstrap openssh-client iproute2)"
     if "overlay" not in Path("/proc/filesystems").read_text():
         return "the kernel has no overlayfs"
-    probe = f"{NETNS_PREFIX}probe-{os.getpid()}"
+    # A name under no fleet's prefix: a fleet's teardown check, running beside this in
+    # another pytest worker, counts every namespace under its own as left behind.
+    probe = f"vcprobe-{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return f"cannot create network namespaces: {made.stderr.strip()}"
@@ -194,7 +190,7 @@ def _digest(*parts: str) -> str:
 @contextmanager
 def building(item: str) -> Iterator[None]:
     """One builder of a cached item at a time, across processes and threads: `make test`
-    runs two pytest workers (the fleet's and the rest, Makefile), and tests in both reach
+    runs three pytest workers (each fleet's and the rest, Makefile), and tests in each reach
     for the images, which on a new machine are not built yet. An flock on the item's own
     lock file; a caller that waited checks again and finds the item built."""
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -305,6 +301,16 @@ def fleet_wheelhouse() -> Path:
     return house
 
 
+def link_wheelhouse(house: Path, dest: Path) -> None:
+    """The wheelhouse, as the nodes find it once its writer filled it: hard links to the
+    cached wheels (the writer replaces files, never writes into one). Under the cache's
+    lock: `make test` starts two fleets at once, and each start refreshes the cache
+    (fleet_wheelhouse renames files into it), so a copy beside it could list a file
+    that is gone before it is linked."""
+    with building("wheelhouse"):
+        _run("cp", "-al", str(house), str(dest))
+
+
 def fleet_venv_dir() -> Path:
     """Where fleet_venv keeps the environment of this Python and the lock's pins."""
     return CACHE_DIR / f"venv-{_digest(sys.version, node_env.local_host().lock_path.read_text())}"
@@ -392,18 +398,22 @@ def adopt(state: dict | None) -> AdoptedProcess | None:
 
 
 def running_nspawn(machine: str) -> AdoptedProcess | None:
-    """The systemd-nspawn running the container named `machine` (its `-M`), if any."""
+    """The systemd-nspawn running the container named `machine` (its `-M`), if any: the
+    parent, not a child it forked that has not yet exec'd its own program."""
+    found = {}
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().split(b"\0")
+            status = (cmdline.parent / "status").read_text()
         except (FileNotFoundError, ProcessLookupError):
             continue  # it exited while we listed
         if Path(argv[0].decode(errors="replace")).name != "systemd-nspawn":
             continue
         if any(flag == b"-M" and name == machine.encode() for flag, name in zip(argv, argv[1:], strict=False)):
-            pid = int(cmdline.parent.name)
-            if started := AdoptedProcess.start_time(pid):
-                return AdoptedProcess(pid, started)
+            found[int(cmdline.parent.name)] = int(status.split("PPid:")[1].split()[0])
+    for pid, parent in found.items():
+        if parent not in found and (started := AdoptedProcess.start_time(pid)):
+            return AdoptedProcess(pid, started)
     return None
 
 
@@ -413,9 +423,9 @@ class Host:
     ip: str
     role: str  # "gateway" or "node"
     dir: Path
+    netns_prefix: str  # its fleet's network's (Network.netns_prefix)
     process: subprocess.Popen | None = None
     binds: list[str] = field(default_factory=list)
-    netns_prefix: str = NETNS_PREFIX
 
     @property
     def netns(self) -> str:
@@ -496,7 +506,7 @@ class Fleet:
         self._boot_lock = threading.Lock()
 
     def _host(self, name: str, ip: str, role: str) -> Host:
-        return Host(name, ip, role, self.workdir / name, netns_prefix=self.network.netns_prefix)
+        return Host(name, ip, role, self.workdir / name, self.network.netns_prefix)
 
     @property
     def hosts(self) -> list[Host]:
@@ -524,9 +534,7 @@ class Fleet:
         self.shared.mkdir(exist_ok=True)
         self._network()
         self._serve_mirror(mirror)
-        # The wheelhouse, as the nodes find it once its writer filled it: hard links to
-        # the cached wheels (the writer replaces files, never writes into one).
-        _run("cp", "-al", str(house), str(self.wheelhouse))
+        link_wheelhouse(house, self.wheelhouse)
         for host in self.hosts:
             self._prepare(host, rootfs)
             if host.role == "node":
@@ -746,9 +754,11 @@ class Fleet:
         return f"{host.name}-{self.run_id}"
 
     def _cpu_affinity(self, host: Host) -> list[str]:
-        """Each node host gets a core of its own (round robin over this machine's), as
-        each EC2 instance has its own: the real engine's OpenMP threads on two hosts
-        sharing all cores spin against each other (pipeline stages ran ~18x slower)."""
+        """Each node host of a fleet gets a core of its own (round robin over this
+        machine's), as each EC2 instance has its own: the real engine's OpenMP threads on
+        two hosts sharing all cores spin against each other (pipeline stages ran ~18x
+        slower). Two fleets side by side (make test) each spread theirs the same way, so
+        on 2 cores each core carries one node of each fleet."""
         if host.role != "node":
             return []
         cores = sorted(os.sched_getaffinity(0))

@@ -135,6 +135,9 @@ class FleetEc2:
         credentials = CredentialStore()
         self.imds = None
         network = self.fleet.network
+        # IMDS has one address on every instance, so this machine holds it on one fleet's
+        # bridge at a time: only the replicas fleet stops and wakes its gangs, while the
+        # main fleet runs beside it (make test), and a second would fail to listen here.
         subprocess.run(["ip", "addr", "add", f"{IMDS_IP}/32", "dev", network.bridge], check=True)
         gateway = self.fleet.gateway
         subprocess.run(["ip", "-n", gateway.netns, "route", "add", f"{IMDS_IP}/32", "dev", "eth0"], check=True)

@@ -40,7 +40,7 @@ from localhosts.cluster import (
     stop_cluster,
     tiny_model,
 )
-from localhosts.fleet import in_ci, node_ip, why_no_fleet
+from localhosts.fleet import in_ci, why_no_fleet
 from localhosts.replay import COMMAND, destroy, replay
 from scripts.lib import model_stage
 from scripts.lib.vllm_cluster_lib import metric_totals  # the watchdog's reader of /metrics
@@ -329,7 +329,7 @@ def test_each_node_serves_only_its_pipeline_stage_from_its_own_disk(cluster):
     and a stage index that names only those, and the engine serves from it."""
     weight_map, layers, tied = tiny_model_layout()
     assert len(set(weight_map.values())) > NODES, "the tiny model must have several weight files"
-    ips = [node_ip(i) for i in range(NODES)]
+    ips = [node.ip for node in cluster.fleet.nodes]
     stages = model_stage.node_stages(ips, ips[0], GPUS_PER_NODE, 1, NODES)
     vllm_env = cluster.node_shell(0, "sudo cat /etc/vllm-cluster/vllm.env").stdout
     assert f'SERVE_ARGS="{LOCAL_MODEL} ' in vllm_env, vllm_env
@@ -349,7 +349,7 @@ def test_the_stage_copy_follows_three_pipeline_stages_too(cluster):
     """The node's own copy command on a real host, for a three-stage gang (the third
     node imagined): each position gets exactly the files of its stage, and they differ."""
     weight_map, layers, tied = tiny_model_layout()
-    ips = [node_ip(0), node_ip(1), "10.99.128.250"]
+    ips = [*(node.ip for node in cluster.fleet.nodes[:2]), cluster.fleet.network.node_ip(249)]
     # vLLM orders the nodes after the head by their Ray node ID (model_stage.node_stages):
     # given as Ray would know them, each position is exact.
     ray_ids = {ip: f"{position:02x}" * 28 for position, ip in enumerate(ips)}
@@ -384,7 +384,7 @@ def test_ray_refuses_a_client_without_the_token(cluster):
     without = cluster.node_shell(
         0,
         "sudo env -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN_PATH /opt/vllm-cluster/venv/bin/ray job submit "
-        f"--address http://{node_ip(0)}:8265 -- echo pwned",
+        f"--address http://{cluster.fleet.nodes[0].ip}:8265 -- echo pwned",
         check=False,
     )
     assert without.returncode != 0
@@ -398,9 +398,9 @@ def test_every_node_is_pinned_to_its_interface_and_ip(cluster):
             for line in cluster.node_shell(index, "sudo cat /etc/vllm-cluster/node.env").stdout.splitlines()
             if "=" in line and not line.startswith("#")
         )
-        assert env["NODE_IP"] == env["VLLM_HOST_IP"] == node_ip(index)
+        assert env["NODE_IP"] == env["VLLM_HOST_IP"] == cluster.fleet.nodes[index].ip
         assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["PRIMARY_INTERFACE"] == "eth0"
-        assert env["HEAD_IP"] == node_ip(0)
+        assert env["HEAD_IP"] == cluster.fleet.nodes[0].ip
 
 
 def test_vllm_knows_every_variable_the_stack_gives_it(cluster):

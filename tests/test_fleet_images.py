@@ -103,3 +103,27 @@ def test_a_build_another_process_has_under_way_is_waited_for_and_not_done_again(
     finally:
         other.wait(timeout=30)
         other.stdout.close()
+
+
+def test_a_fleet_links_the_wheelhouse_only_while_no_other_fleet_refreshes_it(tmp_path, monkeypatch):
+    """Each fleet's start refreshes the cached wheelhouse (it renames files into it) and
+    then links it into its own hosts' shared directory. With two fleets starting at once
+    the copy listed a file the other fleet renamed away before it linked it, and `cp`
+    failed the whole fleet: the copy waits for the wheelhouse's lock."""
+    from localhosts import fleet
+
+    monkeypatch.setattr(fleet, "CACHE_DIR", tmp_path / "cache")
+    house = tmp_path / "cache" / "wheelhouse"
+    house.mkdir(parents=True)
+    (house / "old.whl").write_text("wheel")
+    copy = tmp_path / "hosts" / "wheelhouse"
+    copy.parent.mkdir()
+    linked = threading.Event()
+    linker = threading.Thread(target=lambda: (fleet.link_wheelhouse(house, copy), linked.set()))
+    with fleet.building("wheelhouse"):  # the other fleet, refreshing the cache
+        linker.start()
+        assert not linked.wait(1.0)
+        (house / "old.whl").rename(house / "new.whl")
+    linker.join(timeout=10)
+    assert linked.is_set() and os.listdir(copy) == ["new.whl"]
+    assert (copy / "new.whl").stat().st_ino == (house / "new.whl").stat().st_ino  # hard links, no copy
