@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--timeout", type=float, help="seconds to wait (wake: 1200, stop: 600)")
 
     args = parser.parse_args(argv)
+    end_on_hangup_and_terminate()
     # Imported after parsing, like each command's module: `--help` loads none of
     # them, and only `plan` loads the Pulumi engine.
     from cli.cluster import OutputsError
@@ -69,6 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         # verdict on the cluster, in one line and without a traceback.
         print(f"vllm-cluster {args.command}: {error}", file=sys.stderr)
         return CANNOT_LOOK[args.command]
+
+
+def end_on_hangup_and_terminate() -> None:
+    """A closed terminal (SIGHUP) or a kill (SIGTERM) ends the tool the way Ctrl-C does,
+    through its `finally`s: the copy of the stack's SSH private key it keeps for ssh in a
+    private temporary folder (cli/cluster.py Cluster) is removed, not left in /tmp by
+    Python's default of dying on the spot. Exit 128+N, as a shell reports a command ended
+    by signal N. A signal the caller ignores (nohup) stays ignored."""
+
+    def end(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, end)
 
 
 # Exit codes for "the tool could not look": status documents 3 (unknown) for it.

@@ -4,8 +4,12 @@ command answers a stack file it cannot use with one line naming the file, never
 a traceback."""
 
 import ast
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +118,55 @@ def test_outputs_the_tool_cannot_use_are_one_line_naming_them(tmp_path):
         assert result.returncode == 3 and result.stdout == ""
         assert result.stderr.splitlines() == [result.stderr.strip()] and fragment in result.stderr, result.stderr
         assert str(outputs) in result.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["terminal-closed", "terminated"])
+def test_a_watch_ended_by_a_signal_leaves_no_copy_of_the_ssh_key(tmp_path, sig):
+    """The tools write the stack's SSH private key to a private temporary folder for ssh
+    to read, and remove it when they end. `status --watch` runs until it is stopped: a
+    closed terminal (SIGHUP, as `tmux kill-session` sends) or a kill (SIGTERM) ended it
+    without that, and each left a key to every node in /tmp."""
+    stack_file, outputs, scratch = tmp_path / "Pulumi.dev.yaml", tmp_path / "outputs.json", tmp_path / "tmp"
+    write_stack_file(stack_file, DEV)
+    scratch.mkdir()
+    key, certificate = tmp_path / "tls.key", tmp_path / "tls.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ed25519", "-nodes", "-subj", "/CN=127.0.0.1"]
+        + ["-keyout", str(key), "-out", str(certificate), "-days", "1"],
+        check=True,
+        capture_output=True,
+    )
+    # Loopback only: the gateway's logins and the endpoint are refused at once.
+    outputs.write_text(
+        json.dumps(
+            {
+                "gatewayPublicIp": "127.0.0.1",
+                "headPrivateIp": "127.0.0.2",
+                "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n",
+                "endpoint": "https://127.0.0.1:9/v1",
+                "apiKey": "sk-test",
+                "tlsCertificate": certificate.read_text(),
+            }
+        )
+    )
+    args = ["status", "--stack", "dev", "--stack-file", str(stack_file), "--outputs", str(outputs), "--watch"]
+    tool = subprocess.Popen(
+        [str(TOOL), *args, "--interval", "1"],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(scratch.glob("vllm-cluster-*/key")):
+            assert tool.poll() is None and time.monotonic() < deadline, tool.stderr.read().decode()[-2000:]
+            time.sleep(0.1)
+        tool.send_signal(sig)
+        assert tool.wait(timeout=30) == 128 + sig
+        assert list(scratch.iterdir()) == []
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+            tool.wait()
+        tool.stderr.close()
