@@ -150,12 +150,16 @@ def test_a_watch_ended_by_a_signal_leaves_no_copy_of_the_ssh_key(tmp_path, sig):
         )
     )
     args = ["status", "--stack", "dev", "--stack-file", str(stack_file), "--outputs", str(outputs), "--watch"]
+    # The signal's default disposition, as in a terminal: a test run started with nohup
+    # (or in the background) hands its children SIGHUP ignored, and the tool keeps an
+    # ignored SIGHUP ignored.
     tool = subprocess.Popen(
         [str(TOOL), *args, "--interval", "1"],
         cwd=ROOT,
         env={**os.environ, "TMPDIR": str(scratch)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 60
