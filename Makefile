@@ -24,8 +24,9 @@ test-deps:
 # The packages first: creating the virtualenv needs python3-venv.
 # Three workers: each local fleet's tests (a unit of work, in file order: tests/conftest.py)
 # take one from the start, side by side on networks of their own, and every other test runs
-# in the third beside them (or in a fleet's worker once its fleet is done). One fleet leaves about a core idle while its hosts wait on boots,
-# engines and timers (make bench-cpu-floor): the other fleet and the rest of the suite use it.
+# in the third beside them (or in a fleet's worker once its fleet is done). One fleet leaves
+# about a core idle while its hosts wait on boots, engines and timers (make bench-cpu-floor):
+# the other fleet and the rest of the suite use it.
 test: test-deps
 	@$(MAKE) --no-print-directory --silent $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -n 3

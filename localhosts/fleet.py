@@ -397,24 +397,26 @@ def adopt(state: dict | None) -> AdoptedProcess | None:
     return AdoptedProcess(state["pid"], state["started"]) if state else None
 
 
-def running_nspawn(machine: str) -> AdoptedProcess | None:
-    """The systemd-nspawn running the container named `machine` (its `-M`), if any: the
-    parent, not a child it forked that has not yet exec'd its own program."""
-    found = {}
+def running_nspawns() -> dict[str, AdoptedProcess]:
+    """Each running systemd-nspawn by the container name it was given (its `-M`): the
+    parent, not a child it forked that has not yet exec'd its own program. One pass over
+    /proc for a whole fleet."""
+    found: dict[int, tuple[str, int]] = {}  # pid: (machine, parent pid)
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            argv = cmdline.read_bytes().split(b"\0")
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+            if Path(argv[0]).name != "systemd-nspawn" or "-M" not in argv[:-1]:
+                continue
             status = (cmdline.parent / "status").read_text()
         except (FileNotFoundError, ProcessLookupError):
             continue  # it exited while we listed
-        if Path(argv[0].decode(errors="replace")).name != "systemd-nspawn":
-            continue
-        if any(flag == b"-M" and name == machine.encode() for flag, name in zip(argv, argv[1:], strict=False)):
-            found[int(cmdline.parent.name)] = int(status.split("PPid:")[1].split()[0])
-    for pid, parent in found.items():
+        machine = argv[argv.index("-M") + 1]
+        found[int(cmdline.parent.name)] = (machine, int(status.split("PPid:")[1].split()[0]))
+    running = {}
+    for pid, (machine, parent) in found.items():
         if parent not in found and (started := AdoptedProcess.start_time(pid)):
-            return AdoptedProcess(pid, started)
-    return None
+            running[machine] = AdoptedProcess(pid, started)
+    return running
 
 
 @dataclass
@@ -938,11 +940,12 @@ class Fleet:
         network = Network(**state["network"]) if "network" in state else MAIN_NETWORK
         fleet = cls(Path(state["workdir"]), state["nodes"], authorized_key="", private_key="", network=network)
         fleet.run_id = state["run_id"]
+        running = running_nspawns()
         for host in fleet.hosts:
             # A host booted again since (a reboot, an idle stop and wake) runs in an nspawn
             # the state never recorded: found by its run's machine name, the teardown powers
             # it off and waits for it, not only for its namespace to empty.
-            host.process = running_nspawn(fleet.machine(host)) or adopt(state["hosts"].get(host.name))
+            host.process = running.get(fleet.machine(host)) or adopt(state["hosts"].get(host.name))
         fleet._mirror = adopt(state["mirror"])
         fleet._netns = list(state["netns"])
         fleet._mounts = [Path(mount) for mount in state["mounts"]]
