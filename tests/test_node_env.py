@@ -382,16 +382,27 @@ def test_a_staged_copy_changed_on_local_disk_is_checked_again_and_replaced(tmp_p
     assert (local / alpha.name).read_bytes() == alpha.read_bytes()
 
 
-def timed_lines(command: list[str]) -> tuple[int, list[tuple[float, str]]]:
-    """Run `command`; (status, [(seconds since start, stderr line)])."""
+def timed_lines(command: list[str], on_first_line=lambda: None) -> tuple[int, list[tuple[float, str]]]:
+    """Run `command`; (status, [(seconds since start, stderr line)]). `on_first_line` is
+    called once, when the command has said its first line."""
     start = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = [(time.monotonic() - start, line.rstrip()) for line in process.stderr]
+    lines = []
+    for line in process.stderr:
+        lines.append((time.monotonic() - start, line.rstrip()))
+        if len(lines) == 1:
+            on_first_line()
     return process.wait(), lines + [(time.monotonic() - start, "<end>")]
 
 
 def longest_silence(lines: list[tuple[float, str]]) -> float:
-    times = [0.0] + [at for at, _ in lines]
+    """The longest gap between two lines, from the tool's first line to its exit.
+
+    Not from the process's start: the interpreter's start-up before the tool's first line is
+    not the tool's progress reporting, and on a loaded machine (CI runs these tests at
+    niceness 10 beside two fleets) it alone took 1.3-1.7 s. The first line's content is
+    asserted by each test instead."""
+    times = [at for at, _ in lines]
     return max(later - earlier for earlier, later in zip(times, times[1:], strict=False))
 
 
@@ -447,7 +458,9 @@ def test_the_install_is_offline_from_the_stage_and_a_slow_one_prints_progress(tm
     command += ["--python", sys.executable, "--progress-every", "0.4"]
     status, lines = timed_lines(command)
     assert status == 0, "\n".join(line for _, line in lines)
-    assert any("installing" in line for _, line in lines) and longest_silence(lines) < 0.8
+    said = [line for _, line in lines]
+    assert sum("still installing" in line for line in said) >= 2, said  # uv runs 1 s, a line every 0.4 s
+    assert longest_silence(lines) < 0.8
     python = venv / "bin" / "python"
     result = subprocess.run([str(python), "-I", str(NODE_ENV), "check", "--lock", str(lock)], capture_output=True)
     assert result.returncode == 0, result.stderr
@@ -518,11 +531,12 @@ def test_a_reader_waits_for_the_writer_to_fill_the_wheelhouse_saying_so_and_neve
         time.sleep(1.5)
         (house / beta.name).write_bytes(beta.read_bytes())
 
+    # Counted from the reader's first line, not from its start: a loaded machine took 1.5 s
+    # to start the interpreter, and the writer had published before the reader looked.
     late = threading.Thread(target=writer_publishes_late)
-    late.start()
     command = [sys.executable, str(NODE_ENV), "stage", "--lock", str(lock), "--wheelhouse", str(house)]
     command += ["--stage", str(local), "--wait-for-writer", "head", "--wait", "20", "--progress-every", "0.4"]
-    status, lines = timed_lines(command)
+    status, lines = timed_lines(command, on_first_line=late.start)
     late.join()
     assert status == 0, lines
     assert sorted(p.name for p in local.glob("*.whl")) == sorted([alpha.name, beta.name])
