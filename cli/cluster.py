@@ -93,6 +93,14 @@ def stack_outputs(stack: str, outputs_file: str | None) -> dict[str, Any]:
         gangs_of(outputs)
     except OutputsError as error:
         raise OutputsError(f"{source}: {error}") from error
+    certificate = outputs["tlsCertificate"]
+    if not isinstance(certificate, str) or "-----BEGIN CERTIFICATE-----" not in certificate:
+        # The tools trust it to reach the endpoint (Cluster.tls_context); ssl fails on
+        # anything else with an exception of its own, not a line a user can act on.
+        raise OutputsError(
+            f"{source}: the tlsCertificate output is not a PEM certificate ({certificate!r:.40}): "
+            "give the stack's own output (pulumi stack output --json --show-secrets)"
+        )
     return outputs
 
 
