@@ -768,12 +768,15 @@ def test_status_watch_redraws_in_place(cluster):
     assert process.returncode == 0
 
 
-def test_status_watch_draws_the_trends_as_charts_in_a_terminal(cluster):
+def test_status_watch_draws_the_trends_as_charts_in_a_terminal(cluster, tmp_path):
     """In a real terminal (tmux): each frame has the gang's charts of the last 15 minutes
     for tokens/s, TTFT p95 and the queue, drawn from Prometheus's range query, with the
     lowest, highest and last value beside each."""
     assert cluster.completion() == 200
     session = f"vllm-cluster-status-{os.getpid()}"
+    # A tmux server of the test's own, on a socket in its folder: the default one would leave
+    # /tmp/tmux-0 behind, and share a server with the user's sessions.
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.socket")]
     command = shlex.join(
         [
             str(ROOT / "scripts" / "vllm-cluster"),
@@ -785,13 +788,13 @@ def test_status_watch_draws_the_trends_as_charts_in_a_terminal(cluster):
         ]
     )
     subprocess.run(
-        ["tmux", "new-session", "-d", "-s", session, "-x", "220", "-y", "70", "-c", str(ROOT), command], check=True
+        [*tmux, "new-session", "-d", "-s", session, "-x", "220", "-y", "70", "-c", str(ROOT), command], check=True
     )
     try:
         deadline = time.monotonic() + 120
         while True:
             screen = subprocess.run(
-                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
+                [*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
             ).stdout
             charts = {
                 label: line
@@ -806,7 +809,7 @@ def test_status_watch_draws_the_trends_as_charts_in_a_terminal(cluster):
         assert "min " in charts["tokens/s"] and re.search(r"[▁▂▃▄▅▆▇█]", charts["tokens/s"]), charts
         assert screen.count("vllm-cluster status:") == 1, screen  # redrawn in place, not appended
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+        subprocess.run([*tmux, "kill-server"], check=False)
 
 
 # --- faults --------------------------------------------------------------------------------
