@@ -18,26 +18,37 @@ import pytest
 from localhosts import cluster
 
 
+class FakeBuild:
+    """In place of the real build: it runs once `go` is set (or 10 s have passed), and
+    records its calls and whether it ran to its end."""
+
+    def __init__(self) -> None:
+        self.go, self.ran, self.calls = threading.Event(), threading.Event(), 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.go.wait(10):
+            self.ran.set()
+
+
 @pytest.fixture
 def fake_build(monkeypatch):
-    """A build that takes 0.3 s and records that it ran, in place of the real one."""
-    ran = threading.Event()
-
-    def build() -> None:
-        time.sleep(0.3)
-        ran.set()
-
+    build = FakeBuild()
     monkeypatch.setattr(cluster, "_images", None)
     monkeypatch.setattr(cluster, "_build_images", build)
-    return ran
+    yield build
+    build.go.set()  # no build thread left waiting
 
 
 def test_the_build_starts_once_and_waiting_returns_when_it_has_ended(fake_build):
     first = cluster.images_in_background()
     assert cluster.images_in_background() is first
-    assert not fake_build.is_set()  # started in the background: the caller goes on
+    # Started in the background: the caller goes on while the build waits for `go`.
+    assert not first.done() and not fake_build.ran.is_set()
+    threading.Timer(0.3, fake_build.go.set).start()
     cluster.wait_for_images()
-    assert fake_build.is_set() and first.done() and first.result() is None
+    assert fake_build.ran.is_set() and first.done() and first.result() is None
+    assert fake_build.calls == 1
 
 
 def test_a_failed_build_is_raised_to_whoever_waits_for_the_images(monkeypatch):
@@ -51,11 +62,13 @@ def test_a_failed_build_is_raised_to_whoever_waits_for_the_images(monkeypatch):
     cluster.wait_for_images()  # an ended build, even a failed one, is not waited on again
 
 
-def test_without_a_build_started_there_is_nothing_to_wait_for(monkeypatch):
-    monkeypatch.setattr(cluster, "_images", None)
+def test_without_a_build_started_there_is_nothing_to_wait_for(fake_build, monkeypatch):
+    waited = []
+    monkeypatch.setattr(cluster, "wait", lambda *args, **kwargs: waited.append(args))
     started = time.monotonic()
     cluster.wait_for_images()
-    assert time.monotonic() - started < 0.1
+    assert waited == [] and fake_build.calls == 0  # no build started, none waited for
+    assert time.monotonic() - started < 5
 
 
 # Another pytest worker building the fleet's virtualenv: it holds the item's lock until

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -263,6 +264,13 @@ def run_check(double: Double, state: Path, window: float | None = None) -> str:
     return out.getvalue().strip()
 
 
+def probe_seconds(verdict: str) -> int:
+    """N in a verdict's "in N s": the seconds between the two samples it judged."""
+    match = re.search(r" in (\d+) s\b", verdict)
+    assert match, verdict
+    return int(match[1])
+
+
 def age_sample(state: Path, seconds: float) -> None:
     """Pretend the stored sample was taken `seconds` earlier (the timer's interval)."""
     saved = json.loads(state.read_text())
@@ -324,15 +332,19 @@ def test_a_hang_that_began_since_the_last_run_is_dead_in_the_first_run_that_wait
     double.switch("hung")
     age_sample(state, 20)
     hung = run_check(double, state, window=2)
-    assert kind(hung) == "dead" and "no token in 3 s" in hung, hung
+    # Judged on the samples around the 3 s probe (3 s and the metrics' fetches), not on
+    # the stored one, 20 s older.
+    assert kind(hung) == "dead" and "no token in" in hung and 3 <= probe_seconds(hung) < 20, hung
 
 
 def test_a_saturated_server_is_busy_by_the_tokens_made_while_the_probe_waited(double, tmp_path):
     state = tmp_path / "watchdog.json"
     assert run_check(double, state, window=2) == "healthy"
     double.switch("saturated")
+    age_sample(state, 20)  # the stored sample would say "in 23 s" or more
     busy = run_check(double, state, window=2)
-    assert kind(busy) == "busy" and "tokens in 3 s" in busy, busy
+    # Judged on the samples around the 3 s probe (3 s and the metrics' fetches).
+    assert kind(busy) == "busy" and "tokens in" in busy and 3 <= probe_seconds(busy) < 20, busy
 
 
 def test_the_check_says_dead_when_a_server_that_served_refuses(double, tmp_path):
@@ -366,17 +378,23 @@ def test_a_hung_double_freezes_its_gauges_and_counters(double):
 def test_the_double_closes_an_idle_keep_alive_connection_like_uvicorn(tmp_path):
     double = Double(tmp_path, keep_alive=1)
     try:
+        closed = "keep-alive: closed the connection from 127.0.0.1, idle for 1 s"
         connection = http.client.HTTPConnection("127.0.0.1", double.port, timeout=5)
         connection.request("GET", "/health")
         connection.getresponse().read()
-        time.sleep(0.5)  # within the keep-alive: the same connection serves again
+        # Within the keep-alive: the same connection serves again.
+        asked = time.monotonic()  # before the server's answer, whence its idle second counts
         connection.request("GET", "/health")
         response = connection.getresponse()
         assert response.status == 200 and response.read() == b""
-        time.sleep(1.5)  # idle longer than VLLM_HTTP_TIMEOUT_KEEP_ALIVE: the server closed it
+        # Idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE: the server closes it, not sooner.
+        deadline = asked + 15
+        while closed not in double.log.read_text():
+            assert time.monotonic() < deadline, double.log.read_text()
+            time.sleep(0.05)
+        assert time.monotonic() - asked >= 1, double.log.read_text()
         with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
             connection.request("GET", "/health")
             connection.getresponse()
-        assert "keep-alive: closed the connection from 127.0.0.1, idle for 1 s" in double.log.read_text()
     finally:
         double.stop()
