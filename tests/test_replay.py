@@ -81,7 +81,7 @@ def test_the_session_hands_every_chunk_to_the_clock_as_it_arrives():
 
     class Channel:
         def __init__(self):
-            self.chunks = [("stdout", b"a\n", 0.0), ("stderr", b"b\n", 0.3), ("stdout", b"c\n", 0.6)]
+            self.chunks = [("stdout", b"a\n", 0.0), ("stderr", b"b\n", 0.1), ("stdout", b"c\n", 0.2)]
             self.started = time.monotonic()
             self.closed = False
 
@@ -118,18 +118,32 @@ def test_the_session_hands_every_chunk_to_the_clock_as_it_arrives():
         def close(self):
             self.closed = True
 
+    channels = []
+
     class Transport:
         def open_session(self, timeout):
-            return Channel()
+            channels.append(Channel())
+            return channels[-1]
 
     clock = OutputClock()
-    result = ssh_dial.Session._exec(Transport(), "true", "", 10, ssh_dial.DialLog(), clock.receive)
+    # How many chunks the channel still held at each hand-over. Not the gaps between the
+    # clock's times: in CI's niced worker the reading loop's 0.05 s naps wake up late by
+    # tenths of a second, while this count does not depend on when anything ran.
+    held = []
+
+    def heard(stream, chunk):
+        held.append(len(channels[0].chunks))
+        clock.receive(stream, chunk)
+
+    result = ssh_dial.Session._exec(Transport(), "true", "", 10, ssh_dial.DialLog(), heard)
     clock.close()
     assert result.stdout == "a\nc\n" and result.stderr == "b\n"
-    times = [at for at, _, _ in clock.lines]
     assert [text for _, _, text in clock.lines] == ["a", "b", "c"]
-    assert times[1] - times[0] >= 0.25 and times[2] - times[1] >= 0.25
-    assert clock.opened is not None and clock.opened <= times[0]
+    # The start before any output, then each chunk before the next one was read (a loop
+    # that handed the output over at the end would show [0, 0, 0, 0]).
+    assert held == [3, 2, 1, 0]
+    times = [at for at, _, _ in clock.lines]
+    assert clock.opened is not None and clock.opened <= times[0] <= times[1] <= times[2]
 
 
 def test_a_replaced_gang_is_replayed_new_head_first_switch_after_its_vllm():
