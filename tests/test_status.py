@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import threading
+from datetime import datetime, timezone
 from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
@@ -512,7 +513,27 @@ def block_of(text: str, heading: str) -> str:
     return rest[: len(heading) + end.start()] if end else rest
 
 
-def test_each_gang_shows_its_last_5_minutes_beside_its_verdict_and_the_alerts_are_listed():
+class PinnedClock(datetime):
+    """status's clock, stopped at 2026-12-03 11:08 UTC: the KV cache alert (firing since
+    2026-12-02 04:53 UTC) is then 30 h 15 min old, the minute in which CI's run failed."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return datetime(2026, 12, 3, 11, 8, 52, tzinfo=timezone.utc).astimezone(tz)
+
+
+@pytest.fixture
+def pinned_clock(monkeypatch):
+    monkeypatch.setattr(status, "datetime", PinnedClock)
+
+
+def has_trends(text: str) -> bool:
+    """Whether `text` has --watch's charts: a row labelled "15 min", or a bar anywhere (an
+    alert's age, "30 h 15 min", is no chart)."""
+    return bool(re.search(r"^  15 min ", text, re.MULTILINE) or set(prometheus_view.BARS) & set(text))
+
+
+def test_each_gang_shows_its_last_5_minutes_beside_its_verdict_and_the_alerts_are_listed(pinned_clock):
     text = status.render("t", two_gangs_report(), "https://x/v1")
     gang0, gang1 = block_of(text, "  gang0       SERVING"), block_of(text, "  gang1       SERVING")
     assert (
@@ -524,9 +545,9 @@ def test_each_gang_shows_its_last_5_minutes_beside_its_verdict_and_the_alerts_ar
     assert "nan" not in text.lower()
     (alert_line,) = [line for line in text.splitlines() if line.startswith("  alerts ")]
     assert alert_line.startswith("  alerts      VllmKvCacheFull on gang0: firing since 2026-12-02 04:53 UTC (")
-    assert alert_line.endswith("), warning: gang gang0's KV cache is over 95% full")
+    assert alert_line.endswith(" (30 h 15 min), warning: gang gang0's KV cache is over 95% full")
     # The trends are --watch's only.
-    assert "15 min" not in text and not set(prometheus_view.BARS) & set(text)
+    assert not has_trends(text), text
     assert text.rstrip().splitlines()[-1] == "  verdict     HEALTHY"
 
 
@@ -592,7 +613,7 @@ def run_main(monkeypatch, capsys, **flags):
     return code, capsys.readouterr().out
 
 
-def test_watch_draws_each_gangs_last_15_minutes_and_the_one_shot_does_not(monkeypatch, capsys):
+def test_watch_draws_each_gangs_last_15_minutes_and_the_one_shot_does_not(monkeypatch, capsys, pinned_clock):
     code, watched = run_main(monkeypatch, capsys, watch=True)
     assert code == 0
     gang0 = block_of(watched.split("\x1b[H\x1b[2J")[-1], "  gang0       SERVING").splitlines()
@@ -608,7 +629,7 @@ def test_watch_draws_each_gangs_last_15_minutes_and_the_one_shot_does_not(monkey
     assert "  15 min      tokens/s  " + " " * 46 + "  no data" in gang1.splitlines()
 
     code, once = run_main(monkeypatch, capsys)
-    assert code == 0 and "last 5m " in once and "15 min" not in once
+    assert code == 0 and "last 5m " in once and not has_trends(once), once
 
 
 def test_watch_json_carries_the_trends(monkeypatch, capsys):
