@@ -120,21 +120,26 @@ def test_outputs_the_tool_cannot_use_are_one_line_naming_them(tmp_path):
         assert str(outputs) in result.stderr
 
 
+def loopback_outputs(tls_certificate: str | None) -> dict:
+    """A deployed stack's outputs on loopback only: the gateway's logins and the endpoint
+    are refused at once."""
+    return {
+        "gatewayPublicIp": "127.0.0.1",
+        "headPrivateIp": "127.0.0.2",
+        "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n",
+        "endpoint": "https://127.0.0.1:9/v1",
+        "apiKey": "sk-test",
+        "tlsCertificate": tls_certificate,
+    }
+
+
 @pytest.mark.parametrize("certificate", ["", None, "not a certificate"], ids=["empty", "null", "not-pem"])
 def test_a_tls_certificate_output_that_is_no_certificate_is_one_line_naming_it(tmp_path, certificate):
     """The tools trust the stack's own certificate to reach the endpoint; an outputs file
     whose tlsCertificate is empty or no PEM certificate made `status` end in a traceback."""
     stack_file, outputs = tmp_path / "Pulumi.dev.yaml", tmp_path / "outputs.json"
     write_stack_file(stack_file, DEV)
-    deployed = {
-        "gatewayPublicIp": "203.0.113.9",
-        "headPrivateIp": "10.0.1.10",
-        "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\n-----END OPENSSH PRIVATE KEY-----\n",
-        "endpoint": "https://203.0.113.9/v1",
-        "apiKey": "sk-test",
-        "tlsCertificate": certificate,
-    }
-    outputs.write_text(json.dumps(deployed))
+    outputs.write_text(json.dumps(loopback_outputs(certificate)))
     result = run_tool("status", "--stack", "dev", "--stack-file", str(stack_file), "--outputs", str(outputs))
     assert result.returncode == 3 and result.stdout == "", result.stderr
     assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
@@ -157,19 +162,7 @@ def test_a_watch_ended_by_a_signal_leaves_no_copy_of_the_ssh_key(tmp_path, sig):
         check=True,
         capture_output=True,
     )
-    # Loopback only: the gateway's logins and the endpoint are refused at once.
-    outputs.write_text(
-        json.dumps(
-            {
-                "gatewayPublicIp": "127.0.0.1",
-                "headPrivateIp": "127.0.0.2",
-                "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n",
-                "endpoint": "https://127.0.0.1:9/v1",
-                "apiKey": "sk-test",
-                "tlsCertificate": certificate.read_text(),
-            }
-        )
-    )
+    outputs.write_text(json.dumps(loopback_outputs(certificate.read_text())))
     args = ["status", "--stack", "dev", "--stack-file", str(stack_file), "--outputs", str(outputs), "--watch"]
     # The signal's default disposition, as in a terminal: a test run started with nohup
     # (or in the background) hands its children SIGHUP ignored, and the tool keeps an
