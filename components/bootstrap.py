@@ -12,12 +12,19 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from components import image, metrics, ports, sizing, versions
-from components.spec import DEFAULT_API_RATE_LIMIT_PER_SECOND, DEFAULT_API_READ_TIMEOUT_SECONDS, ClusterSpec
+from components.api_routes import DEFAULT_GENERATION_ROUTES, KNOWN_ROUTES, WORK_ROUTES
+from components.spec import (
+    DEFAULT_API_RATE_LIMIT_PER_SECOND,
+    DEFAULT_API_READ_TIMEOUT_SECONDS,
+    MAX_API_KEY_LENGTH,
+    ClusterSpec,
+)
 from components.topology import node_name, node_role, writes_wheelhouse
 from scripts.lib import engine_cache
 
@@ -77,10 +84,14 @@ RATE_LIMIT_BURST_SECONDS = 2
 # server has just closed fails with 502. So the gateway lets go first.
 VLLM_HTTP_KEEP_ALIVE_SECONDS = 5
 GATEWAY_UPSTREAM_KEEPALIVE_SECONDS = 4
-# The only API routes the gateway forwards; everything else answers 404. vLLM's own
-# API key guards only /v1 and a few prefixes, leaving admin routes such as
-# /collective_rpc or /sleep open, so the allowlist is what keeps them private.
-API_ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health")
+# The keys the gateway accepts and the one it sends the heads, as nginx maps (an
+# http-level include the site names): root-only, written by
+# `vllm-cluster-gateway install-api-keys`. nginx's master reads it as root at every
+# (re)load; its workers hold the maps in memory and never open the file.
+API_KEYS_FILE = f"{CONFIG_DIR}/api-keys.conf"
+# A map's keys must fit one bucket of its hash (nginx docs, ngx_http_map_module
+# map_hash_bucket_size): "Bearer " and a key of up to spec.MAX_API_KEY_LENGTH characters.
+API_KEYS_MAP_BUCKET_SIZE = 256
 
 _HEREDOC_END = "VLLM_CLUSTER_FILE_END"
 NODE_UNITS = (
@@ -335,12 +346,34 @@ def compress_user_data(text: str) -> str:
     return base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
 
 
-def gateway_user_data() -> str:
-    """The gateway's first-boot script: install nginx and the gateway command. The
-    certificate, its key and the site come later through the stack's commands."""
+def _without_comment_lines(script: str) -> str:
+    """A shell script without its comment-only and blank lines (the shebang kept). Safe
+    for a script with no heredoc, where a line that starts with # is a comment wherever
+    it stands (tests/test_bootstrap.py checks the gateway's has none)."""
+    first, *rest = script.splitlines(keepends=True)
+    return first + "".join(line for line in rest if line.strip() and not line.lstrip().startswith("#"))
+
+
+def gateway_setup_script() -> str:
+    """What the gateway's setup command runs (as root, on stdin): write the library and
+    the gateway command as they are in the repository, then `vllm-cluster-gateway
+    setup` (install nginx and Prometheus). Converges when run again."""
     files = [
         _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
         _file(GATEWAY_COMMAND, _read(GATEWAY_SCRIPTS / "vllm-cluster-gateway"), "0755"),
+    ]
+    return _script("gateway bootstrap", files, f"{GATEWAY_COMMAND} setup")
+
+
+def gateway_user_data() -> str:
+    """The gateway's first-boot script: the setup script's steps, with the gateway
+    command's comment lines left out. It starts installing nginx and Prometheus while the
+    nodes boot; EC2 takes at most USER_DATA_LIMIT_BYTES of it gzipped, and the commented
+    command alone is near that. The stack's setup command then writes the commented one
+    (gateway_setup_script) before anything else runs it."""
+    files = [
+        _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
+        _file(GATEWAY_COMMAND, _without_comment_lines(_read(GATEWAY_SCRIPTS / "vllm-cluster-gateway")), "0755"),
     ]
     return _script("gateway bootstrap", files, f"{GATEWAY_COMMAND} setup")
 
@@ -547,14 +580,23 @@ def nginx_site(
     rate_limit_per_second: int = DEFAULT_API_RATE_LIMIT_PER_SECOND,
     upstream_include: str = NGINX_UPSTREAM_INCLUDE,
     waker: bool = False,
+    api_routes: tuple[str, ...] = DEFAULT_GENERATION_ROUTES,
+    api_keys_file: str = API_KEYS_FILE,
 ) -> str:
     """The gateway's nginx site (an http-context file for conf.d): TLS on the API
-    port with an allowlist of routes, a body limit, a read timeout and a per-client
-    rate limit (none when 0), balanced over every gang's head (the servers are in
-    `upstream_include`, which the gateway renders); and the Ray dashboard of one head
-    (gang0's, `dashboard_head_ip`) on the admin port for adminCidrs only. With `waker`
-    (a stack with idleStopMinutes), a request no gang could take goes to the gateway's
-    waker, which starts the stopped gangs and answers 503 with Retry-After."""
+    port, where a request needs one of the stack's API keys (api_keys_conf, in
+    `api_keys_file`) before anything else happens, and only `api_routes` are forwarded,
+    as the route itself (never the path as sent); a body limit, a read timeout and a
+    per-client rate limit (none when 0), balanced over every gang's head (the servers
+    are in `upstream_include`, which the gateway renders); and the Ray dashboard of one
+    head (gang0's, `dashboard_head_ip`) on the admin port for adminCidrs only. With
+    `waker` (a stack with idleStopMinutes), a request to a route that does the model's
+    work (WORK_ROUTES) that no gang could take goes to the gateway's waker, which starts
+    the stopped gangs and answers 503 with Retry-After; the other routes get a 503 and
+    wake nothing."""
+    unknown = sorted(set(api_routes) - set(KNOWN_ROUTES))
+    if unknown:
+        raise ValueError(f"not a route the gateway knows: {', '.join(unknown)}")
     # TLS settings go in each server block: the distribution's nginx.conf already sets
     # ssl_protocols in the http block, and a second one there is an error.
     tls = f"""    ssl_certificate {cert_path};
@@ -571,10 +613,52 @@ def nginx_site(
     return (
         "# vllm-cluster gateway, generated by components/bootstrap.py. Do not edit on the host:\n"
         "# the next `pulumi up` writes it again. Included in nginx.conf's http block (conf.d).\n\n"
+        f"{_nginx_api_keys(api_keys_file)}\n"
         f"{rate_zone}{_nginx_upstreams(dashboard_head_ip, upstream_include)}\n"
-        f"{_nginx_api_server(tls, read_timeout_seconds, rate_limit_per_second, waker)}\n"
+        f"{_nginx_api_server(tls, read_timeout_seconds, rate_limit_per_second, waker, api_routes)}\n"
         f"{_nginx_dashboard_server(tls, admin_cidrs)}"
     )
+
+
+# The variables api_keys_conf defines: which key a request carried ("" for none the
+# stack accepts), and the Authorization header the gateway sends the heads.
+API_KEY_VARIABLE = "$vllm_cluster_api_key"
+HEADS_AUTHORIZATION_VARIABLE = "$vllm_cluster_heads_authorization"
+
+
+def api_keys_conf(keys: dict[str, str], heads_key: str) -> str:
+    """The root-only include the site names (API_KEYS_FILE), as nginx maps: each key a
+    client may send as `Authorization: Bearer KEY`, labelled (`current`, `previous`) so
+    the access log shows which one a client used while it rotates; and the key of the
+    heads' vLLM, which only the gateway sends. Clients never learn the heads' key, so a
+    new client key (a rotation) changes this file alone: nginx reloads gracefully and no
+    vLLM restarts. A map is a hash lookup (ngx_http_map_module), not a comparison a
+    timing could walk character by character."""
+    for label, key in {**keys, "heads": heads_key}.items():
+        # spec._TOKEN_CHARS: nothing nginx would read as a quote, a variable or an escape.
+        if not re.fullmatch(r"[A-Za-z0-9._~+/=-]{1,%d}" % MAX_API_KEY_LENGTH, key):
+            raise ValueError(f"the {label} API key holds a character nginx cannot take in a map, or is too long")
+    if len(set(keys.values())) != len(keys) or heads_key in keys.values():
+        raise ValueError("two API keys are the same")
+    client_lines = "".join(f'    "Bearer {key}" {label};\n' for label, key in keys.items())
+    return (
+        "# vllm-cluster: the API keys the gateway accepts, and the heads' key. Written by\n"
+        "# vllm-cluster-gateway install-api-keys from the stack; root-only. Do not edit.\n"
+        f"map $http_authorization {API_KEY_VARIABLE} {{\n"
+        '    default "";\n'
+        f"{client_lines}"
+        "}\n"
+        f"map $host {HEADS_AUTHORIZATION_VARIABLE} {{\n"
+        f'    default "Bearer {heads_key}";\n'
+        "}\n"
+    )
+
+
+def _nginx_api_keys(api_keys_file: str) -> str:
+    return f"""# The API keys (api_keys_conf): a root-only file, so the keys are not in this site.
+map_hash_bucket_size {API_KEYS_MAP_BUCKET_SIZE};
+include {api_keys_file};
+"""
 
 
 def _nginx_upstreams(dashboard_head_ip: str, upstream_include: str) -> str:
@@ -599,59 +683,128 @@ upstream ray_dashboard {{
 """
 
 
+def _openai_error(status: int, message: str, kind: str, code: str) -> str:
+    """An error body as OpenAI's API sends it (and the OpenAI SDKs parse into their
+    exceptions' messages): {"error": {"message", "type", "param", "code"}}. In an nginx
+    single-quoted string: the messages hold no quote, no $ and no backslash."""
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+    if set("'$\\\\") & set(body):
+        raise ValueError(f"an error body nginx would misread: {body}")
+    return f"return {status} '{body}';"
+
+
+UNAUTHORIZED = _openai_error(
+    401,
+    "Missing or invalid API key: send the key of the stack as Authorization: Bearer KEY "
+    "(pulumi stack output apiKey --show-secrets).",
+    "invalid_request_error",
+    "invalid_api_key",
+)
+NOT_FOUND = _openai_error(
+    404,
+    "No such route on this gateway (see the apiRoutes setting of the stack).",
+    "invalid_request_error",
+    "unknown_url",
+)
+NO_GANG_SERVES = _openai_error(
+    503,
+    "No gang of this stack is serving now. A stack that stopped for idleness wakes on a request to a "
+    "route that uses the model (such as /v1/chat/completions), not on this one.",
+    "service_unavailable",
+    "no_gang_serving",
+)
+
+
 def _nginx_waker() -> tuple[str, str]:
-    """The API server's lines that hand a request no gang could take to the waker, and
-    its named location. error_page catches only nginx's own 502 and 504 (no gang
-    answered, or none in time, after proxy_next_upstream's tries): without
-    proxy_intercept_errors a 502 or 503 that vLLM itself sent reaches the client as it
-    is (nginx docs, ngx_http_proxy_module proxy_intercept_errors). "=" without a code
-    answers with the waker's status (ngx_http_core_module error_page). A named location
-    keeps the request's URI and method, and nothing outside can address it."""
-    handoff = """    # No gang could take the request (all stopped by idleStopMinutes, or down): the
-    # waker on this host answers it, waking the stopped gangs (503 with Retry-After).
-    error_page 502 504 = @vllm_waker;
+    """The work routes' line that hands a request no gang could take to the waker, and
+    the named locations: the waker's, and the 503 the other routes give instead. error_page
+    catches only nginx's own 502 and 504 (no gang answered, or none in time, after
+    proxy_next_upstream's tries): without proxy_intercept_errors a 502 or 503 that vLLM
+    itself sent reaches the client as it is (nginx docs, ngx_http_proxy_module
+    proxy_intercept_errors). "=" without a code answers with the waker's status
+    (ngx_http_core_module error_page). A named location keeps the request's URI and
+    method, and nothing outside can address it. error_page is set per location: a
+    location's own error_page replaces the server's (ngx_http_core_module: "inherited
+    ... if and only if there are no error_page directives defined on the current level")."""
+    handoff = """        # No gang could take it (all stopped by idleStopMinutes, or down): the waker on
+        # this host answers, waking the stopped gangs (503 with Retry-After).
+        error_page 502 504 = @vllm_waker;
 """
-    location = f"""
+    locations = f"""
     location @vllm_waker {{
         # The status nginx would have sent, for the waker's answer when nothing sleeps.
         proxy_set_header X-Vllm-Cluster-Status $status;
+        # The waker needs no key: the request passed the gateway's check to get here.
+        proxy_set_header Authorization "";
         proxy_pass http://127.0.0.1:{ports.WAKER};
         # On this host: it answers at once (it reads EC2 for a few seconds at most).
         proxy_connect_timeout {WAKER_CONNECT_TIMEOUT_SECONDS}s;
         proxy_read_timeout {WAKER_READ_TIMEOUT_SECONDS}s;
         proxy_next_upstream off;
     }}
+
+    location @vllm_no_gang {{
+        {NO_GANG_SERVES}
+    }}
 """
-    return handoff, location
+    return handoff, locations
 
 
-def _nginx_api_server(tls: str, read_timeout_seconds: int, rate_limit_per_second: int, waker: bool = False) -> str:
-    """The OpenAI-compatible API: only the allowlisted routes reach vLLM."""
+def _nginx_api_server(
+    tls: str,
+    read_timeout_seconds: int,
+    rate_limit_per_second: int,
+    waker: bool = False,
+    api_routes: tuple[str, ...] = DEFAULT_GENERATION_ROUTES,
+) -> str:
+    """The OpenAI-compatible API: the key first, then only `api_routes` reach vLLM."""
     limit = (
         f"        limit_req zone=vllm_api burst={rate_limit_per_second * RATE_LIMIT_BURST_SECONDS} nodelay;\n"
         if rate_limit_per_second
         else ""
     )
+    handoff, waker_locations = _nginx_waker() if waker else ("", "")
+    no_gang = "        # Never a reason to start a gang.\n        error_page 502 504 = @vllm_no_gang;\n"
+    if not waker:
+        no_gang = ""
+    # proxy_pass names the route: nginx sends exactly it (with the query string), not the
+    # path as the client sent it (ngx_http_proxy_module proxy_pass: with a URI, "the part
+    # of a normalized request URI matching the location is replaced by a URI specified in
+    # the directive"; without one, the request URI goes "in the same form as sent by a
+    # client"), so /metrics/../v1/models cannot reach vLLM's /metrics.
     api_locations = "".join(
         f"""
     location = {route} {{
-{limit}        proxy_pass http://vllm_api;
+        if ({API_KEY_VARIABLE} = "") {{
+            {UNAUTHORIZED}
+        }}
+{limit}{handoff if route in WORK_ROUTES else no_gang}        proxy_pass http://vllm_api{route};
     }}
 """
-        for route in API_ROUTES
+        for route in api_routes
     )
     rate_status = "    limit_req_status 429;\n" if rate_limit_per_second else ""
-    handoff, waker_location = _nginx_waker() if waker else ("", "")
-    return f"""# The OpenAI-compatible API: only the allowlisted routes reach vLLM.
+    return f"""# The OpenAI-compatible API: the key first, then only the stack's routes reach vLLM.
 server {{
     listen {ports.API_HTTPS} ssl;
     listen [::]:{ports.API_HTTPS} ssl;
     server_name _;
 {tls}
     client_max_body_size {MAX_REQUEST_BODY};
+    # The type of the gateway's own answers (401, 404, 503): OpenAI-style JSON.
+    default_type application/json;
+    # A path as sent that is not the route it names: a dot segment, an empty segment or
+    # any percent-encoding (none of the routes has one). nginx would match its normalised
+    # form (/metrics/../v1/models as /v1/models); refused before any location is chosen.
+    if ($request_uri ~ "^[^?]*(/\\.\\.?(/|$|\\?)|//|%)") {{
+        {NOT_FOUND}
+    }}
 {rate_status}    proxy_http_version 1.1;
     proxy_set_header Connection "";
     proxy_set_header X-Forwarded-For $remote_addr;
+    # The heads check their own key, which only the gateway holds: the client's key
+    # stops here (api_keys_conf).
+    proxy_set_header Authorization {HEADS_AUTHORIZATION_VARIABLE};
     # Streaming responses (server-sent events) must not wait in a buffer.
     proxy_buffering off;
     # Between two reads from vLLM: a non-streamed generation longer than this gets 504.
@@ -670,9 +823,9 @@ server {{
     # generation that ran into proxy_read_timeout is not run again on another gang.
     proxy_next_upstream_tries {GATEWAY_RETRY_TRIES};
     proxy_next_upstream_timeout {min(GATEWAY_RETRY_WINDOW_SECONDS, read_timeout_seconds)}s;
-{handoff}{api_locations}{waker_location}
+{api_locations}{waker_locations}
     location / {{
-        return 404;
+        {NOT_FOUND}
     }}
 }}
 """

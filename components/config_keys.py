@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from components import versions
+from components import api_routes, versions
 
 NAMESPACE = "vllm-cluster"
 
@@ -98,8 +98,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Hugging Face token for gated models. Secret: set it with --secret. Empty: none.",
               default="", auto=True, secret=True),
     ConfigKey("apiKey", "string",
-              "API key clients send as a Bearer token, 32+ characters. Secret: set it with --secret. "
-              "Empty: generated.",
+              "API key clients send as a Bearer token, 32+ characters; the gateway checks it before a request "
+              "reaches a gang. Secret: set it with --secret. Empty: generated.",
+              default="", auto=True, secret=True),
+    ConfigKey("previousApiKey", "string",
+              "To rotate apiKey without downtime: the old key, still accepted beside the new apiKey until "
+              "clients have moved; then remove it. Secret: set it with --secret. Empty: no second key.",
               default="", auto=True, secret=True),
     ConfigKey("vllmVersion", "string",
               f"vLLM version on every node (floor {versions.VLLM_MIN_VERSION}). "
@@ -178,6 +182,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Seconds the gateway waits for the next bytes of a response before it answers 504; "
               f"1 to {MAX_API_READ_TIMEOUT_SECONDS}. Generations longer than this need \"stream\": true.",
               default=DEFAULT_API_READ_TIMEOUT_SECONDS),
+    ConfigKey("apiRoutes", "array",
+              "The API routes the gateway forwards, each behind the API key; every other path gets 404. Any of "
+              f"{', '.join(api_routes.KNOWN_ROUTES)}. Empty: the model's routes "
+              f"({', '.join(api_routes.DEFAULT_GENERATION_ROUTES)}; with --runner pooling in vllmExtraArgs "
+              f"{', '.join(api_routes.DEFAULT_POOLING_ROUTES)}).",
+              default=[]),
     ConfigKey("apiRateLimitPerSecond", "integer",
               "API requests per second per client address at the gateway (burst: twice as many), "
               f"up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share it. 0: no limit.",

@@ -5,8 +5,15 @@ when the stack sets apiKey):
   nodes launch with; the stack's remote commands log in with the private half, which
   is also exported (sshPrivateKey) for admins. On hosts the user already has (hosts),
   the stack's sshPrivateKey instead, and no key pair.
-- API key: the stack's apiKey, or 48 random letters and digits. vLLM on the head
-  checks it (VLLM_API_KEY) as the clients' Bearer token; only the head receives it.
+- API key: the stack's apiKey, or 48 random letters and digits: the clients' Bearer
+  token, which the gateway checks (nginx, before anything reaches a gang or the waker),
+  beside previousApiKey while clients move to a new key. Only the gateway receives it.
+- heads' key: 48 random letters and digits that vLLM on each gang's head checks
+  (VLLM_API_KEY); only the gateway sends it, in place of the client's key. Clients
+  never hold it, so rotating the API key restarts no vLLM.
+- gateway probe key: 48 random letters and digits the gateway accepts beside the
+  clients' keys, held by the heads for the stack's readiness check through the gateway
+  (a client's key never reaches a node); its own label in the gateway's key map.
 - Ray token: 48 random letters and digits that every Ray node and client of a gang
   presents (Ray's token authentication); each gang has its own (a gang is its own Ray
   cluster), and every node of the gang receives it.
@@ -45,6 +52,8 @@ METRICS_PASSWORD_LENGTH = 48
 class CredentialsArgs:
     # The stack's apiKey when the user set one; None to generate it.
     api_key: Secret | None
+    # previousApiKey: still accepted while clients move to apiKey; None: no other key.
+    previous_api_key: Secret | None = None
     # Serving gangs: one Ray token each.
     replicas: int = 1
     # hosts: the user's key that logs in on their machines (no key is made, no key pair).
@@ -55,6 +64,9 @@ class Credentials(pulumi.ComponentResource):
     ssh_private_key: pulumi.Output[str]
     key_pair_name: pulumi.Output[str] | None
     api_key: pulumi.Output[str]
+    previous_api_key: pulumi.Output[str] | None
+    heads_api_key: pulumi.Output[str]
+    probe_api_key: pulumi.Output[str]
     ray_token: pulumi.Output[str]
     ray_tokens: list[pulumi.Output[str]]
     login_probe_private_key: pulumi.Output[str]
@@ -86,6 +98,17 @@ class Credentials(pulumi.ComponentResource):
             # Letters and digits only: the key travels in an HTTP header and an env file.
             generated = random.RandomPassword(f"{name}-api-key", length=API_KEY_LENGTH, special=False, opts=child)
             self.api_key = pulumi.Output.secret(generated.result)
+        self.previous_api_key = (
+            pulumi.Output.secret(args.previous_api_key.reveal()) if args.previous_api_key is not None else None
+        )
+        # The heads' own key: never configured, never exported, only on the gateway and
+        # the heads (their vllm-api.env).
+        self.heads_api_key = pulumi.Output.secret(
+            random.RandomPassword(f"{name}-heads-api-key", length=API_KEY_LENGTH, special=False, opts=child).result
+        )
+        self.probe_api_key = pulumi.Output.secret(
+            random.RandomPassword(f"{name}-probe-api-key", length=API_KEY_LENGTH, special=False, opts=child).result
+        )
 
         # Ray token authentication: every node and every client presents its gang's
         # token to the GCS and the dashboard (the Jobs API runs code: CVE-2023-48022).
@@ -118,6 +141,9 @@ class Credentials(pulumi.ComponentResource):
                 "sshPrivateKey": self.ssh_private_key,
                 "keyPairName": self.key_pair_name,
                 "apiKey": self.api_key,
+                "previousApiKey": self.previous_api_key,
+                "headsApiKey": self.heads_api_key,
+                "probeApiKey": self.probe_api_key,
                 "rayToken": self.ray_token,
                 "rayTokens": self.ray_tokens,
                 "loginProbePrivateKey": self.login_probe_private_key,

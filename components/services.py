@@ -113,8 +113,9 @@ class ServicesArgs:
     # The gateway's instance and address: its commands start after both exist.
     gateway: Sequence[pulumi.Resource]
 
-    # The gateway proxy: its first-boot script (sent again by its setup command), TLS and site.
-    gateway_user_data: str
+    # The gateway proxy: its setup script (its first boot's steps, with the commented
+    # gateway command: bootstrap.gateway_setup_script), TLS and site.
+    gateway_setup_script: str
     tls_certificate_pem: pulumi.Output[str]
     tls_private_key_pem: pulumi.Output[str]
     tls_self_signed: bool
@@ -122,6 +123,11 @@ class ServicesArgs:
     admin_cidrs: tuple[str, ...]
     api_read_timeout_seconds: int
     api_rate_limit_per_second: int
+    # The clients' keys, checked at the gateway: apiKey and, while clients move over,
+    # previousApiKey; and the routes it forwards (spec.api_routes).
+    api_key: pulumi.Output[str]
+    previous_api_key: pulumi.Output[str] | None
+    api_routes: tuple[str, ...]
     login_probe_private_key: pulumi.Output[str]
     # Prometheus on the gateway: its login's password (components/credentials.py), and
     # the gateway's root volume its retention is sized by.
@@ -130,7 +136,10 @@ class ServicesArgs:
 
     # The node bootstrap: what each node was told at boot (setup sends it again) and its secrets.
     node_boot: NodeBootArgs
-    api_key: pulumi.Output[str]
+    # The key the heads' vLLM checks, which only the gateway sends, and the key the heads'
+    # readiness check sends through the gateway (credentials.py).
+    heads_api_key: pulumi.Output[str]
+    probe_api_key: pulumi.Output[str]
     hf_token: Secret | None
 
     # Serving: the model, what preflight expects, and how long a gang's restart may take.
@@ -178,16 +187,39 @@ def dial(host: pulumi.Input[str], key: pulumi.Input[str], user: str = SSH_USER) 
     }
 
 
-def node_secrets(ray_token: str, api_key: str, hf_token: str | None, is_head: bool, downloads: bool) -> str:
+def node_secrets(
+    ray_token: str, api_key: str, hf_token: str | None, is_head: bool, downloads: bool, probe_key: str = ""
+) -> str:
     """The NAME=value lines `vllm-cluster-node install-secrets` reads on stdin. Only
-    the head gets the API key; only the nodes that download a part of the model (gang
-    0's, stage-model --part) get the Hugging Face token."""
+    the head gets API keys: the heads' own, which its vLLM checks, and the gateway probe
+    key its readiness check sends through the gateway (never a client's); only the nodes
+    that download a part of the model (gang 0's, stage-model --part) get the Hugging Face
+    token."""
     lines = [f"RAY_AUTH_TOKEN={ray_token}"]
     if is_head:
         lines.append(f"VLLM_API_KEY={api_key}")
+        lines.append(f"GATEWAY_PROBE_KEY={probe_key}")
     if downloads and hf_token:
         lines.append(f"HF_TOKEN={hf_token}")
     return "\n".join(lines) + "\n"
+
+
+def gateway_api_keys(
+    api_key: pulumi.Input[str],
+    previous_api_key: pulumi.Input[str] | None,
+    probe_api_key: pulumi.Input[str],
+    heads_api_key: pulumi.Input[str],
+) -> pulumi.Output[str]:
+    """What `vllm-cluster-gateway install-api-keys` reads on stdin: nginx's maps of the
+    keys the gateway accepts (the clients' apiKey and previousApiKey, the heads' probe
+    key) and of the heads' key (bootstrap.api_keys_conf). Secret."""
+    return pulumi.Output.secret(
+        pulumi.Output.all(api_key, previous_api_key, probe_api_key, heads_api_key).apply(
+            lambda keys: bootstrap.api_keys_conf(
+                {"current": keys[0], **({"previous": keys[1]} if keys[1] else {}), "probe": keys[2]}, keys[3]
+            )
+        )
+    )
 
 
 def tls_bundle(private_key_pem: pulumi.Input[str], certificate_pem: pulumi.Input[str]) -> pulumi.Output[str]:
@@ -205,6 +237,7 @@ class GatewayCommands:
     setup: command.remote.Command  # the gateway's scripts are installed
     tls: command.remote.Command  # the certificate and key are in place
     login_probe: command.remote.Command  # the probe key is installed: the gateway can wait for nodes
+    api_keys: command.remote.Command  # the keys nginx checks are in place (the site includes them)
     # nginx serves the API and the dashboard with TLS. With replicas, declared before the
     # gangs (their drains need the pool); with one gang, after its vLLM (see _serving).
     proxy: command.remote.Command | None = None
@@ -327,7 +360,7 @@ class ClusterServices(pulumi.ComponentResource):
             *self._environment(args),
             args.node_boot.vllm_version,
             gang.vllm_settings,
-            pulumi.Output.secret(args.api_key),
+            pulumi.Output.secret(args.heads_api_key),
             pulumi.Output.secret(gang.ray_token),
             *gang.node_ips,
         ]
@@ -364,7 +397,7 @@ class ClusterServices(pulumi.ComponentResource):
             "gateway-setup",
             self._on_gateway(),
             "sudo bash -s",
-            stdin=args.gateway_user_data,
+            stdin=args.gateway_setup_script,
             after=args.gateway,
             triggers=self._gateway_triggers,
         )
@@ -390,9 +423,20 @@ class ClusterServices(pulumi.ComponentResource):
             triggers=self._gateway_triggers,
         )
         self._metrics(args, [setup])
-        commands = GatewayCommands(setup=setup, tls=tls, login_probe=login_probe)
+        # The keys nginx checks, before the site that names them: a new apiKey or
+        # previousApiKey re-runs this command alone (a graceful reload; no vLLM restarts).
+        api_keys = self._run(
+            "gateway-api-keys",
+            self._on_gateway(),
+            f"sudo {GATEWAY_COMMAND} install-api-keys",
+            stdin=gateway_api_keys(args.api_key, args.previous_api_key, args.probe_api_key, args.heads_api_key),
+            after=[setup],
+            secret=True,
+            triggers=self._gateway_triggers,
+        )
+        commands = GatewayCommands(setup=setup, tls=tls, login_probe=login_probe, api_keys=api_keys)
         if args.rolling:
-            commands.proxy = self._pool(args, [tls])
+            commands.proxy = self._pool(args, [tls, api_keys])
         return commands
 
     def _metrics(self, args: ServicesArgs, after: list[command.remote.Command]) -> command.remote.Command:
@@ -435,6 +479,7 @@ class ClusterServices(pulumi.ComponentResource):
                 rate_limit_per_second=args.api_rate_limit_per_second,
                 # A request no gang could take goes to the waker, which starts stopped gangs.
                 waker=bool(args.idle_stop_minutes),
+                api_routes=args.api_routes,
             )
         )
         pool = pulumi.Output.all(*[gang.node_ips[0] for gang in args.gangs]).apply(
@@ -512,9 +557,9 @@ class ClusterServices(pulumi.ComponentResource):
                 after=[instance, accepts_logins, *([drained] if drained is not None else [])],
             )
             lines = pulumi.Output.secret(
-                pulumi.Output.all(gang.ray_token, args.api_key).apply(
+                pulumi.Output.all(gang.ray_token, args.heads_api_key, args.probe_api_key).apply(
                     lambda values, is_head=(index == 0): node_secrets(
-                        values[0], values[1], hf_token, is_head, downloads=gang.index == 0
+                        values[0], values[1], hf_token, is_head, downloads=gang.index == 0, probe_key=values[2]
                     )
                 )
             )
@@ -717,7 +762,7 @@ class ClusterServices(pulumi.ComponentResource):
         else:
             # The only gang: nothing drains, and the pool's configure runs once its vLLM
             # served a completion (on the first `pulumi up` nothing serves anyway).
-            served = gateway.proxy = self._pool(args, [gateway.tls, serve])
+            served = gateway.proxy = self._pool(args, [gateway.tls, gateway.api_keys, serve])
         proxy = gateway.proxy if args.rolling else served
         return self._run(
             gang.command("readiness"),
@@ -733,7 +778,7 @@ class ClusterServices(pulumi.ComponentResource):
             stdin=args.tls_certificate_pem if args.tls_self_signed else "",
             after=[served, proxy] if args.rolling else [serve, proxy],
             # Check again whenever vLLM may have restarted: new settings, key, version or Ray.
-            triggers=[gang.vllm_settings, pulumi.Output.secret(args.api_key), *vllm_restarts],
+            triggers=[gang.vllm_settings, pulumi.Output.secret(args.heads_api_key), *vllm_restarts],
         )
 
     def _preflight(

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import aws_contract, catalog, node_env, sizing, versions
+from components import api_routes, aws_contract, catalog, node_env, sizing, versions
 from components.catalog import InstanceType
 
 # CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
@@ -44,6 +44,9 @@ from components.config_keys import (  # noqa: F401
 MIN_ROOT_VOLUME_GIB = 150
 MAX_ROOT_VOLUME_GIB = 16384
 MIN_API_KEY_LENGTH = 32
+# The gateway holds the keys in an nginx map whose bucket must fit "Bearer KEY"
+# (bootstrap.API_KEYS_MAP_BUCKET_SIZE).
+MAX_API_KEY_LENGTH = 200
 # The login user with hosts when sshUser is not set: Ubuntu's, as on the AWS image.
 SSH_USER_DEFAULT = "ubuntu"
 
@@ -138,6 +141,7 @@ class ClusterSpec:
     allow_public_api: bool
     hf_token: Secret | None
     api_key: Secret | None
+    previous_api_key: Secret | None
     vllm_version: str
     ray_version: str
     node_lock: str  # the lock every node installs, from the project directory (nodeLock)
@@ -159,6 +163,8 @@ class ClusterSpec:
     tls: UserCertificate | None
     api_read_timeout_seconds: int
     api_rate_limit_per_second: int
+    # The routes the gateway forwards (apiRoutes, or the model's: components/api_routes.py).
+    api_routes: tuple[str, ...]
     warnings: tuple[str, ...] = field(default=())
     # hosts: machines the user has; None for the EC2 instances the stack creates.
     own_hosts: OwnHosts | None = None
@@ -319,6 +325,7 @@ class Exposure:
 class Secrets:
     hf_token: Secret | None
     api_key: Secret | None
+    previous_api_key: Secret | None
 
 
 @dataclass(frozen=True)
@@ -361,6 +368,7 @@ class GatewaySettings:
     gateway_instance_type: str
     api_read_timeout_seconds: int
     api_rate_limit_per_second: int
+    api_routes: tuple[str, ...]
 
 
 def _fields(piece: Any) -> dict[str, Any]:
@@ -1111,6 +1119,9 @@ def _check_secret_token(reader: _Reader, key: str, min_length: int = 1) -> Secre
     value = reader.string(key)
     if value is None:
         return None
+    if key != "hfToken" and len(value) > MAX_API_KEY_LENGTH:
+        reader.fail(key, f"is longer than {MAX_API_KEY_LENGTH} characters, more than the gateway's key map holds")
+        return None
     if len(value) < min_length:
         reader.fail(
             key,
@@ -1131,7 +1142,7 @@ def _check_secret_token(reader: _Reader, key: str, min_length: int = 1) -> Secre
 def _check_secrets(reader: _Reader, secret_keys: set[str] | None) -> Secrets:
     """Secrets must have been set with --secret: a plain value sits unencrypted in the
     stack file and in state. `secret_keys` None skips that check (no stack at hand)."""
-    for key in ("hfToken", "apiKey", "tlsPrivateKey"):
+    for key in ("hfToken", "apiKey", "previousApiKey", "tlsPrivateKey"):
         if reader.present(key) and secret_keys is not None and key not in secret_keys:
             reader.fail(
                 key,
@@ -1141,7 +1152,30 @@ def _check_secrets(reader: _Reader, secret_keys: set[str] | None) -> Secrets:
     return Secrets(
         hf_token=_check_secret_token(reader, "hfToken"),
         api_key=_check_secret_token(reader, "apiKey", MIN_API_KEY_LENGTH),
+        previous_api_key=_check_previous_api_key(reader),
     )
+
+
+def _check_previous_api_key(reader: _Reader) -> Secret | None:
+    """The old key of a rotation: it needs the new one in apiKey beside it (a generated
+    apiKey would lock every client out at once) and must differ from it."""
+    previous = _check_secret_token(reader, "previousApiKey", MIN_API_KEY_LENGTH)
+    if previous is None:
+        return None
+    if not reader.present("apiKey"):
+        reader.fail(
+            "previousApiKey",
+            "is set but apiKey is not: a rotation keeps the old key here and the new one in apiKey. Fix: "
+            f'pulumi config set --secret {NAMESPACE}:apiKey "$(openssl rand -hex 24)", or pulumi config rm '
+            f"{NAMESPACE}:previousApiKey",
+        )
+    elif reader.raw.get("apiKey") == previous.reveal():
+        reader.fail(
+            "previousApiKey",
+            f"is the same as apiKey: set apiKey to the new key. Fix: pulumi config set --secret {NAMESPACE}:apiKey "
+            '"$(openssl rand -hex 24)"',
+        )
+    return previous
 
 
 def _check_release(reader: _Reader, key: str, floor: str, pinned: str) -> str:
@@ -1395,14 +1429,58 @@ def _check_api_rate_limit(reader: _Reader) -> int:
     return per_second if per_second is not None else DEFAULT_API_RATE_LIMIT_PER_SECOND
 
 
-def _check_gateway(reader: _Reader) -> GatewaySettings:
+def _check_api_routes(reader: _Reader, engine: EngineSettings) -> tuple[str, ...]:
+    """apiRoutes, each a route the gateway knows, once; or the model's routes. A generation
+    model keeps /v1/completions: the stack's readiness and status probes use it."""
+    configured = reader.string_list("apiRoutes")
+    if not configured:
+        return api_routes.default_routes(engine.vllm_extra_args)
+    unknown = [route for route in configured if route not in api_routes.KNOWN_ROUTES]
+    if unknown:
+        reader.fail(
+            "apiRoutes",
+            f"names {', '.join(map(json.dumps, unknown))}, not a route the gateway forwards. Known routes: "
+            f"{', '.join(api_routes.KNOWN_ROUTES)}. Fix: pulumi config set --path '{NAMESPACE}:apiRoutes[0]' "
+            f"{api_routes.KNOWN_ROUTES[0]} (one item per route), or pulumi config rm {NAMESPACE}:apiRoutes",
+        )
+    repeated = sorted({route for route in configured if configured.count(route) > 1})
+    if repeated:
+        reader.fail("apiRoutes", f"names {', '.join(repeated)} more than once. Fix: list each route once")
+    pooling = api_routes.is_pooling(engine.vllm_extra_args)
+    if not pooling and api_routes.STACK_PROBE_ROUTE not in configured:
+        reader.fail(
+            "apiRoutes",
+            f"leaves out {api_routes.STACK_PROBE_ROUTE}, which the stack's readiness check and vllm-cluster status "
+            f"send through the gateway. Fix: add it (pulumi config set --path "
+            f"'{NAMESPACE}:apiRoutes[{len(configured)}]' {api_routes.STACK_PROBE_ROUTE})",
+        )
+    wrong_task = [
+        route
+        for route in configured
+        if route in (api_routes.GENERATION_ROUTES if pooling else api_routes.POOLING_ROUTES)
+    ]
+    if wrong_task:
+        task = "a pooling model (--runner pooling)" if pooling else "a generation model"
+        reader.fail(
+            "apiRoutes",
+            f"names {', '.join(wrong_task)}, which {task} does not serve. Fix: remove them, or change vllmExtraArgs",
+        )
+    return tuple(configured)
+
+
+def _check_gateway(reader: _Reader, engine: EngineSettings) -> GatewaySettings:
     gateway_instance_type = reader.string("gatewayInstanceType")
     if gateway_instance_type is not None and not _EC2_TYPE.match(gateway_instance_type):
         reader.fail(
             "gatewayInstanceType",
             f"is not an EC2 instance type such as t3.small (see {INSTANCE_TYPE_NAMES_DOC})",
         )
-    return GatewaySettings(gateway_instance_type, _check_api_read_timeout(reader), _check_api_rate_limit(reader))
+    return GatewaySettings(
+        gateway_instance_type,
+        _check_api_read_timeout(reader),
+        _check_api_rate_limit(reader),
+        _check_api_routes(reader, engine),
+    )
 
 
 def _check_user_certificate(reader: _Reader, secret_keys: set[str] | None) -> UserCertificate | None:
@@ -1707,7 +1785,7 @@ def load_spec(
     network = _check_network(reader, region)
     capacity = _check_capacity(reader, network)
     storage = _check_node_storage(reader)
-    gateway = _check_gateway(reader)
+    gateway = _check_gateway(reader, engine)
     tls = _check_user_certificate(reader, secret_keys)
     idle_stop_minutes = _check_idle_stop(reader)
     _check_engine_fit(reader, source, engine, shape)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import gzip
+import json
 import os
 import re
 import shutil
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap, image, node_env, ports
+from components import api_routes, bootstrap, image, node_env, ports
 from components.bootstrap import NodeBoot
 from components.compute import compress_user_data
-from components.spec import load_spec
+from components.spec import MAX_API_KEY_LENGTH, load_spec
 from tests.pulumi_mocks import stack_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,12 +247,28 @@ def test_user_data_writes_cluster_env_the_first_boot_script_and_its_library_only
     assert (tmp_path / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").read_text() == LIBRARY
 
 
-def test_gateway_user_data_writes_the_library_and_the_gateway_command(tmp_path):
-    write_files_of(bootstrap.gateway_user_data(), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-gateway setup\n")
+def test_gateway_setup_writes_the_library_and_the_gateway_command(tmp_path):
+    write_files_of(
+        bootstrap.gateway_setup_script(), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-gateway setup\n"
+    )
     assert (tmp_path / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").read_text() == LIBRARY
     assert (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-gateway").read_text() == (
         ROOT / "scripts/gateway/vllm-cluster-gateway"
     ).read_text()
+
+
+def test_gateway_user_data_runs_the_same_command_without_its_comment_lines(tmp_path):
+    """EC2's 16 KiB: the first boot's copy of the gateway command drops its comment and
+    blank lines, and only those; with no heredoc in it, bash runs the same code."""
+    write_files_of(bootstrap.gateway_user_data(), tmp_path, "exec /opt/vllm-cluster/bin/vllm-cluster-gateway setup\n")
+    assert (tmp_path / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").read_text() == LIBRARY
+    full = (ROOT / "scripts/gateway/vllm-cluster-gateway").read_text()
+    assert not re.search(r"<<-?\s*['\"]?\w", full.replace("<<<", "")), "a heredoc: its # lines are not comments"
+    compact = (tmp_path / "opt/vllm-cluster/bin/vllm-cluster-gateway").read_text()
+    code = [line for line in full.splitlines()[1:] if line.strip() and not line.lstrip().startswith("#")]
+    assert compact.splitlines() == [full.splitlines()[0], *code]
+    assert len(compact) < len(full) * 0.8
+    assert subprocess.run(["bash", "-n"], input=compact, text=True).returncode == 0
 
 
 def test_user_data_fits_ec2s_limit_once_gzipped_and_unpacks_to_the_script():
@@ -267,6 +284,7 @@ def test_rendered_scripts_are_shellcheck_clean(tmp_path):
         ("node-user-data.sh", bootstrap.node_user_data(boot(0))),
         ("node-setup.sh", bootstrap.node_setup_script(boot(0))),
         ("gateway.sh", bootstrap.gateway_user_data()),
+        ("gateway-setup.sh", bootstrap.gateway_setup_script()),
     )
     for name, text in rendered:
         path = tmp_path / name
@@ -390,13 +408,85 @@ def test_certificate_fingerprint_matches_openssl(tmp_path):
     assert bootstrap.certificate_fingerprint(cert.read_text()) == expected
 
 
-def test_nginx_site_forwards_only_the_allowlisted_routes():
+ROUTES = api_routes.DEFAULT_GENERATION_ROUTES
+
+
+def api_locations(site: str) -> dict[str, str]:
+    """The API server's exact-match locations by route: each one's block."""
+    return dict(re.findall(r"\n    location = (\S+) \{\n(.*?)\n    \}\n", api_server(site), re.S))
+
+
+def test_nginx_site_forwards_only_the_allowlisted_routes_as_the_route_itself():
     site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
-    assert re.findall(r"location = (\S+) \{", site) == list(bootstrap.API_ROUTES)
-    assert "location / {\n        return 404;" in site
-    assert re.findall(r"proxy_pass http://(\w+);", api_server(site)) == ["vllm_api"] * len(bootstrap.API_ROUTES)
+    locations = api_locations(site)
+    assert list(locations) == list(ROUTES)
+    assert re.search(r"location / \{\n        return 404 '\{.*\}';", site)
+    # Each forwards its own route, never the path as sent (a proxy_pass without a URI).
+    for route, block in locations.items():
+        assert re.findall(r"proxy_pass (\S+);", block) == [f"http://vllm_api{route}"]
+    assert not re.search(r"proxy_pass http://vllm_api;", site)
     assert f"client_max_body_size {bootstrap.MAX_REQUEST_BODY};" in site
-    assert site.count("limit_req zone=vllm_api") == len(bootstrap.API_ROUTES)
+    assert site.count("limit_req zone=vllm_api") == len(ROUTES)
+
+
+def test_every_route_checks_the_key_before_anything_else_and_answers_openai_style():
+    """The key is checked in the rewrite phase (`if ... return`), which runs before
+    limit_req, proxy_pass and error_page hand anything on: no request without it reaches
+    a gang or the waker."""
+    for waker in (False, True):
+        for route, block in api_locations(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=waker)).items():
+            first = block.strip().splitlines()[0]
+            assert first == f'if ({bootstrap.API_KEY_VARIABLE} = "") {{', route
+            assert bootstrap.UNAUTHORIZED in block
+    body = json.loads(re.search(r"return 401 '(.*)';", bootstrap.UNAUTHORIZED).group(1))
+    assert body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"
+    api = api_server(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
+    assert "default_type application/json;" in api
+    # The heads get the heads' key, not the client's.
+    assert f"proxy_set_header Authorization {bootstrap.HEADS_AUTHORIZATION_VARIABLE};" in api
+
+
+def test_only_the_routes_that_use_the_model_hand_a_request_to_the_waker():
+    locations = api_locations(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=True, api_routes=ROUTES))
+    wakes = [route for route, block in locations.items() if "error_page 502 504 = @vllm_waker;" in block]
+    assert wakes == ["/v1/completions", "/v1/chat/completions", "/v1/responses"]
+    for route in ("/health", "/v1/models"):
+        assert "error_page 502 504 = @vllm_no_gang;" in locations[route]
+    assert "error_page" not in api_server(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
+
+
+def test_the_site_serves_the_routes_the_stack_names_and_refuses_unknown_ones():
+    pooling = bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), api_routes=api_routes.DEFAULT_POOLING_ROUTES)
+    assert list(api_locations(pooling)) == list(api_routes.DEFAULT_POOLING_ROUTES)
+    with pytest.raises(ValueError, match="/collective_rpc"):
+        bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), api_routes=("/v1/models", "/collective_rpc"))
+
+
+def test_a_path_nginx_would_normalise_is_refused_before_any_location():
+    """nginx matches locations against the normalised path: /metrics/../v1/models would
+    match /v1/models. The server's check on the path as sent refuses it first."""
+    api = api_server(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
+    pattern = re.search(r'if \(\$request_uri ~ "(.*)"\) \{', api).group(1)
+    refused = ["/metrics/../v1/models", "/v1//models", "//v1/models", "/v1/./models", "/v1/%6dodels", "/v1/models/.."]
+    refused += ["/v1/models/.", "/v1/models%2F..%2Fmetrics", "/v1/models/..?x=1"]
+    for path in refused:
+        assert re.search(pattern, path), path
+    for path in ("/v1/models", "/v1/chat/completions", "/v1/models?x=..", "/v1/models?a=b//c&d=%20", "/v1/a.b"):
+        assert not re.search(pattern, path), path
+    assert api.index("$request_uri") < api.index("\n    location ")
+
+
+def test_the_api_keys_file_maps_each_client_key_and_holds_the_heads_key():
+    current, previous, heads = "c" * 48, "p" * 40, "h" * 48
+    text = bootstrap.api_keys_conf({"current": current, "previous": previous}, heads)
+    assert f'    "Bearer {current}" current;\n' in text and f'    "Bearer {previous}" previous;\n' in text
+    assert f'default "Bearer {heads}";' in text and f'"Bearer {heads}" ' not in text
+    assert 'default "";' in text
+    for bad in ('a"b' * 12, "x" * 32 + "$host", "k" * 201, "x y" * 12):
+        with pytest.raises(ValueError):
+            bootstrap.api_keys_conf({"current": bad}, heads)
+    with pytest.raises(ValueError, match="same"):
+        bootstrap.api_keys_conf({"current": current}, current)
 
 
 def test_the_read_timeout_and_the_rate_limit_follow_their_settings():
@@ -407,7 +497,7 @@ def test_the_read_timeout_and_the_rate_limit_follow_their_settings():
     assert "proxy_read_timeout 1800s;" in api
     assert "zone=vllm_api:10m rate=50r/s;" in site
     # The burst follows the rate: twice the per-second figure.
-    assert api.count("limit_req zone=vllm_api burst=100 nodelay;") == len(bootstrap.API_ROUTES)
+    assert api.count("limit_req zone=vllm_api burst=100 nodelay;") == len(ROUTES)
 
 
 def test_the_default_site_keeps_ten_minutes_and_twenty_requests_a_second():
@@ -418,7 +508,7 @@ def test_the_default_site_keeps_ten_minutes_and_twenty_requests_a_second():
 def test_a_rate_limit_of_zero_leaves_the_api_unlimited():
     site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), rate_limit_per_second=0)
     assert "limit_req" not in site
-    assert re.findall(r"location = (\S+) \{", site) == list(bootstrap.API_ROUTES)
+    assert list(api_locations(site)) == list(ROUTES)
 
 
 def upstream_block(site: str, name: str) -> str:
@@ -525,9 +615,21 @@ def test_nginx_accepts_the_site(tmp_path):
     # The pool as the gateway writes it (scripts/gateway/vllm-cluster-gateway render_upstream).
     pool = tmp_path / "vllm-cluster-upstream.inc"
     pool.write_text("server 10.42.128.10:8000 max_fails=1 fail_timeout=10s;  # gang0\nserver 10.42.0.20:8000 down;\n")
+    # The keys as the gateway installs them, the longest key a stack may set among them.
+    keys = tmp_path / "api-keys.conf"
+    keys.write_text(bootstrap.api_keys_conf({"current": "k" * MAX_API_KEY_LENGTH, "previous": "p" * 32}, "h" * 48))
     site = tmp_path / "vllm-cluster.conf"
     site.write_text(
-        bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), str(cert), str(key), upstream_include=str(pool))
+        bootstrap.nginx_site(
+            "10.42.128.10",
+            ("198.51.100.7/32",),
+            str(cert),
+            str(key),
+            upstream_include=str(pool),
+            api_keys_file=str(keys),
+            api_routes=api_routes.KNOWN_ROUTES,
+            waker=True,
+        )
     )
     distribution = Path("/etc/nginx/nginx.conf").read_text()
     assert "include /etc/nginx/conf.d/*.conf;" in distribution
@@ -553,6 +655,7 @@ def test_nginx_accepts_the_site(tmp_path):
             read_timeout_seconds=1800,
             rate_limit_per_second=0,
             upstream_include=str(pool),
+            api_keys_file=str(keys),
         )
     )
     result = check(unlimited)

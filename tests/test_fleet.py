@@ -170,11 +170,53 @@ def test_without_the_api_key_the_api_refuses(cluster):
         openai_client(cluster, api_key="wrong-key").completions.create(model=MODEL, prompt="x", max_tokens=1)
 
 
+def test_the_responses_api_answers_through_the_gateway_with_the_key_only(cluster):
+    """Issue 33: the OpenAI SDK's Responses API (which OpenAI recommends for new
+    applications) reaches vLLM's /v1/responses through the gateway; without the key the
+    gateway itself refuses it."""
+    import openai
+
+    response = openai_client(cluster).responses.create(model=MODEL, input="Hello", max_output_tokens=16)
+    assert response.output_text and response.status == "completed", response
+    with pytest.raises(openai.AuthenticationError):
+        openai_client(cluster, api_key="wrong-key").responses.create(model=MODEL, input="x", max_output_tokens=16)
+
+
+def test_paths_as_sent_that_climb_out_of_a_route_get_404(cluster, tmp_path):
+    """curl --path-as-is keeps /metrics/../v1/models as sent: before, nginx matched it as
+    /v1/models and forwarded the raw path, and vLLM answered its /metrics with no key."""
+    base = cluster.endpoint.removesuffix("/v1")
+    certificate = tmp_path / "tls-certificate.pem"
+    certificate.write_text(cluster.run.outputs["tlsCertificate"])
+    for path in ("/metrics/../v1/models", "/v1/models/../../metrics", "/v1//models", "/v1/%6dodels"):
+        for key in (cluster.api_key, None):
+            header = ["-H", f"Authorization: Bearer {key}"] if key else []
+            code = subprocess.run(
+                ["curl", "--path-as-is", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", str(certificate)]
+                + header
+                + [base + path],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+            assert code == "404", (path, key is not None, code)
+
+
+def test_the_clients_key_stops_at_the_gateway_the_head_checks_its_own(cluster):
+    """vLLM on the head checks the heads' key, which only the gateway sends: a node (or
+    anything else inside) holding the clients' key cannot call the head with it."""
+    probe = (
+        'curl -s -o /dev/null -w %{http_code} -H "Content-Type: application/json" '
+        f'-H "Authorization: Bearer {cluster.api_key}" http://$NODE_IP:8000/v1/models'
+    )
+    assert head_shell(cluster, probe).stdout == "401"
+
+
 def test_routes_outside_the_allowlist_are_refused_at_the_gateway(cluster):
     # vLLM itself answers /metrics (200, no key needed) and its admin routes: the gateway must not pass them.
     vllm_metrics = head_shell(cluster, "curl -s -o /dev/null -w %{http_code} http://$NODE_IP:8000/metrics").stdout
     assert vllm_metrics == "200"
-    for path in ("/metrics", "/collective_rpc", "/v1/embeddings", "/version"):
+    for path in ("/metrics", "/collective_rpc", "/v1/embeddings", "/version", "/tokenize", "/invocations"):
         assert cluster.request(path)[0] == 404, path
     assert cluster.request("/health")[0] == 200
 
@@ -422,7 +464,7 @@ def test_secrets_on_the_nodes_are_root_only(cluster):
         if line
     ]
     assert listing[0] == "700 root /etc/vllm-cluster/secrets"
-    assert {line.rsplit("/", 1)[1] for line in listing[1:]} == {"ray-token", "vllm-api.env"}
+    assert {line.rsplit("/", 1)[1] for line in listing[1:]} == {"ray-token", "vllm-api.env", "gateway-probe.env"}
     assert all(line.startswith("600 root ") for line in listing[1:]), listing
     assert cluster.node_shell(0, "cat /etc/vllm-cluster/secrets/ray-token", check=False).returncode != 0
 

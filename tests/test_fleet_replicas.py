@@ -492,6 +492,19 @@ def test_a_stopped_service_answers_503_with_retry_after_and_the_gateway_wakes_it
         assert time.monotonic() < deadline, report
         time.sleep(5)
     assert report["verdict"] == "stopped" and report["problems"] == [], report
+    # Issue 33: a request without the key is refused at the gateway and starts nothing, nor
+    # does a keyed /health or /v1/models (an uptime monitor): 503, the gangs still asleep.
+    started_before = list(stand_in.started)
+    for key in (None, "wrong-key-" + "w" * 38):
+        assert gangs.request("/v1/completions", {"model": "m", "prompt": "x"}, key=key)[0] == 401
+        assert gangs.request("/health", key=key)[0] == 401
+    for path in ("/health", "/v1/models"):
+        code, body = gangs.request(path)
+        assert code == 503 and body["error"]["code"] == "no_gang_serving", (path, code, body)
+    # The waker looks at EC2 every 15 s and nginx asks it on each request it hands over: one
+    # look's worth of waiting shows that nothing was started.
+    time.sleep(20)
+    assert stand_in.started == started_before, (stand_in.started, stand_in.ec2.calls)
     # A request finds no gang: 503 at once, with Retry-After, and the gateway starts them.
     asked = time.monotonic()
     answer, headers, body = completion_answer(gangs)

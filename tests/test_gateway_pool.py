@@ -35,6 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 GATEWAY_SCRIPT = ROOT / "scripts" / "gateway" / "vllm-cluster-gateway"
 LIBRARY = ROOT / "scripts" / "lib" / "vllm-cluster-lib.sh"
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+# The keys as the stack would send them: a client's current and previous key, and the
+# heads' own, which only the gateway sends (components/bootstrap.py api_keys_conf).
+CLIENT_KEY = "client" + "c" * 42
+PREVIOUS_KEY = "previous" + "p" * 40
+HEADS_KEY = "heads" + "h" * 43
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +86,8 @@ class Gang:
         self.release = threading.Event()
         self.completions = 0
         self.in_flight = 0
+        # Every request as it arrived: (method, path, Authorization header).
+        self.seen: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
 
@@ -106,12 +113,14 @@ class Gang:
                 self.wfile.write(body)
 
             def do_GET(self):
+                gang.seen.append(("GET", self.path, self.headers.get("Authorization")))
                 if self.path == "/health":
                     self.answer(200 if gang.healthy else 503, {})
                 else:
                     self.answer(200, {"gang": gang.name})
 
             def do_POST(self):
+                gang.seen.append(("POST", self.path, self.headers.get("Authorization")))
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with gang.lock:
                     gang.completions += 1
@@ -154,6 +163,7 @@ class Gateway:
         self.api_port, self.dashboard_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         self.env = {**os.environ, "PATH": f"{root}/bin:{os.environ['PATH']}"}
         self.cert = root / "etc/vllm-cluster/tls/cert.pem"
+        self.api_keys = root / "etc/vllm-cluster/api-keys.conf"
         self.started: list[subprocess.Popen] = []
 
     def run(self, *args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -187,6 +197,7 @@ class Gateway:
             str(self.cert),
             str(self.root / "etc/vllm-cluster/tls/key.pem"),
             upstream_include=str(self.include),
+            api_keys_file=str(self.api_keys),
             **overrides,
         )
         for port, local in ((ports.API_HTTPS, self.api_port), (ports.DASHBOARD_HTTPS, self.dashboard_port)):
@@ -218,13 +229,25 @@ class Gateway:
         lines = [line.split("#")[0].strip() for line in self.include.read_text().splitlines()]
         return {line.split()[1]: line for line in lines if line.startswith("server ")}
 
-    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict | str]:
+    def install_keys(self, keys: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """install-api-keys as the stack runs it: the maps on stdin."""
+        keys = {"current": CLIENT_KEY} if keys is None else keys
+        return self.run("install-api-keys", stdin=bootstrap.api_keys_conf(keys, HEADS_KEY))
+
+    def request(
+        self, method: str, path: str, body: dict | None = None, key: str | None = CLIENT_KEY
+    ) -> tuple[int, dict | str]:
+        """A request with `key` as its Bearer token (none when None), its path sent exactly
+        as given (http.client does not normalise it, as curl --path-as-is)."""
         context = ssl.create_default_context(cafile=str(self.cert))
         context.check_hostname = False
         connection = http.client.HTTPSConnection("127.0.0.1", self.api_port, context=context, timeout=30)
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
         try:
             payload = None if body is None else json.dumps(body)
-            connection.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+            connection.request(method, path, body=payload, headers=headers)
             response = connection.getresponse()
             text = response.read().decode()
         finally:
@@ -343,6 +366,8 @@ esac
     nginx = subprocess.Popen([*nginx_args, "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         eventually(lambda: pid_file.exists() and pid_file.read_text().strip() == str(nginx.pid), what="nginx start")
+        # The stack installs the keys before its first configure (services.py).
+        assert_ran(gateway.install_keys())
         yield gateway
     finally:
         for process in [*gateway.started, nginx]:

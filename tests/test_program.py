@@ -651,6 +651,11 @@ ADDED_SINCE_DEPLOYED = {
     "vllm-gateway-instance-profile",
     "vllm-gateway-waker",
     *(f"vllm-idle-stop-{node}" for node in ("head", *(f"worker-{i}" for i in range(1, 16)))),
+    # Issue 33: the gateway checks the API keys itself (installed by their own command);
+    # the heads' vLLM checks a key of its own, and each head has a probe key for the gateway.
+    "vllm-gateway-api-keys",
+    "vllm-heads-api-key",
+    "vllm-probe-api-key",
 }
 
 

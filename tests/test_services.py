@@ -408,9 +408,13 @@ def test_more_gangs_change_the_metrics_targets_and_nothing_of_the_running_gangs(
 def secret_values(result, config_secrets: dict[str, str]) -> dict[str, str]:
     tls_bundle = plain(commands(result)["vllm-gateway-tls"].inputs["stdin"])
     tls_key = tls_bundle[: tls_bundle.index("-----END PRIVATE KEY-----")]
+    api_keys = plain(commands(result)["vllm-gateway-api-keys"].inputs["stdin"])
     return {
         "sshPrivateKey": result.outputs["sshPrivateKey"].strip(),
         "apiKey": result.outputs["apiKey"],
+        # Not an output: the heads' key lives only in the gateway's map and the heads' env.
+        "headsApiKey": re.search(r'default "Bearer ([^"]+)";', api_keys).group(1),
+        "probeApiKey": re.search(r'"Bearer ([^"]+)" probe;', api_keys).group(1),
         "rayToken": result.outputs["rayToken"],
         "tls private key": tls_key.split("\n", 1)[1].strip(),
         # The gateway gets only its salted hash (components/metrics.py htpasswd_line).
@@ -477,8 +481,10 @@ def test_secrets_travel_only_on_secret_stdin_with_logging_off():
             assert secret, f"{command.name} carries {held} on a plain stdin"
             assert command.inputs.get("logging") == "none", command.name
             assert {"stdout", "stderr"} <= set(command.additional_secret_outputs), command.name
-    assert set(carriers) == {"vllm-secrets-head", "vllm-gateway-tls"}
-    assert set(carriers["vllm-secrets-head"]) == {"apiKey", "rayToken", "hfToken"}
+    assert set(carriers) == {"vllm-secrets-head", "vllm-gateway-tls", "vllm-gateway-api-keys"}
+    # The clients' key stays on the gateway: the head checks a key of its own.
+    assert set(carriers["vllm-secrets-head"]) == {"headsApiKey", "probeApiKey", "rayToken", "hfToken"}
+    assert set(carriers["vllm-gateway-api-keys"]) == {"apiKey", "headsApiKey", "probeApiKey"}
 
 
 def test_workers_get_the_ray_token_and_nothing_else():

@@ -166,6 +166,24 @@ BAD_CONFIGS = [
     ),
     ("short API key", {"apiKey": "too-short"}, "apiKey", "32 characters"),
     ("API key with a quote", {"apiKey": "a" * 40 + "'"}, "apiKey", "letters, digits"),
+    ("API key longer than the gateway holds", {"apiKey": "a" * 201}, "apiKey", "longer than 200"),
+    ("previous key without the new one", {"previousApiKey": "p" * 40}, "previousApiKey", "apiKey is not"),
+    ("previous key that is the key", {"apiKey": "k" * 40, "previousApiKey": "k" * 40}, "previousApiKey", "same"),
+    ("short previous key", {"apiKey": "k" * 40, "previousApiKey": "old"}, "previousApiKey", "32 characters"),
+    ("route the gateway does not know", {"apiRoutes": ["/v1/models", "/metrics"]}, "apiRoutes", '"/metrics"'),
+    (
+        "routes without the stack's own probe",
+        {"apiRoutes": ["/v1/chat/completions"]},
+        "apiRoutes",
+        "/v1/completions",
+    ),
+    ("a route twice", {"apiRoutes": ["/v1/completions", "/v1/completions"]}, "apiRoutes", "more than once"),
+    (
+        "pooling routes on a generation model",
+        {"apiRoutes": ["/v1/completions", "/v1/embeddings"]},
+        "apiRoutes",
+        "does not serve",
+    ),
     ("vLLM below its security floor", {"vllmVersion": "0.21.3"}, "vllmVersion", "security floor 0.22.0"),
     ("Ray below its security floor", {"rayVersion": "2.53.9"}, "rayVersion", "security floor 2.54.0"),
     ("version that is not a release", {"rayVersion": "2.60.0rc1"}, "rayVersion", "MAJOR.MINOR.PATCH"),
@@ -257,6 +275,29 @@ def test_secret_values_are_hidden_in_the_spec_repr():
     spec = spec_of(apiKey="a" * 40, hfToken="hf_abcdef")
     assert "aaaa" not in repr(spec) and "hf_abcdef" not in repr(spec)
     assert spec.api_key.reveal() == "a" * 40
+
+
+def test_the_routes_follow_the_models_task_unless_api_routes_names_them():
+    from components import api_routes
+
+    assert spec_of().api_routes == api_routes.DEFAULT_GENERATION_ROUTES
+    assert "/v1/responses" in spec_of().api_routes and "/tokenize" not in spec_of().api_routes
+    for pooling in (["--runner", "pooling"], ["--runner=pooling"], ["--convert", "embed"], ["--task", "embed"]):
+        assert spec_of(vllmExtraArgs=pooling).api_routes == api_routes.DEFAULT_POOLING_ROUTES, pooling
+    chosen = ["/v1/completions", "/v1/models", "/tokenize", "/detokenize"]
+    assert spec_of(apiRoutes=chosen).api_routes == tuple(chosen)
+    assert spec_of(apiRoutes=json.dumps(chosen)).api_routes == tuple(chosen)
+
+
+def test_a_previous_key_beside_the_new_one_is_kept_secret():
+    spec = load_spec(
+        {**GOOD, "apiKey": "n" * 40, "previousApiKey": "o" * 40}, stack="t", secret_keys={"apiKey", "previousApiKey"}
+    )
+    assert spec.previous_api_key.reveal() == "o" * 40 and "oooo" not in repr(spec)
+    with pytest.raises(SpecError) as caught:
+        load_spec({**GOOD, "apiKey": "n" * 40, "previousApiKey": "o" * 40}, stack="t", secret_keys={"apiKey"})
+    assert caught.value.keys == ["previousApiKey"] and "--secret" in str(caught.value)
+    assert "oooo" not in str(caught.value)
 
 
 def test_secrets_set_in_plain_text_are_refused():

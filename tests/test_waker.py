@@ -530,10 +530,18 @@ def test_nginx_accepts_the_site_with_the_waker(tmp_path):
     key, cert = self_signed_pair(tmp_path)
     pool = tmp_path / "vllm-cluster-upstream.inc"
     pool.write_text("server 10.42.128.10:8000 max_fails=0;  # gang0\n")
+    keys = tmp_path / "api-keys.conf"
+    keys.write_text(bootstrap.api_keys_conf({"current": "k" * 48}, "h" * 48))
     site = tmp_path / "vllm-cluster.conf"
     site.write_text(
         bootstrap.nginx_site(
-            "10.42.128.10", ("198.51.100.7/32",), str(cert), str(key), upstream_include=str(pool), waker=True
+            "10.42.128.10",
+            ("198.51.100.7/32",),
+            str(cert),
+            str(key),
+            upstream_include=str(pool),
+            waker=True,
+            api_keys_file=str(keys),
         )
     )
     distribution = Path("/etc/nginx/nginx.conf").read_text()
@@ -562,6 +570,33 @@ def test_a_completion_to_a_stopped_service_through_nginx_gets_the_wakers_503(aws
     status, answer = nginx_gateway.request("POST", "/v1/completions", {"model": "m", "prompt": "hello"})
     assert status == 503, answer
     assert answer["error"]["code"] == "waking_from_idle_stop"
+    assert sorted(aws.started) == sorted(GANG0)
+
+
+def test_no_request_without_the_key_and_no_health_probe_wakes_a_stopped_stack(aws, head, start_waker, gateway_pool):
+    """Issue 33: a scanner, an uptime monitor's /health or a client without the key must
+    not start GPU instances. Without the key: 401 at the gateway, whatever the gangs'
+    state; /health and /v1/models with the key: 503, and still nothing starts. Only a
+    keyed request to a route that uses the model wakes the gang."""
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    process = start_waker({"gang0": GANG0})
+    eventually(lambda: process.power().get("gang0", {}).get("state") == "stopped", what="gang0 seen stopped")
+    nginx_gateway, gang = gateway_pool
+    site = nginx_gateway.site(waker=True).replace(f"127.0.0.1:{ports.WAKER};", f"127.0.0.1:{process.port};")
+    assert nginx_gateway.configure(gang, site=site).returncode == 0
+    gang.stop()
+    completion = {"model": "m", "prompt": "hello"}
+    for key in (None, "wrong-" + "k" * 40):
+        status, answer = nginx_gateway.request("POST", "/v1/completions", completion, key=key)
+        assert status == 401 and answer["error"]["code"] == "invalid_api_key", answer
+        assert nginx_gateway.request("GET", "/health", key=key)[0] == 401
+    for path in ("/health", "/v1/models"):
+        status, answer = nginx_gateway.request("GET", path)
+        assert status == 503 and answer["error"]["code"] == "no_gang_serving", (path, answer)
+    assert starts(aws) == []
+    status, answer = nginx_gateway.request("POST", "/v1/chat/completions", {"model": "m", "messages": []})
+    assert status == 503 and answer["error"]["code"] == "waking_from_idle_stop", answer
     assert sorted(aws.started) == sorted(GANG0)
 
 
