@@ -606,7 +606,8 @@ NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").e
 def test_nginx_accepts_the_site(tmp_path):
     """`nginx -t` from Debian's package, with the site where the gateway puts it: in
     conf.d, included by the distribution's own nginx.conf (whose http block already
-    sets ssl_protocols, as Ubuntu's does)."""
+    sets ssl_protocols, as Ubuntu's does). The site with every route and the waker's
+    locations, and without the waker and the rate limit."""
     if NGINX is None:
         if os.environ.get("VLLM_CLUSTER_CI"):
             pytest.fail("nginx is missing: .ci/run should have installed Debian's nginx")

@@ -523,41 +523,9 @@ def test_the_site_hands_failed_requests_to_the_waker_only_when_asked():
     assert "proxy_intercept_errors" not in site
 
 
-def test_nginx_accepts_the_site_with_the_waker(tmp_path):
-    nginx = needs_nginx()
-    from tests.test_bootstrap import self_signed_pair
-
-    key, cert = self_signed_pair(tmp_path)
-    pool = tmp_path / "vllm-cluster-upstream.inc"
-    pool.write_text("server 10.42.128.10:8000 max_fails=0;  # gang0\n")
-    keys = tmp_path / "api-keys.conf"
-    keys.write_text(bootstrap.api_keys_conf({"current": "k" * 48}, "h" * 48))
-    site = tmp_path / "vllm-cluster.conf"
-    site.write_text(
-        bootstrap.nginx_site(
-            "10.42.128.10",
-            ("198.51.100.7/32",),
-            str(cert),
-            str(key),
-            upstream_include=str(pool),
-            waker=True,
-            api_keys_file=str(keys),
-        )
-    )
-    distribution = Path("/etc/nginx/nginx.conf").read_text()
-    main = tmp_path / "nginx.conf"
-    main.write_text(
-        distribution.replace("include /etc/nginx/conf.d/*.conf;", f"include {site};").replace(
-            "include /etc/nginx/sites-enabled/*;", ""
-        )
-    )
-    result = subprocess.run([nginx, "-t", "-c", str(main)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-
-
-def test_a_completion_to_a_stopped_service_through_nginx_gets_the_wakers_503(aws, head, start_waker, gateway_pool):
-    """The real nginx with the site rendered with the waker, every gang's head gone: the
-    client gets the waker's 503 with Retry-After, and the gang is started."""
+def stopped_behind_nginx(aws, start_waker, gateway_pool):
+    """The real nginx with the site rendered with the waker (on the waker's test port),
+    gang 0's instances stopped and its head gone: the gateway, once the waker saw it."""
     for instance_id in GANG0:
         aws.states[instance_id] = "stopped"
     process = start_waker({"gang0": GANG0})
@@ -567,6 +535,13 @@ def test_a_completion_to_a_stopped_service_through_nginx_gets_the_wakers_503(aws
     result = nginx_gateway.configure(gang, site=site)
     assert result.returncode == 0, result.stderr
     gang.stop()
+    return nginx_gateway
+
+
+def test_a_completion_to_a_stopped_service_through_nginx_gets_the_wakers_503(aws, head, start_waker, gateway_pool):
+    """The real nginx with the site rendered with the waker, every gang's head gone: the
+    client gets the waker's 503 with Retry-After, and the gang is started."""
+    nginx_gateway = stopped_behind_nginx(aws, start_waker, gateway_pool)
     status, answer = nginx_gateway.request("POST", "/v1/completions", {"model": "m", "prompt": "hello"})
     assert status == 503, answer
     assert answer["error"]["code"] == "waking_from_idle_stop"
@@ -578,14 +553,7 @@ def test_no_request_without_the_key_and_no_health_probe_wakes_a_stopped_stack(aw
     not start GPU instances. Without the key: 401 at the gateway, whatever the gangs'
     state; /health and /v1/models with the key: 503, and still nothing starts. Only a
     keyed request to a route that uses the model wakes the gang."""
-    for instance_id in GANG0:
-        aws.states[instance_id] = "stopped"
-    process = start_waker({"gang0": GANG0})
-    eventually(lambda: process.power().get("gang0", {}).get("state") == "stopped", what="gang0 seen stopped")
-    nginx_gateway, gang = gateway_pool
-    site = nginx_gateway.site(waker=True).replace(f"127.0.0.1:{ports.WAKER};", f"127.0.0.1:{process.port};")
-    assert nginx_gateway.configure(gang, site=site).returncode == 0
-    gang.stop()
+    nginx_gateway = stopped_behind_nginx(aws, start_waker, gateway_pool)
     completion = {"model": "m", "prompt": "hello"}
     for key in (None, "wrong-" + "k" * 40):
         status, answer = nginx_gateway.request("POST", "/v1/completions", completion, key=key)
