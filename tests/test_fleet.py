@@ -177,7 +177,9 @@ def test_the_responses_api_answers_through_the_gateway_with_the_key_only(cluster
     import openai
 
     response = openai_client(cluster).responses.create(model=MODEL, input="Hello", max_output_tokens=16)
-    assert response.output_text and response.status == "completed", response
+    # The tiny test model rarely stops on its own: 16 tokens end it as "incomplete".
+    assert response.output_text, response
+    assert response.status == "completed" or response.incomplete_details.reason == "max_output_tokens", response
     with pytest.raises(openai.AuthenticationError):
         openai_client(cluster, api_key="wrong-key").responses.create(model=MODEL, input="x", max_output_tokens=16)
 
