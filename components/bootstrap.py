@@ -358,11 +358,7 @@ def gateway_setup_script() -> str:
     """What the gateway's setup command runs (as root, on stdin): write the library and
     the gateway command as they are in the repository, then `vllm-cluster-gateway
     setup` (install nginx and Prometheus). Converges when run again."""
-    files = [
-        _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
-        _file(GATEWAY_COMMAND, _read(GATEWAY_SCRIPTS / "vllm-cluster-gateway"), "0755"),
-    ]
-    return _script("gateway bootstrap", files, f"{GATEWAY_COMMAND} setup")
+    return _gateway_bootstrap(_read(GATEWAY_SCRIPTS / "vllm-cluster-gateway"))
 
 
 def gateway_user_data() -> str:
@@ -371,10 +367,12 @@ def gateway_user_data() -> str:
     nodes boot; EC2 takes at most USER_DATA_LIMIT_BYTES of it gzipped, and the commented
     command alone is near that. The stack's setup command then writes the commented one
     (gateway_setup_script) before anything else runs it."""
-    files = [
-        _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
-        _file(GATEWAY_COMMAND, _without_comment_lines(_read(GATEWAY_SCRIPTS / "vllm-cluster-gateway")), "0755"),
-    ]
+    return _gateway_bootstrap(_without_comment_lines(_read(GATEWAY_SCRIPTS / "vllm-cluster-gateway")))
+
+
+def _gateway_bootstrap(gateway_command: str) -> str:
+    """Write the library and `gateway_command` (the gateway script's text), then run its setup."""
+    files = [_file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"), _file(GATEWAY_COMMAND, gateway_command, "0755")]
     return _script("gateway bootstrap", files, f"{GATEWAY_COMMAND} setup")
 
 
@@ -628,8 +626,8 @@ HEADS_AUTHORIZATION_VARIABLE = "$vllm_cluster_heads_authorization"
 
 def api_keys_conf(keys: dict[str, str], heads_key: str) -> str:
     """The root-only include the site names (API_KEYS_FILE), as nginx maps: each key a
-    client may send as `Authorization: Bearer KEY`, labelled (`current`, `previous`) so
-    the access log shows which one a client used while it rotates; and the key of the
+    client may send as `Authorization: Bearer KEY`, labelled (`current`, `previous`,
+    `probe`: the value of $vllm_cluster_api_key, "" for none); and the key of the
     heads' vLLM, which only the gateway sends. Clients never learn the heads' key, so a
     new client key (a rotation) changes this file alone: nginx reloads gracefully and no
     vLLM restarts. A map is a hash lookup (ngx_http_map_module), not a comparison a
@@ -764,9 +762,9 @@ def _nginx_api_server(
         else ""
     )
     handoff, waker_locations = _nginx_waker() if waker else ("", "")
-    no_gang = "        # Never a reason to start a gang.\n        error_page 502 504 = @vllm_no_gang;\n"
-    if not waker:
-        no_gang = ""
+    no_gang = (
+        "        # Never a reason to start a gang.\n        error_page 502 504 = @vllm_no_gang;\n" if waker else ""
+    )
     # proxy_pass names the route: nginx sends exactly it (with the query string), not the
     # path as the client sent it (ngx_http_proxy_module proxy_pass: with a URI, "the part
     # of a normalized request URI matching the location is replaced by a URI specified in

@@ -188,7 +188,7 @@ def dial(host: pulumi.Input[str], key: pulumi.Input[str], user: str = SSH_USER) 
 
 
 def node_secrets(
-    ray_token: str, api_key: str, hf_token: str | None, is_head: bool, downloads: bool, probe_key: str = ""
+    ray_token: str, api_key: str, hf_token: str | None, is_head: bool, downloads: bool, probe_key: str
 ) -> str:
     """The NAME=value lines `vllm-cluster-node install-secrets` reads on stdin. Only
     the head gets API keys: the heads' own, which its vLLM checks, and the gateway probe
