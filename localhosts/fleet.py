@@ -311,9 +311,17 @@ def link_wheelhouse(house: Path, dest: Path) -> None:
         _run("cp", "-al", str(house), str(dest))
 
 
+# As scripts/node/node-env's install: offline, every file checked against the lock, and
+# byte-compiled (without it the first `import vllm` in a test compiled vLLM, torch and
+# transformers itself, minutes on a busy machine). Part of the cache's name, so a cached
+# environment made with other options is made again.
+FLEET_VENV_SYNC_OPTIONS = ("--offline", "--no-index", "--require-hashes", "--compile-bytecode")
+
+
 def fleet_venv_dir() -> Path:
     """Where fleet_venv keeps the environment of this Python and the lock's pins."""
-    return CACHE_DIR / f"venv-{_digest(sys.version, node_env.local_host().lock_path.read_text())}"
+    lock = node_env.local_host().lock_path.read_text()
+    return CACHE_DIR / f"venv-{_digest(sys.version, lock, *FLEET_VENV_SYNC_OPTIONS)}"
 
 
 def fleet_venv() -> Path:
@@ -338,7 +346,7 @@ def fleet_venv() -> Path:
         _run(str(uv), "venv", "--quiet", "--python", str(python), str(target))
         # uv's cache beside the virtualenv, on the same file system: the virtualenv's files
         # are hard links to the unpacked wheels there (no copy of 3.7 GiB).
-        offline = ["--offline", "--no-index", f"--find-links={house}", "--require-hashes"]
+        offline = [*FLEET_VENV_SYNC_OPTIONS, f"--find-links={house}"]
         into = ["--quiet", "--python", str(target / "bin" / "python"), "--cache-dir", str(CACHE_DIR / "uv")]
         _run(str(uv), "pip", "sync", *into, *offline, str(lock))
         (target / ".complete").write_text("ok\n")

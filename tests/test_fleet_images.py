@@ -140,3 +140,27 @@ def test_a_fleet_links_the_wheelhouse_only_while_no_other_fleet_refreshes_it(tmp
     linker.join(timeout=10)
     assert linked.is_set() and os.listdir(copy) == ["new.whl"]
     assert (copy / "new.whl").stat().st_ino == (house / "new.whl").stat().st_ino  # hard links, no copy
+
+
+def test_the_fleets_virtualenv_is_installed_byte_compiled_as_a_node_installs_it(tmp_path, monkeypatch):
+    """A node's `node-env install` byte-compiles (scripts/node/node-env). The fleet's
+    virtualenv did not, so the first `import vllm` of test_model_stage compiled vLLM,
+    torch and transformers itself and, beside two booting fleets, passed its 300 s
+    (CI, exit 2 after 2293 s)."""
+    from localhosts import fleet
+
+    monkeypatch.setattr(fleet, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(fleet, "fleet_wheelhouse", lambda: tmp_path / "wheelhouse")
+    commands = []
+
+    def run(*command):
+        commands.append(command)
+        if command[1] == "venv":
+            Path(command[-1]).mkdir()
+
+    monkeypatch.setattr(fleet, "_run", run)
+    assert (fleet.fleet_venv() / ".complete").exists()
+    sync = next(command for command in commands if command[1:3] == ("pip", "sync"))
+    node_env = (cluster.ROOT / "scripts" / "node" / "node-env").read_text()
+    assert '"--compile-bytecode"' in node_env  # what the node does, which the fleet follows
+    assert "--compile-bytecode" in sync and "--require-hashes" in sync and "--offline" in sync
