@@ -55,6 +55,11 @@ NODE_LOCK_PATH = f"{INSTALL_DIR}/node-env.lock"
 # `vllm-cluster-gateway wait-login` and `vllm-cluster-node setup`).
 LOGIN_READY_WORD = "vllm-cluster-login-ready"
 CONFIG_DIR = "/etc/vllm-cluster"
+# Who runs Ray and vLLM on a node (their units' User=, scripts/node/units): a system user
+# without a login, so an engine that runs code it was tricked into loading (a model's,
+# a compiled graph's) gets neither root nor, kept from the metadata service, the node
+# role's credentials (issue 33 point 3). The stack's own tooling stays root.
+SERVICE_USER = "vllm-cluster"
 CLUSTER_ENV = f"{CONFIG_DIR}/cluster.env"
 MODEL_ROOT = "/mnt/vllm-models"
 # The wheelhouse's own access point, mounted read-only but on its writer (storage.py).
@@ -205,6 +210,10 @@ def cluster_env(boot: NodeBoot) -> str:
         "OFI_NCCL_PLUGIN_FILE": image.OFI_NCCL_PLUGIN,
         "NVIDIA_SMI": image.NVIDIA_SMI,
         "NVME_MOUNT": image.NVME_MOUNT,
+        "SERVICE_USER": SERVICE_USER,
+        "SERVICE_DEVICES": " ".join(image.SERVICE_DEVICES),
+        "INSTANCE_METADATA_ADDRESSES": " ".join(image.INSTANCE_METADATA_ADDRESSES),
+        "IPTABLES": image.IPTABLES,
         "LOGIN_USER": boot.login_user,
         # hosts (components/own_hosts.py): the shared directory bound where EFS would be.
         "MODEL_CACHE_SHARED_DIR": boot.shared_model_dir,

@@ -33,6 +33,17 @@ Sources:
   SSH command without a terminal included, as a session (`loginctl list-sessions`).
   https://cloud-images.ubuntu.com/releases/noble/release/ubuntu-24.04-server-cloudimg-amd64.manifest
   https://www.freedesktop.org/software/systemd/man/latest/pam_systemd.html
+- [nvidia-reg] NVIDIA's kernel modules create /dev/nvidia* with mode 0666 unless the
+  DeviceFileMode parameter says otherwise (open-gpu-kernel-modules, kernel-open/nvidia/
+  nv-reg.h, "The default mode is 0666"): a service user needs no group for the GPUs.
+  https://github.com/NVIDIA/open-gpu-kernel-modules
+- [linux-uverbs] The kernel creates /dev/infiniband/uverbsN, the devices EFA's libfabric
+  opens, with mode 0666 (drivers/infiniband/core/uverbs_main.c, uverbs_devnode).
+  https://github.com/torvalds/linux/blob/master/drivers/infiniband/core/uverbs_main.c
+- [imds] EC2 User Guide, "Access instance metadata for an EC2 instance": the instance
+  metadata service answers on 169.254.169.254 and, on Nitro instances with the IPv6
+  endpoint on, on fd00:ec2::254; the node role's credentials are served there.
+  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html
 """
 
 from __future__ import annotations
@@ -92,6 +103,21 @@ C_COMPILER = "/usr/bin/gcc"
 
 # [release-notes] The local NVMe instance store, formatted and mounted at boot.
 NVME_MOUNT = "/opt/dlami/nvme"
+
+# [nvidia-reg] [linux-uverbs] The GPUs' and EFA's device files, which the unprivileged
+# service user that runs Ray and vLLM opens: world read-write on the image, so the user
+# needs no group. Preflight checks it on each node (vllm-cluster-node guard-service), as
+# an image may restrict them.
+SERVICE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm")
+
+# [imds] The addresses the service user is kept from (vllm-cluster-node guard-service).
+INSTANCE_METADATA_ADDRESSES = ("169.254.169.254", "fd00:ec2::254")
+
+# [unverified] iptables (with its owner match) keeps the service user from the metadata
+# service. Ubuntu's server images carry it for ufw, and Docker on the DLAMI needs it; setup
+# installs the package when the command is missing (vllm-cluster-node guard-service), so a
+# node is guarded either way. The local hosts (Debian minbase, without it) take that path.
+IPTABLES = "/usr/sbin/iptables"
 
 # [ubuntu-ami] The login the instance's key pair is authorized for.
 DEFAULT_USER = "ubuntu"

@@ -93,7 +93,10 @@ BASE_PACKAGES = (
 # What the hosts install from the package mirror: the gateway nginx at boot, the nodes
 # their Python's headers at setup (the image may lack them as Debian's does: vLLM's
 # engine compiles its kernels against them).
-MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev")
+# And iptables, which the image is taken to have (components/image.py IPTABLES) and which
+# the nodes' setup installs where it is missing, as here: it keeps the service user that
+# runs Ray and vLLM from the metadata service.
+MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev", "iptables")
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.
@@ -747,6 +750,10 @@ class Fleet:
                 "--register=no",
                 "--keep-unit",
                 f"--network-namespace-path=/run/netns/{host.netns}",
+                # Root on an instance may change its own firewall (the nodes' setup keeps
+                # the service user from the metadata service with iptables): here only in
+                # the host's own network namespace, which this run made.
+                "--capability=CAP_NET_ADMIN",
                 "-M",
                 self.machine(host),
                 f"--hostname={host.name}",

@@ -328,7 +328,7 @@ def test_ray_and_vllm_units_lift_the_locked_memory_limit_for_efa():
 
 def test_the_worker_waits_for_the_heads_gcs_and_joins_it():
     text = unit("ray-worker.service")
-    assert "ExecStartPre=/opt/vllm-cluster/bin/vllm-cluster-node wait-gcs" in text
+    assert "ExecStartPre=+/opt/vllm-cluster/bin/vllm-cluster-node wait-gcs" in text
     assert "--address=${HEAD_IP}:${PORT_RAY_GCS}" in text
 
 
@@ -336,7 +336,7 @@ def test_vllm_unit_reads_the_key_from_a_file_and_waits_for_the_whole_cluster():
     text = unit("vllm.service")
     assert "EnvironmentFile=/etc/vllm-cluster/secrets/vllm-api.env" in text
     assert "--api-key" not in text
-    assert "ExecStartPre=/opt/vllm-cluster/bin/vllm-cluster-node wait-cluster" in text
+    assert "ExecStartPre=+/opt/vllm-cluster/bin/vllm-cluster-node wait-cluster" in text
     assert "PartOf=ray-head.service" in text
 
 
@@ -347,6 +347,32 @@ def test_vllm_is_restarted_after_any_exit_it_did_not_ask_for():
     watchdog leaves a stopped unit to systemd; only an explicit stop keeps it stopped."""
     service = unit("vllm.service").split("[Service]", 1)[1].split("[Install]", 1)[0]
     assert re.search(r"^Restart=always$", service, re.M), service
+
+
+def test_ray_and_vllm_run_as_the_unprivileged_service_user_and_only_their_checks_as_root():
+    """Issue 33 point 3: a compromised engine gets neither root nor the node role's
+    credentials. Ray (whose workers are vLLM's) and vLLM's server run as the service
+    user; what must be root runs with systemd's `+` prefix: the node script's waits, and
+    the rule that keeps the service user from the instance metadata service, applied
+    before every start (rules do not survive a reboot)."""
+    for name in ("ray-head.service", "ray-worker.service", "vllm.service"):
+        service = unit(name).split("[Service]", 1)[1].split("[Install]", 1)[0]
+        assert re.search(rf"^User={bootstrap.SERVICE_USER}$", service, re.M), name
+        assert re.search(rf"^Group={bootstrap.SERVICE_USER}$", service, re.M), name
+        pre = re.findall(r"^ExecStartPre=(.*)$", service, re.M)
+        assert pre and all(line.startswith("+/opt/vllm-cluster/bin/vllm-cluster-node ") for line in pre), name
+        if name.startswith("ray-"):
+            assert "+/opt/vllm-cluster/bin/vllm-cluster-node guard-service" in pre, name
+    # Every other node unit is the stack's own root tooling (watchdog, idle check, prepare).
+    for name in bootstrap.NODE_UNITS:
+        if name not in ("ray-head.service", "ray-worker.service", "vllm.service"):
+            assert "User=" not in unit(name), name
+
+
+def test_the_service_user_and_the_metadata_addresses_reach_the_node():
+    text = bootstrap.cluster_env(boot())
+    assert f"SERVICE_USER={bootstrap.SERVICE_USER}\n" in text
+    assert 'INSTANCE_METADATA_ADDRESSES="169.254.169.254 fd00:ec2::254"\n' in text
 
 
 def test_node_env_pins_nccl_gloo_vllm_and_ray_to_the_primary_interface():

@@ -465,10 +465,54 @@ def test_secrets_on_the_nodes_are_root_only(cluster):
         ).stdout.split("\n")
         if line
     ]
-    assert listing[0] == "700 root /etc/vllm-cluster/secrets"
+    # The service user's group may reach the Ray token by name (Ray reads it), nothing else.
+    assert listing[0] == "710 root /etc/vllm-cluster/secrets"
     assert {line.rsplit("/", 1)[1] for line in listing[1:]} == {"ray-token", "vllm-api.env", "gateway-probe.env"}
-    assert all(line.startswith("600 root ") for line in listing[1:]), listing
+    for line in listing[1:]:
+        assert line.startswith("640 root " if line.endswith("/ray-token") else "600 root "), listing
     assert cluster.node_shell(0, "cat /etc/vllm-cluster/secrets/ray-token", check=False).returncode != 0
+    as_service = "sudo setpriv --reuid=vllm-cluster --regid=vllm-cluster --init-groups"
+    api_key = cluster.node_shell(0, f"{as_service} cat /etc/vllm-cluster/secrets/vllm-api.env", check=False)
+    assert api_key.returncode != 0, "the service user read the API key's file"
+
+
+# A stand-in for the instance metadata service on the node itself (its address on the
+# loopback, a web server as root): what the service user may not reach and root may.
+METADATA_STAND_IN = (
+    "sudo sh -c 'ip addr add 169.254.169.254/32 dev lo"
+    " && (python3 -m http.server --bind 169.254.169.254 80 >/dev/null 2>&1 & echo $!)'"
+)
+
+
+def test_ray_and_vllm_run_as_the_service_user_who_cannot_reach_the_metadata_service(cluster):
+    """Issue 33 point 3: every process of Ray's and vLLM's units on every node is the
+    service user's, not root's, and that user's packets to the metadata service's address
+    are refused on the node (the rule Ray's unit applies before it starts), root's not."""
+    for index in range(len(cluster.fleet.nodes)):
+        units = "ray-head.service vllm.service" if index == 0 else "ray-worker.service"
+        users = cluster.node_shell(
+            index,
+            f"for unit in {units}; do cat /sys/fs/cgroup$(systemctl show -p ControlGroup --value $unit)/cgroup.procs;"
+            " done | xargs ps -o user:32=,comm= -p",
+        ).stdout.split("\n")
+        processes = [line.split() for line in users if line.strip()]
+        assert len(processes) >= 2, users
+        assert {user for user, _ in processes} == {"vllm-cluster"}, processes
+        assert any(command == "raylet" for _, command in processes), processes
+    server = cluster.node_shell(0, METADATA_STAND_IN).stdout.strip()
+    try:
+        fetch = "curl -sS -o /dev/null -w '%{http_code}' --max-time 10 http://169.254.169.254/"
+        deadline = time.monotonic() + 30
+        while (as_root := cluster.node_shell(0, f"sudo {fetch}", check=False)).stdout != "200":
+            assert time.monotonic() < deadline, as_root
+            time.sleep(0.5)
+        as_service = cluster.node_shell(
+            0, f"sudo setpriv --reuid=vllm-cluster --regid=vllm-cluster --init-groups {fetch}", check=False
+        )
+        # curl's 7: the connection was refused (the REJECT rule), not a timeout (28).
+        assert as_service.returncode == 7, (as_service.stdout, as_service.stderr)
+    finally:
+        cluster.node_shell(0, f"sudo sh -c 'kill {server}; ip addr del 169.254.169.254/32 dev lo'", check=False)
 
 
 # --- first boot as it really happens, on hosts laid out like the node image -------------
@@ -1177,6 +1221,10 @@ def test_destroy_removes_what_the_stack_put_on_the_hosts_and_leaves_them_and_the
         for process in ("raylet", "gcs_server"):
             assert cluster.fleet.ssh(host, f"pgrep -x {process}", check=False).returncode != 0, (host.name, process)
         assert cluster.fleet.ssh(host, "mountpoint -q /mnt/vllm-models", check=False).returncode != 0, host.name
+        # The service user and its rule against the metadata service are gone too.
+        assert cluster.fleet.ssh(host, "id vllm-cluster", check=False).returncode != 0, host.name
+        rules = cluster.fleet.ssh(host, "sudo iptables -w -S OUTPUT").stdout
+        assert "169.254.169.254" not in rules, (host.name, rules)
         assert "removed ray" in outcomes[f"vllm-host-{node_name(index)}"].stderr
     gateway = cluster.fleet.gateway
     assert cluster.fleet.ssh(gateway, "test -e /etc/nginx/conf.d/vllm-cluster.conf", check=False).returncode != 0
