@@ -42,6 +42,7 @@ from localhosts.fleet import (
     base_rootfs,
     building,
     fleet_venv,
+    serve_on_bridge,
 )
 from localhosts.replay import COMMAND, Outcome, ReplayError, replay, user_data_of
 
@@ -208,22 +209,12 @@ class FakeHub:
         # original/), which vLLM never reads: the nodes must not download it.
         (repo / "original").mkdir(exist_ok=True)
         (repo / "original" / "consolidated.00.pth").write_bytes(b"\0" * 65536)
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "tests" / "doubles" / "fake_hf_hub.py"),
-                "--root",
-                str(self.root),
-                "--host",
-                self.network.bridge_ip,
-                "--port",
-                str(HUB_PORT),
-                "--log",
-                str(self.log),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
+        command = [sys.executable, str(ROOT / "tests" / "doubles" / "fake_hf_hub.py"), "--root", str(self.root)]
+        command += ["--host", self.network.bridge_ip, "--port", str(HUB_PORT), "--log", str(self.log)]
+        # Started once its port is known to be its own: another local user's server there
+        # would hand the hosts a model of its choosing.
+        self.process = serve_on_bridge(
+            command, self.network.bridge_ip, HUB_PORT, self.root.parent / "hub.log", what="stand-in Hugging Face Hub"
         )
         return self
 

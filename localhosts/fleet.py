@@ -43,6 +43,7 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -356,6 +357,72 @@ def fleet_venv() -> Path:
     return target
 
 
+# --- servers on the bridge -----------------------------------------------------------
+
+
+def _tcp_listeners(port: int) -> list[tuple[str, int, int]]:
+    """(address, uid, socket inode) of every IPv4 socket listening on `port` in this
+    network namespace (the kernel's /proc/net/tcp: little-endian hex address, state 0A)."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        address, port_hex = fields[1].split(":")
+        if fields[3] == "0A" and int(port_hex, 16) == port:
+            found.append((socket.inet_ntoa(bytes.fromhex(address)[::-1]), int(fields[7]), int(fields[9])))
+    return found
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:  # closed while we looked
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[len("socket:[") : -1]))
+    return inodes
+
+
+def serve_on_bridge(command: list[str], address: str, port: int, log: Path, what: str, timeout: float = 60):
+    """Start `command`, a server the hosts will reach at address:port, and return it once
+    the socket listening there is its own. The port is a fixed unprivileged one, which any
+    local user may bind first: then the hosts would install from, or stage a model from,
+    that user's server. Another process's listener there, or our server's exit before it
+    listens, stops the run with what happened (issue 33 point 5)."""
+
+    def taken() -> str | None:
+        for listening, uid, _ in _tcp_listeners(port):
+            if listening in (address, "0.0.0.0"):
+                return f"{listening}:{port} is held by another process (uid {uid}), not this run's {what}"
+        return None
+
+    if (held := taken()) is not None:
+        raise RuntimeError(f"{address}:{port} cannot serve the hosts' {what}: {held}. Fix: stop that process")
+    with open(log, "ab") as output:
+        server = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.poll() is not None:
+            said = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            held = taken()
+            reason = f" ({held})" if held else ""
+            raise RuntimeError(f"the hosts' {what} exited with {server.returncode} before it listened{reason}: {said}")
+        # Listeners first: a socket listening by then was opened before, so its inode is
+        # among the server's descriptors if it is the server's. One bound by another
+        # process meanwhile makes the server's own bind fail: it exits (above).
+        listeners = _tcp_listeners(port)
+        if any(inode in _socket_inodes(server.pid) for _, _, inode in listeners):
+            return server
+        if time.monotonic() > deadline:
+            server.terminate()
+            server.wait(timeout=10)
+            raise RuntimeError(f"the hosts' {what} did not listen on {address}:{port} within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 # --- hosts ---------------------------------------------------------------------------
 
 
@@ -556,25 +623,13 @@ class Fleet:
             list(pool.map(lambda host: self.boot(host, wait=self.wait_at_start), self.hosts))
 
     def _serve_mirror(self, mirror: Path) -> None:
-        """The package mirror on the bridge, where the hosts' apt sources point."""
-        log = open(self.workdir / "apt-mirror.log", "ab")
-        self._mirror = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "http.server",
-                "--bind",
-                self.network.bridge_ip,
-                "--directory",
-                str(mirror),
-                str(MIRROR_PORT),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        """The package mirror on the bridge, where the hosts' apt sources point: started
+        once its port is known to be its own (serve_on_bridge)."""
+        command = [sys.executable, "-m", "http.server", "--bind", self.network.bridge_ip]
+        command += ["--directory", str(mirror), str(MIRROR_PORT)]
+        self._mirror = serve_on_bridge(
+            command, self.network.bridge_ip, MIRROR_PORT, self.workdir / "apt-mirror.log", what="package mirror"
         )
-        log.close()
 
     def _network(self) -> None:
         self._remove_leftovers()
