@@ -483,7 +483,7 @@ def test_secrets_on_the_nodes_are_root_only(cluster):
 # loopback, a web server as root): what the service user may not reach and root may.
 METADATA_STAND_IN = (
     "sudo sh -c 'ip addr add 169.254.169.254/32 dev lo"
-    " && (python3 -m http.server --bind 169.254.169.254 80 >/dev/null 2>&1 & echo $!)'"
+    " && (python3 -m http.server --bind 169.254.169.254 80 </dev/null >/dev/null 2>&1 & echo $!)'"
 )
 
 
@@ -492,16 +492,21 @@ def test_ray_and_vllm_run_as_the_service_user_who_cannot_reach_the_metadata_serv
     service user's, not root's, and that user's packets to the metadata service's address
     are refused on the node (the rule Ray's unit applies before it starts), root's not."""
     for index in range(len(cluster.fleet.nodes)):
-        units = "ray-head.service vllm.service" if index == 0 else "ray-worker.service"
-        users = cluster.node_shell(
-            index,
-            f"for unit in {units}; do cat /sys/fs/cgroup$(systemctl show -p ControlGroup --value $unit)/cgroup.procs;"
-            " done | xargs ps -o user:32=,comm= -p",
-        ).stdout.split("\n")
-        processes = [line.split() for line in users if line.strip()]
-        assert len(processes) >= 2, users
-        assert {user for user, _ in processes} == {"vllm-cluster"}, processes
-        assert any(command == "raylet" for _, command in processes), processes
+        listing = cluster.node_shell(index, "ps -eo user:32=,comm=,args=").stdout.splitlines()
+        processes = [line.split(None, 2) for line in listing if len(line.split(None, 2)) == 3]
+        ray_and_vllm = [
+            (user, command, args)
+            for user, command, args in processes
+            if command in ("raylet", "gcs_server")
+            # Ray's workers and vLLM's processes name themselves (ray::..., VLLM::...).
+            or args.startswith(("ray::", "VLLM::"))
+            or "/opt/vllm-cluster/venv/bin/vllm serve" in args
+            or "/opt/vllm-cluster/venv/bin/ray start" in args
+        ]
+        assert {user for user, _, _ in ray_and_vllm} == {"vllm-cluster"}, ray_and_vllm
+        assert any(command == "raylet" for _, command, _ in ray_and_vllm), listing
+        if index == 0:
+            assert any("vllm serve" in args or args.startswith("VLLM::") for _, _, args in ray_and_vllm), listing
     server = cluster.node_shell(0, METADATA_STAND_IN).stdout.strip()
     try:
         fetch = "curl -sS -o /dev/null -w '%{http_code}' --max-time 10 http://169.254.169.254/"
