@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, idle_stop, metrics, node_env, ports, sizing
+from components import bootstrap, host_keys, idle_stop, metrics, node_env, ports, sizing
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
@@ -168,8 +168,11 @@ class Machines:
     gateway_private_ip: pulumi.Input[str]
     # The gateway's commands start after these (and run again when they are replaced).
     gateway: list[pulumi.Resource]
-    # Per gang: its nodes' private IPs and the resource each node's commands start after.
-    gangs: list[tuple[list[pulumi.Input[str]], list[pulumi.Resource]]]
+    # Per gang: its nodes' private IPs, the resource each node's commands start after, and
+    # each node's SSH host key (components/host_keys.py), head first.
+    gangs: list[tuple[list[pulumi.Input[str]], list[pulumi.Resource], list[pulumi.Input[str]]]]
+    # The gateway's SSH host key: every connection to it, and through it, pins it.
+    gateway_host_key: pulumi.Input[str]
     node_boot: NodeBootArgs
     model_cache_file_system_id: pulumi.Input[str] | None
     availability_zone: pulumi.Input[str] | None
@@ -271,7 +274,11 @@ def ec2_machines() -> Machines:
         gateway_public_address=gateway.public_ip,
         gateway_private_ip=gateway.private_ip,
         gateway=gateway.resources,
-        gangs=[([instance.private_ip for instance in gang.instances], list(gang.instances)) for gang in nodes.gangs],
+        gangs=[
+            ([instance.private_ip for instance in gang.instances], list(gang.instances), gang.host_keys)
+            for gang in nodes.gangs
+        ],
+        gateway_host_key=gateway.host_key,
         node_boot=node_boot,
         model_cache_file_system_id=storage.file_system_id,
         availability_zone=network.availability_zone,
@@ -322,6 +329,7 @@ def own_machines() -> Machines:
             gangs=own.gangs,
             ssh_user=own.ssh_user,
             ssh_private_key=credentials.ssh_private_key,
+            host_keys={address: own.host_key(address) for address in (own.gateway_address, *own.node_ips)},
             boot=node_boot,
         ),
     )
@@ -329,7 +337,11 @@ def own_machines() -> Machines:
         gateway_public_address=own.gateway_address,
         gateway_private_ip=own.gateway_private_ip,
         gateway=[hosts.gateway],
-        gangs=[(list(ips), commands) for ips, commands in zip(own.gangs, hosts.gangs, strict=True)],
+        gangs=[
+            (list(ips), commands, [own.host_key(ip) for ip in ips])
+            for ips, commands in zip(own.gangs, hosts.gangs, strict=True)
+        ],
+        gateway_host_key=own.host_key(own.gateway_address),
         node_boot=node_boot,
         model_cache_file_system_id=None,
         availability_zone=None,
@@ -342,12 +354,13 @@ certificate = GatewayCertificate(
     name, GatewayCertificateArgs(public_ip=machines.gateway_public_address, user_certificate=spec.tls)
 )
 serving_gangs = []
-for index, (gang_ips, hosts) in enumerate(machines.gangs):
+for index, (gang_ips, hosts, gang_host_keys) in enumerate(machines.gangs):
     serving_gangs.append(
         ServingGang(
             index=index,
             node_ips=gang_ips,
             instances=hosts,
+            host_keys=gang_host_keys,
             vllm_settings=vllm_settings(spec, gang_ips, index),
             ray_token=credentials.ray_tokens[index],
         )
@@ -358,6 +371,7 @@ services = ClusterServices(
         ssh_private_key=credentials.ssh_private_key,
         gateway_public_ip=machines.gateway_public_address,
         gateway_private_ip=machines.gateway_private_ip,
+        gateway_host_key=machines.gateway_host_key,
         gangs=serving_gangs,
         gateway=machines.gateway,
         gateway_setup_script=bootstrap.gateway_setup_script(),
@@ -424,15 +438,36 @@ pulumi.export(
 login = machines.node_boot.login_user
 # Who the stack logs in as on the gateway and the nodes (the operator tools log in so too).
 pulumi.export("sshUser", login)
+known_hosts_file = f"vllm-cluster-{pulumi.get_stack()}.known_hosts"
 pulumi.export(
     "sshCommand",
     pulumi.Output.concat(
         f"pulumi stack output --show-secrets sshPrivateKey > {key_file} && chmod 600 {key_file} && ",
-        f"ssh -i {key_file} -o ProxyCommand='ssh -i {key_file} -W %h:%p {login}@",
+        f"pulumi stack output sshKnownHosts > {known_hosts_file} && ",
+        f"ssh -i {key_file} -o UserKnownHostsFile={known_hosts_file} -o StrictHostKeyChecking=yes ",
+        f"-o ProxyCommand='ssh -i {key_file} -o UserKnownHostsFile={known_hosts_file} -o StrictHostKeyChecking=yes ",
+        f"-W %h:%p {login}@",
         machines.gateway_public_address,
         f"' {login}@",
         head_ips[0],
     ),
+)
+# Every machine's SSH host key as known_hosts lines (the gateway by its public address, the
+# nodes by their private ones): what the stack's connections pin, for the operator's ssh.
+pulumi.export(
+    "sshKnownHosts",
+    pulumi.Output.all(
+        machines.gateway_public_address,
+        *[ip for gang in machines.gangs for ip in gang[0]],
+        machines.gateway_host_key,
+        *[key for gang in machines.gangs for key in gang[2]],
+    ).apply(
+        lambda values: host_keys.known_hosts(
+            list(zip(values[: len(values) // 2], values[len(values) // 2 :], strict=True))
+        )
+    )
+    if spec.own_hosts is None
+    else spec.own_hosts.known_hosts(),
 )
 pulumi.export("sshPrivateKey", credentials.ssh_private_key)
 pulumi.export("apiKey", credentials.api_key)

@@ -21,12 +21,14 @@ from components import image
 from components.topology import gang_name, node_name
 
 ROOT = Path(__file__).resolve().parent.parent
-# Host keys are not pinned: the README's "Host keys" says why (the remote commands do the same).
+# Every host's key is pinned: the stack's sshKnownHosts output lists each machine's key (the
+# keys the stack generated and pinned in its own connections, or a stack of hosts' hostKeys),
+# and ssh accepts no other (components/host_keys.py). Nothing from ~/.ssh or /etc/ssh counts.
 SSH_OPTIONS = (
     "-o",
-    "StrictHostKeyChecking=no",
+    "StrictHostKeyChecking=yes",
     "-o",
-    "UserKnownHostsFile=/dev/null",
+    "GlobalKnownHostsFile=/dev/null",
     "-o",
     "LogLevel=ERROR",
     "-o",
@@ -39,15 +41,39 @@ SSH_OPTIONS = (
 
 
 def ssh_args(
-    key_file: Path, user: str, host: str, command: str, jump_user: str | None = None, jump_host: str | None = None
+    key_file: Path,
+    known_hosts: Path,
+    user: str,
+    host: str,
+    command: str,
+    jump_user: str | None = None,
+    jump_host: str | None = None,
 ) -> list[str]:
     """`ssh` arguments that run `command` on user@host, through jump_user@jump_host when
-    one is given (the gateway in front of the GPU nodes), with the one key for both hops."""
-    args = ["ssh", "-i", str(key_file), *SSH_OPTIONS]
+    one is given (the gateway in front of the GPU nodes), with the one key for both hops
+    and each hop's host key pinned in `known_hosts`."""
+    options = [*SSH_OPTIONS, "-o", f"UserKnownHostsFile={known_hosts}"]
+    args = ["ssh", "-i", str(key_file), *options]
     if jump_host:
-        jump = " ".join(["ssh", "-i", str(key_file), *SSH_OPTIONS, "-W", "%h:%p", f"{jump_user}@{jump_host}"])
+        jump = " ".join(["ssh", "-i", str(key_file), *options, "-W", "%h:%p", f"{jump_user}@{jump_host}"])
         args += ["-o", f"ProxyCommand={jump}"]
     return [*args, f"{user}@{host}", command]
+
+
+# What OpenSSH prints when a host's key is not the pinned one (or it has none pinned).
+HOST_KEY_REFUSED = "Host key verification failed"
+
+
+def host_key_advice(stderr: str, who: str) -> str:
+    """`stderr` with a line naming the host and the fix when ssh refused its host key."""
+    if HOST_KEY_REFUSED not in stderr:
+        return stderr
+    return stderr.rstrip("\n") + (
+        f"\n{who} presents an SSH host key other than the stack's (sshKnownHosts): another machine answers at "
+        "its address, or it was replaced outside the stack. Nothing was sent to it. Fix: run pulumi up (a node "
+        "the stack replaced gets its pinned key), then use the stack's new outputs; if the key still differs, "
+        "find out who answers there before you log in\n"
+    )
 
 
 # The header that marks `status`'s completion through the endpoint as a probe: the gateway's
@@ -55,7 +81,15 @@ def ssh_args(
 PROBE_HEADER = "X-Vllm-Cluster-Probe"
 
 # What the tools read from a deployed stack's outputs (__main__.py exports them).
-REQUIRED_OUTPUTS = ("gatewayPublicIp", "headPrivateIp", "sshPrivateKey", "endpoint", "apiKey", "tlsCertificate")
+REQUIRED_OUTPUTS = (
+    "gatewayPublicIp",
+    "headPrivateIp",
+    "sshPrivateKey",
+    "sshKnownHosts",
+    "endpoint",
+    "apiKey",
+    "tlsCertificate",
+)
 
 
 class OutputsError(Exception):
@@ -88,7 +122,10 @@ def stack_outputs(stack: str, outputs_file: str | None) -> dict[str, Any]:
         raise OutputsError(f"{source}: not JSON: {error}") from error
     missing = [name for name in REQUIRED_OUTPUTS if name not in (outputs if isinstance(outputs, dict) else {})]
     if missing:
-        raise OutputsError(f"{source}: no {', '.join(missing)} among the outputs (is the stack deployed?)")
+        raise OutputsError(
+            f"{source}: no {', '.join(missing)} among the outputs (is the stack deployed, by this version? "
+            "pulumi up adds the outputs a newer version has)"
+        )
     try:
         gangs_of(outputs)
     except OutputsError as error:
@@ -171,18 +208,25 @@ class Cluster:
         self.key_file = Path(self._scratch.name) / "key"
         self.key_file.write_text(outputs["sshPrivateKey"])
         os.chmod(self.key_file, 0o600)
+        self.known_hosts = Path(self._scratch.name) / "known_hosts"
+        self.known_hosts.write_text(outputs["sshKnownHosts"])
 
     def close(self) -> None:
         self._scratch.cleanup()
 
     def ssh(self, node: Node, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        args = ssh_args(self.key_file, self.user, node.ip, command, self.user, self.gateway)
-        return _run(args, timeout, f"{node.name} ({node.ip})")
+        args = ssh_args(self.key_file, self.known_hosts, self.user, node.ip, command, self.user, self.gateway)
+        return self._pinned(_run(args, timeout, f"{node.name} ({node.ip})"), f"{node.name} ({node.ip}) or the gateway")
 
     def ssh_gateway(self, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """`command` on the gateway itself: a direct login, no jump."""
-        args = ssh_args(self.key_file, self.user, self.gateway, command)
-        return _run(args, timeout, f"the gateway ({self.gateway})")
+        args = ssh_args(self.key_file, self.known_hosts, self.user, self.gateway, command)
+        return self._pinned(_run(args, timeout, f"the gateway ({self.gateway})"), f"the gateway ({self.gateway})")
+
+    @staticmethod
+    def _pinned(result: subprocess.CompletedProcess, who: str) -> subprocess.CompletedProcess:
+        result.stderr = host_key_advice(result.stderr, who)
+        return result
 
     def tls_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context()

@@ -22,8 +22,9 @@ from typing import Sequence
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_tls as tls
 
-from components import bootstrap, image
+from components import bootstrap, host_keys, image
 from components.bootstrap import compress_user_data
 from components.tagging import renamed_from, tags
 from components.topology import InterfaceSlot, gang_name, gang_prefix, node_name, node_role, writes_wheelhouse
@@ -208,6 +209,9 @@ class Gang:
     workers: list[aws.ec2.Instance]
     # The group the gang launches into: the configured one, ours, or None for no group.
     placement_group_name: pulumi.Input[str] | None
+    # Each node's SSH host key (public, authorized_keys form), head first: what every
+    # connection to the node pins (components/host_keys.py).
+    host_keys: list[pulumi.Output[str]]
 
     @property
     def name(self) -> str:
@@ -243,14 +247,16 @@ class GpuNodes(pulumi.ComponentResource):
             # Per gang: the placement group is part of the launch template.
             placement_group_name = self._placement_group(name, gang, args)
             template = self._launch_template(name, gang, args, profile, placement_group_name)
-            head = self._node(
+            head, head_key = self._node(
                 name, gang, 0, template, args, None, writer_profile if writes_wheelhouse(0, gang) else None
             )
-            workers = [
-                self._node(name, gang, index, template, args, head.private_ip) for index in range(1, args.node_count)
-            ]
+            workers, keys = [], [head_key]
+            for index in range(1, args.node_count):
+                worker, key = self._node(name, gang, index, template, args, head.private_ip)
+                workers.append(worker)
+                keys.append(key)
             templates.append(template)
-            self.gangs.append(Gang(gang, head, workers, placement_group_name))
+            self.gangs.append(Gang(gang, head, workers, placement_group_name, keys))
 
         first = self.gangs[0]
         self.head, self.workers, self.placement_group_name = first.head, first.workers, first.placement_group_name
@@ -421,13 +427,28 @@ class GpuNodes(pulumi.ComponentResource):
         args: GpuNodesArgs,
         head_ip,
         profile: aws.iam.InstanceProfile | None = None,
-    ) -> aws.ec2.Instance:
-        """One node from its gang's template; `profile` overrides the template's (an
-        instance's own iamInstanceProfile wins over its launch template's)."""
+    ) -> tuple[aws.ec2.Instance, pulumi.Output[str]]:
+        """One node from its gang's template, and its SSH host key's public half; `profile`
+        overrides the template's (an instance's own iamInstanceProfile wins over its launch
+        template's)."""
         role = node_role(index)
-        user_data = node_boot(args.boot, index, head_ip, gang).apply(bootstrap.node_user_data)
+        # The node's own host key, kept when the instance is replaced (a new node in its place
+        # answers with the key the stack pins), delivered in its user data (components/host_keys.py).
+        host_key = tls.PrivateKey(
+            f"{name}-{node_name(index, gang)}-host-key", algorithm="ED25519", opts=pulumi.ResourceOptions(parent=self)
+        )
+        # Secret: the host key's private half is in it (encrypted in state).
+        user_data = pulumi.Output.secret(
+            pulumi.Output.all(
+                node_boot(args.boot, index, head_ip, gang), host_key.private_key_openssh, host_key.public_key_openssh
+            ).apply(
+                lambda values: host_keys.multipart_user_data(
+                    bootstrap.node_user_data(values[0]), host_keys.host_key_cloud_config(values[1], values[2])
+                )
+            )
+        )
         gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.replicas > 1 else {}
-        return aws.ec2.Instance(
+        instance = aws.ec2.Instance(
             f"{name}-{node_name(index, gang)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             iam_instance_profile=profile.name if profile is not None else None,
@@ -464,3 +485,4 @@ class GpuNodes(pulumi.ComponentResource):
                 delete_before_replace=args.capacity_reservation_id is not None,
             ),
         )
+        return instance, host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)

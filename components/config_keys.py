@@ -211,6 +211,11 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("gatewayPrivateIp", "string",
               "With hosts: the gateway's IP on the GPU hosts' network. Empty: gatewayHost (then an IP).",
               default="", auto=True),
+    ConfigKey("hostKeys", "array",
+              "With hosts: the SSH host key of the gateway and of every host, as known_hosts lines "
+              "(\"192.0.2.11 ssh-ed25519 AAAA...\", one item each, named as gatewayHost and hosts name them). "
+              "Every connection pins them; a host without one is refused.",
+              default=[]),
     ConfigKey("sshUser", "string",
               "With hosts: the login user on the gateway and every host, with passwordless sudo. "
               "Empty: ubuntu.",

@@ -13,8 +13,9 @@ from typing import Sequence
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_tls as tls
 
-from components import idle_stop
+from components import host_keys, idle_stop
 from components.bootstrap import compress_user_data
 from components.tagging import renamed_from, tags
 
@@ -37,8 +38,9 @@ class GatewayArgs:
     subnet_id: pulumi.Input[str]
     gateway_group_id: pulumi.Input[str]
     key_pair_name: pulumi.Input[str]
-    # The first-boot script as text (bootstrap.gateway_user_data); the instance gets it gzipped.
-    user_data: str | None = None
+    # The first-boot script as text (bootstrap.gateway_user_data); the instance gets it
+    # gzipped, beside its SSH host key (components/host_keys.py).
+    user_data: str
     # Routes and security group rules that must exist before the gateway boots.
     boot_after: Sequence[pulumi.Resource] = ()
     # idleStopMinutes is set: the gateway's role may start the stack's stopped GPU instances
@@ -54,6 +56,8 @@ class Gateway(pulumi.ComponentResource):
     wake_profile_arn: pulumi.Output[str] | None
     # Remote commands wait for both: the host, and the address they reach it by.
     resources: list[pulumi.Resource]
+    # The gateway's SSH host key (public, authorized_keys form): every connection to it pins it.
+    host_key: pulumi.Output[str]
 
     def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Gateway", name, None, opts)
@@ -68,6 +72,19 @@ class Gateway(pulumi.ComponentResource):
             opts=pulumi.InvokeOptions(parent=self),
         )
         profile = self._wake_profile(name) if args.may_wake_nodes else None
+        # Kept when the instance is replaced: a new gateway behind the same Elastic IP answers
+        # with the key the stack and the operator tools pin.
+        host_key = tls.PrivateKey(
+            f"{name}-gateway-host-key", algorithm="ED25519", opts=pulumi.ResourceOptions(parent=self)
+        )
+        # Secret: the host key's private half is in it (encrypted in state).
+        user_data = pulumi.Output.secret(
+            pulumi.Output.all(host_key.private_key_openssh, host_key.public_key_openssh).apply(
+                lambda key: compress_user_data(
+                    host_keys.multipart_user_data(args.user_data, host_keys.host_key_cloud_config(key[0], key[1]))
+                )
+            )
+        )
         instance = aws.ec2.Instance(
             f"{name}-gateway-host",
             ami=image.id,
@@ -87,7 +104,7 @@ class Gateway(pulumi.ComponentResource):
             # EC2 takes 16 KiB of user data "in raw form, before it is base64-encoded"
             # (EC2 User Guide, instancedata-add-user-data); the gateway script is about
             # 31 KiB as text and about 11 KiB gzipped. cloud-init unpacks gzip by itself.
-            user_data_base64=compress_user_data(args.user_data) if args.user_data is not None else None,
+            user_data_base64=user_data,
             tags=tags(f"{name}-gateway-host", **{"vllm-cluster:role": "gateway"}),
             # A newer Ubuntu image must not replace the gateway (and its TLS setup) on an
             # unrelated `pulumi up`; security updates come from unattended-upgrades.
@@ -112,12 +129,14 @@ class Gateway(pulumi.ComponentResource):
         self.private_ip = instance.private_ip
         self.instance_id = instance.id
         self.resources = [instance, address]
+        self.host_key = host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)
         self.register_outputs(
             {
                 "publicIp": self.public_ip,
                 "privateIp": self.private_ip,
                 "instanceId": self.instance_id,
                 "wakeProfileArn": self.wake_profile_arn,
+                "hostKey": self.host_key,
             }
         )
 

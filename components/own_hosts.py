@@ -20,7 +20,7 @@ running `pulumi up` needs SSH to the gateway alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pulumi
 import pulumi_command as command
@@ -38,6 +38,9 @@ class OwnHostsArgs:
     gangs: Sequence[Sequence[str]]  # each gang's private IPs, head first
     ssh_user: str
     ssh_private_key: pulumi.Output[str]
+    # Address (as gateway_address and gangs name it) -> its SSH host key (hostKeys): every
+    # connection pins it.
+    host_keys: Mapping[str, str]
     boot: NodeBootArgs
 
 
@@ -51,7 +54,9 @@ class OwnHosts(pulumi.ComponentResource):
     def __init__(self, name: str, args: OwnHostsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:OwnHosts", name, None, opts)
         self.gateway_address = args.gateway_address
-        on_gateway = dial(args.gateway_address, args.ssh_private_key, args.ssh_user)
+        on_gateway = dial(
+            args.gateway_address, args.ssh_private_key, args.ssh_user, args.host_keys[args.gateway_address]
+        )
         self.gateway = self._host(
             f"{name}-host-gateway",
             command.remote.ConnectionArgs(**on_gateway),
@@ -68,7 +73,7 @@ class OwnHosts(pulumi.ComponentResource):
                     bootstrap.own_host_node_script
                 )
                 connection = command.remote.ConnectionArgs(
-                    **dial(ip, args.ssh_private_key, args.ssh_user),
+                    **dial(ip, args.ssh_private_key, args.ssh_user, args.host_keys[ip]),
                     proxy=command.remote.ProxyConnectionArgs(**on_gateway),
                 )
                 # Deleted before the gateway, through which it is reached.

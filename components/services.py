@@ -87,6 +87,8 @@ class ServingGang:
     vllm_settings: pulumi.Input[str]
     # The gang's own Ray token (components/credentials.py): its nodes and nothing else.
     ray_token: pulumi.Output[str]
+    # Each node's SSH host key (authorized_keys form), head first: every connection pins it.
+    host_keys: Sequence[pulumi.Input[str]]
 
     @property
     def name(self) -> str:
@@ -104,10 +106,11 @@ class ServingGang:
 class ServicesArgs:
     """Plain values and Inputs (no spec, no callback), grouped by the step that uses them."""
 
-    # How the commands reach the hosts.
+    # How the commands reach the hosts, and the gateway's SSH host key they pin.
     ssh_private_key: pulumi.Output[str]
     gateway_public_ip: pulumi.Output[str]
     gateway_private_ip: pulumi.Output[str]
+    gateway_host_key: pulumi.Input[str]
     # Every gang, gang 0 first; one unless the stack has replicas.
     gangs: Sequence[ServingGang]
     # The gateway's instance and address: its commands start after both exist.
@@ -177,11 +180,15 @@ def vllm_settings(spec: ClusterSpec, node_ips: Sequence[pulumi.Input[str]], gang
     return pulumi.Output.all(*node_ips).apply(lambda ips: bootstrap.vllm_env(spec, ips[0], list(ips), gang))
 
 
-def dial(host: pulumi.Input[str], key: pulumi.Input[str], user: str = SSH_USER) -> dict:
+def dial(host: pulumi.Input[str], key: pulumi.Input[str], user: str, host_key: pulumi.Input[str]) -> dict:
+    """How pulumi-command reaches `host`: as `user` with the stack's `key`, accepting only
+    `host_key` from it (authorized_keys form: pulumi-command's FixedHostKey, which also
+    offers the server only that key's algorithm)."""
     return {
         "host": host,
         "user": user,
         "private_key": key,
+        "host_key": host_key,
         "dial_error_limit": DIAL_ERROR_LIMIT,
         "per_dial_timeout": PER_DIAL_TIMEOUT_SECONDS,
     }
@@ -272,7 +279,7 @@ class ClusterServices(pulumi.ComponentResource):
         self._ssh_key = args.ssh_private_key
         # The image's user on AWS; sshUser on hosts the user has.
         self._user = args.node_boot.login_user
-        self._gateway_dial = dial(args.gateway_public_ip, args.ssh_private_key, self._user)
+        self._gateway_dial = dial(args.gateway_public_ip, args.ssh_private_key, self._user, args.gateway_host_key)
 
         # A new gateway instance keeps its Elastic IP, so the commands that set it up
         # would see no change of their inputs and leave the new host bare: they re-run
@@ -307,10 +314,12 @@ class ClusterServices(pulumi.ComponentResource):
     def _on_gateway(self) -> command.remote.ConnectionArgs:
         return command.remote.ConnectionArgs(**self._gateway_dial)
 
-    def _on_node(self, host: pulumi.Input[str]) -> command.remote.ConnectionArgs:
-        # The nodes have no public IP: every session is tunnelled through the gateway.
+    def _on_node(self, gang: ServingGang, index: int) -> command.remote.ConnectionArgs:
+        # The nodes have no public IP: every session is tunnelled through the gateway. Both
+        # hops pin their host's key (components/host_keys.py).
         return command.remote.ConnectionArgs(
-            **dial(host, self._ssh_key, self._user), proxy=command.remote.ProxyConnectionArgs(**self._gateway_dial)
+            **dial(gang.node_ips[index], self._ssh_key, self._user, gang.host_keys[index]),
+            proxy=command.remote.ProxyConnectionArgs(**self._gateway_dial),
         )
 
     def _run(
@@ -534,7 +543,9 @@ class ClusterServices(pulumi.ComponentResource):
                 pulumi.Output.concat(
                     f"sudo {GATEWAY_COMMAND} wait-login --host ",
                     host,
-                    f" --user {self._user} --expect {LOGIN_READY_WORD} --timeout {LOGIN_TIMEOUT_SECONDS}",
+                    " --host-key '",
+                    gang.host_keys[index],
+                    f"' --user {self._user} --expect {LOGIN_READY_WORD} --timeout {LOGIN_TIMEOUT_SECONDS}",
                 ),
                 after=[login_probe, instance],
             )
@@ -550,7 +561,7 @@ class ClusterServices(pulumi.ComponentResource):
             )
             setup = self._run(
                 f"setup-{node}",
-                self._on_node(host),
+                self._on_node(gang, index),
                 "sudo bash -s",
                 stdin=setup_script,
                 # A drained gang's setup may install a new environment under its engine.
@@ -565,7 +576,7 @@ class ClusterServices(pulumi.ComponentResource):
             )
             secrets = self._run(
                 f"secrets-{node}",
-                self._on_node(host),
+                self._on_node(gang, index),
                 f"sudo {NODE_COMMAND} install-secrets",
                 stdin=lines,
                 after=[setup],
@@ -580,7 +591,7 @@ class ClusterServices(pulumi.ComponentResource):
         environment = self._environment(args)
         head = self._run(
             f"ray-{gang.node(0)}",
-            self._on_node(gang.node_ips[0]),
+            self._on_node(gang, 0),
             f"sudo {NODE_COMMAND} start-ray",
             after=[nodes[0].setup, nodes[0].secrets],
             triggers=environment,
@@ -588,7 +599,7 @@ class ClusterServices(pulumi.ComponentResource):
         workers = [
             self._run(
                 f"ray-{gang.node(index)}",
-                self._on_node(gang.node_ips[index]),
+                self._on_node(gang, index),
                 f"sudo {NODE_COMMAND} start-ray",
                 after=[head, nodes[index].setup, nodes[index].secrets],
                 triggers=environment,
@@ -601,7 +612,7 @@ class ClusterServices(pulumi.ComponentResource):
         )
         cluster_ready = self._run(
             gang.command("cluster-ready"),
-            self._on_node(gang.node_ips[0]),
+            self._on_node(gang, 0),
             pulumi.Output.concat(
                 f"sudo {NODE_COMMAND} wait-cluster --expect ",
                 expected,
@@ -620,10 +631,10 @@ class ClusterServices(pulumi.ComponentResource):
         else, neither Ray nor vLLM. Declared with 0 too, and without a delete: unsetting
         the key turns the timer off by running it again, and `pulumi destroy` never has to
         reach a node, which may be stopped then."""
-        for index, host in enumerate(gang.node_ips):
+        for index in range(len(gang.node_ips)):
             self._run(
                 f"idle-stop-{gang.node(index)}",
-                self._on_node(host),
+                self._on_node(gang, index),
                 f"sudo {NODE_COMMAND} idle-stop-config --minutes {args.idle_stop_minutes}",
                 after=[nodes[index].setup],
                 # A replaced node is a new machine: it needs its timer turned on again.
@@ -666,13 +677,13 @@ class ClusterServices(pulumi.ComponentResource):
         for index in range(1, parts):
             self._run(
                 f"model-part-{gang.node(index)}",
-                self._on_node(gang.node_ips[index]),
+                self._on_node(gang, index),
                 stage(index),
                 after=[nodes[index].setup, nodes[index].secrets],
             )
         return self._run(
             "model",
-            self._on_node(gang.node_ips[0]),
+            self._on_node(gang, 0),
             stage(0),
             # Not after the other parts: the head downloads its own meanwhile and waits
             # for theirs, so a part that fails fails its own command, naming its node.
@@ -697,7 +708,7 @@ class ClusterServices(pulumi.ComponentResource):
         return [
             self._run(
                 f"prepare-{gang.node(index)}",
-                self._on_node(gang.node_ips[index]),
+                self._on_node(gang, index),
                 pulumi.Output.concat(
                     f"sudo {NODE_COMMAND} prepare-serve --model-dir {model_dir} --warmup-key {args.warmup_key}", local
                 ),
@@ -720,7 +731,7 @@ class ClusterServices(pulumi.ComponentResource):
         succeeded), the gang's head into the pool (its return with replicas, the pool's
         configure with one gang: the switch to a replaced head), then a real completion
         through the gateway: returns that last command, the readiness check."""
-        on_head = self._on_node(gang.node_ips[0])
+        on_head = self._on_node(gang, 0)
         # Restarted Ray nodes take vLLM's workers with them, and a new vLLM version
         # needs a restart: then check (and if need be restart) vLLM again.
         vllm_restarts = [
@@ -741,7 +752,7 @@ class ClusterServices(pulumi.ComponentResource):
         for index in range(len(gang.node_ips)):
             self._run(
                 f"warmup-{gang.node(index)}",
-                self._on_node(gang.node_ips[index]),
+                self._on_node(gang, index),
                 f"sudo {NODE_COMMAND} keep-warmup --warmup-key {args.warmup_key}",
                 after=[serve],
                 # Whenever the engine may have compiled anew on this node.
@@ -797,7 +808,7 @@ class ClusterServices(pulumi.ComponentResource):
         facts = [
             self._run(
                 f"preflight-{gang.node(index)}",
-                self._on_node(gang.node_ips[index]),
+                self._on_node(gang, index),
                 f"sudo {NODE_COMMAND} preflight-facts --model-dir {model_dir}",
                 after=[prepared[index], ray.nodes[index]],
                 triggers=vllm_restarts,
@@ -808,7 +819,7 @@ class ClusterServices(pulumi.ComponentResource):
         efa_flag = f" --efa {args.efa_interfaces}" if boot.efa else ""
         return self._run(
             gang.command("preflight"),
-            self._on_node(gang.node_ips[0]),
+            self._on_node(gang, 0),
             f"sudo {NODE_COMMAND} preflight --nodes {','.join(gang.node(i) for i in range(node_count))}"
             f" --gpus {boot.gpus} --gpu-memory-gib {args.gpu_memory_gib:g}{efa_flag}"
             f" --ray {boot.ray_version} --vllm {boot.vllm_version}",

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import api_routes, aws_contract, catalog, node_env, sizing, versions
+from components import api_routes, aws_contract, catalog, host_keys, node_env, sizing, versions
 from components.catalog import InstanceType
 
 # CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
@@ -118,6 +118,16 @@ class OwnHosts:
     ssh_user: str
     ssh_private_key: Secret
     model_cache_dir: str  # the shared directory every host has mounted
+    # hostKeys: known_hosts lines with a key for the gateway and every host (host_keys.py).
+    host_keys: tuple[str, ...] = ()
+
+    def host_key(self, address: str) -> str:
+        """The key every connection to `address` pins (authorized_keys form)."""
+        return host_keys.pinned_key(host_keys.keys_by_host(list(self.host_keys))[address]).authorized
+
+    def known_hosts(self) -> str:
+        """The known_hosts text of every machine, for the operator tools."""
+        return "".join(line.strip() + "\n" for line in self.host_keys if line.strip())
 
     @property
     def node_ips(self) -> tuple[str, ...]:
@@ -1583,6 +1593,12 @@ def _check_own_hosts(reader: _Reader, secret_keys: set[str] | None) -> OwnHosts 
     none of the own-host keys may be set)."""
     listed = reader.string_list("hosts")
     if not listed:
+        if reader.string_list("hostKeys"):
+            reader.fail(
+                "hostKeys",
+                "applies only to machines you already have, and hosts lists none: the stack generates the host keys "
+                f"of the instances it creates. Fix: pulumi config rm {NAMESPACE}:hostKeys",
+            )
         for key in OWN_HOST_KEYS:
             # Read first: a value of the wrong type is that problem alone.
             if reader.string(key) is not None:
@@ -1652,6 +1668,9 @@ def _check_own_hosts(reader: _Reader, secret_keys: set[str] | None) -> OwnHosts 
     everything = (gangs, gateway, private_ip, key, cache)
     if any(value is None for value in everything):
         return None
+    known = _check_host_keys(reader, gateway, [ip for gang in gangs for ip in gang])
+    if known is None:
+        return None
     taken = [ip for gang in gangs for ip in gang]
     if private_ip in taken:
         reader.fail(
@@ -1661,7 +1680,34 @@ def _check_own_hosts(reader: _Reader, secret_keys: set[str] | None) -> OwnHosts 
             raw=private_ip,
         )
         return None
-    return OwnHosts(gangs, gateway, private_ip, user, Secret(key), cache.rstrip("/"))
+    return OwnHosts(gangs, gateway, private_ip, user, Secret(key), cache.rstrip("/"), known)
+
+
+def _check_host_keys(reader: _Reader, gateway: str, node_ips: list[str]) -> tuple[str, ...] | None:
+    """hostKeys: a known_hosts line for the gateway (as gatewayHost names it) and every
+    host (as hosts names it). Without them every connection would trust whoever answers
+    at the address and hand it the secrets the stack sends (issue: host keys)."""
+    fix = (
+        f"Fix: on each machine read its key (cat /etc/ssh/ssh_host_ed25519_key.pub), or run ssh-keyscan -t ed25519 "
+        f"{gateway} {' '.join(node_ips)} from a host you trust and compare each fingerprint (ssh-keygen -lf) with the "
+        f"machine's own, then pulumi config set --path '{NAMESPACE}:hostKeys[0]' '{gateway} ssh-ed25519 AAAA...' "
+        "(one item per machine)"
+    )
+    lines = reader.string_list("hostKeys") or []
+    try:
+        found = host_keys.keys_by_host(lines)
+    except host_keys.KnownHostsError as error:
+        reader.fail("hostKeys", f"{error}. {fix}")
+        return None
+    missing = [address for address in [gateway, *node_ips] if address not in found]
+    if missing:
+        reader.fail(
+            "hostKeys",
+            f"has no key for {', '.join(missing)}: the stack pins the SSH host key of the gateway and of every host "
+            f"before it logs in, so nobody else answering at an address receives the keys and tokens it sends. {fix}",
+        )
+        return None
+    return tuple(line.strip() for line in lines if line.strip())
 
 
 def _check_host_gangs(reader: _Reader, listed: list[str]) -> tuple[tuple[str, ...], ...] | None:

@@ -44,7 +44,7 @@ from localhosts.fleet import (
     fleet_venv,
     serve_on_bridge,
 )
-from localhosts.replay import COMMAND, Outcome, ReplayError, replay, user_data_of
+from localhosts.replay import COMMAND, Outcome, ReplayError, host_keys_of, replay, user_data_of
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_PORT = 8765
@@ -98,12 +98,18 @@ def fleet_config(nodes: int, network: Network = MAIN_NETWORK, **overrides: Any) 
 
 
 def own_hosts_config(
-    nodes: int, private_key: str, replicas: int = 1, network: Network = MAIN_NETWORK, **overrides: Any
+    nodes: int,
+    private_key: str,
+    replicas: int = 1,
+    network: Network = MAIN_NETWORK,
+    host_keys: dict[str, str] | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """fleet_config's cluster as a stack of hosts a user already has (config hosts): the
     fleet's hosts by address, gang by gang, reached through its gateway with a key of the
     user's own, the shared directory at LOCAL_MODEL_CACHE_DIR; no AWS (no VPC, no EFA),
-    and the API key left to the stack to draw, as a real stack's."""
+    and the API key left to the stack to draw, as a real stack's. `host_keys`: address ->
+    the machine's public SSH host key, the stack's hostKeys."""
     config = fleet_config(nodes, network, **overrides)
     for key in ("nodes", "efa", "vpcCidr"):
         config.pop(key)
@@ -117,7 +123,15 @@ def own_hosts_config(
         sshPrivateKey=private_key,
         modelCacheDir=LOCAL_MODEL_CACHE_DIR,
     )
+    if host_keys is not None:
+        config["hostKeys"] = [f"{address} {' '.join(key.split()[:2])}" for address, key in host_keys.items()]
     return config
+
+
+def machine_host_keys(names: list[str]) -> dict[str, dict[str, str]]:
+    """Host name -> an SSH host key of its own (privateKeyOpenssh, publicKeyOpenssh): what
+    a machine the user already has was given at its install."""
+    return {name: real_private_key("ED25519") for name in names}
 
 
 def own_hosts_program(config: dict[str, Any], key_store: dict) -> ProgramRun:
@@ -451,8 +465,8 @@ def replace_nodes(cluster: ClusterUnderTest, instances: dict[str, Host], **overr
     first_new = len(fleet.nodes)
     moved = {name: fleet.network.node_ip(first_new + offset) for offset, name in enumerate(instances)}
     updated = fleet_program(nodes, cluster.key_store, moved=moved, network=fleet.network, **overrides)
-    scripts = user_data_of(updated)
-    hosts = {name: fleet.add_node(scripts[name]) for name in instances}
+    scripts, keys = user_data_of(updated), host_keys_of(updated)
+    hosts = {name: fleet.add_node(scripts[name], keys[name]) for name in instances}
     assert [host.ip for host in hosts.values()] == list(moved.values())
     booted_at = time.monotonic()
     old = {c.name: c.inputs for c in cluster.run.of_type(COMMAND)}
@@ -539,17 +553,29 @@ def start_cluster(
     key_store: dict = {}
     replicas = int(overrides.get("replicas", 1))
     if own_hosts:
-        # The user's own key, which the machines authorize before any stack exists.
+        # The user's own key, which the machines authorize before any stack exists, and
+        # the machines' own host keys, which the user gives the stack (hostKeys).
         key = real_private_key("ED25519")
-        config = own_hosts_config(nodes, key["privateKeyOpenssh"], network=network, **overrides)
+        addresses = {"gateway": network.gateway_ip, **{f"node{i}": network.node_ip(i) for i in range(nodes * replicas)}}
+        machines = machine_host_keys(list(addresses))
+        config = own_hosts_config(
+            nodes,
+            key["privateKeyOpenssh"],
+            network=network,
+            host_keys={addresses[name]: machines[name]["publicKeyOpenssh"] for name in addresses},
+            **overrides,
+        )
         run = own_hosts_program(config, key_store)
         public_key, user_data = key["publicKeyOpenssh"], {}
+        host_keys = {name: machine["privateKeyOpenssh"] for name, machine in machines.items()}
     else:
         run = fleet_program(nodes, key_store, network=network, **overrides)
         config = fleet_config(nodes, network, **overrides)
         public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
         host_names = {"vllm-gateway-host": "gateway", **node_hosts(nodes, replicas)}
         user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
+        # What cloud-init's ssh module installs from each instance's user data.
+        host_keys = {host_names[instance]: private for instance, private in host_keys_of(run).items()}
     instance = CATALOG[config["instanceType"]]
     images_in_background().result()  # before the hosts start: a cold build is not boot time
     fleet = Fleet(
@@ -561,6 +587,7 @@ def start_cluster(
         gpus_per_node=instance.gpus,
         gpu_name=instance.gpu_model,
         user_data=user_data,
+        host_keys=host_keys,
         # EC2 reports an instance running while it boots, and `pulumi up` goes on; the
         # machines of a stack of hosts run before the stack does.
         wait_for_ssh=own_hosts,

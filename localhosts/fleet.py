@@ -536,13 +536,18 @@ class Fleet:
         gpu_memory_mib: int = 23028,
         efa_devices: int = 0,
         user_data: dict[str, str] | None = None,
+        host_keys: dict[str, str] | None = None,
         wait_for_ssh: bool = True,
         model_cache_dir: str | None = None,
         network: Network = MAIN_NETWORK,
     ):
         """`user_data`: host name -> the script EC2 would hand that host (run at first
-        boot as cloud-init's final stage does). `wait_for_ssh=False` returns as soon as
-        the hosts are started, as EC2 reports an instance running while it boots.
+        boot as cloud-init's final stage does). `host_keys`: host name -> its SSH host key
+        (private, OpenSSH), installed before sshd first starts as cloud-init's ssh module
+        does with the user data's ssh_keys (or the key a user's own machine already has);
+        a host without one gets keys of its own, as an image's first boot makes them.
+        `wait_for_ssh=False` returns as soon as the hosts are started, as EC2 reports an
+        instance running while it boots.
         `model_cache_dir`: hosts a user already has (config hosts) have the shared
         directory mounted there (modelCacheDir), and the stack binds it as the model
         cache and its wheels/ as the wheelhouse itself; None: EFS's two trees, mounted
@@ -570,6 +575,9 @@ class Fleet:
         # What the fi_info double reports on every node host: the type's EFA interfaces.
         self.efa_devices = efa_devices
         self.user_data = dict(user_data or {})
+        self.host_keys = dict(host_keys or {})
+        # Every host's public key by address: what the fleet's own ssh pins.
+        self.known_hosts = self.workdir / "known_hosts"
         self.wait_at_start = wait_for_ssh
         self._mirror: subprocess.Popen | None = None
         self._made_bridge = False
@@ -611,6 +619,7 @@ class Fleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_file.write_text(self._private_key)
         self.key_file.chmod(0o600)
+        self.known_hosts.write_text("")
         self.shared.mkdir(exist_ok=True)
         self._network()
         self._serve_mirror(mirror)
@@ -651,15 +660,18 @@ class Fleet:
         _run("ip", "-n", host.netns, "link", "set", "eth0", "up")
         _run("ip", "-n", host.netns, "link", "set", "lo", "up")
 
-    def add_node(self, user_data: str | None = None) -> Host:
-        """One more GPU-node host, at the next free address, started with `user_data` and
-        not waited for: a new instance EC2 launches into the running fleet, as Pulumi
-        creates a replacement before it deletes the old one. Removed with the fleet."""
+    def add_node(self, user_data: str | None = None, host_key: str | None = None) -> Host:
+        """One more GPU-node host, at the next free address, started with `user_data` (and
+        the SSH `host_key` its user data installs) and not waited for: a new instance EC2
+        launches into the running fleet, as Pulumi creates a replacement before it deletes
+        the old one. Removed with the fleet."""
         rootfs, _ = base_rootfs()
         index = len(self.nodes)
         host = self._host(f"node{index}", self.network.node_ip(index), "node")
         if user_data is not None:
             self.user_data[host.name] = user_data
+        if host_key is not None:
+            self.host_keys[host.name] = host_key
         self.nodes.append(host)
         self._plug(host)
         self._prepare(host, rootfs)
@@ -706,7 +718,7 @@ class Fleet:
         self._mounts.append(host.root)
         (host.root / "etc" / "hostname").write_text(f"{host.name}\n")
         (host.root / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{host.ip} {host.name}\n")
-        _run("ssh-keygen", "-A", "-f", str(host.root))  # this host's own host keys
+        self._install_host_keys(host)
         # The image's package sources point at a mirror; here, the fleet's own.
         (host.root / "etc" / "apt" / "sources.list").write_text(
             f"deb [trusted=yes] http://{self.network.bridge_ip}:{MIRROR_PORT}/ ./\n"
@@ -757,6 +769,27 @@ class Fleet:
         for path in (ssh_dir, ssh_dir / "authorized_keys"):
             os.chown(path, *uid_gid)
         (ssh_dir / "authorized_keys").chmod(0o600)
+
+    def _install_host_keys(self, host: Host) -> None:
+        """The host's SSH host keys, before its sshd first starts: the one it was given
+        (cloud-init's ssh module: the image's keys deleted, the given key written 0600, its
+        public half 0644; cloudinit/config/cc_ssh.py), or keys of its own. Its public
+        ed25519 key joins the fleet's known_hosts."""
+        ssh = host.root / "etc" / "ssh"
+        if host.name in self.host_keys:
+            for old in ssh.glob("ssh_host_*key*"):
+                old.unlink()
+            private = ssh / "ssh_host_ed25519_key"
+            private.write_text(self.host_keys[host.name])
+            private.chmod(0o600)
+            public = _run("ssh-keygen", "-y", "-f", str(private)).stdout
+            (ssh / "ssh_host_ed25519_key.pub").write_text(public)
+            (ssh / "ssh_host_ed25519_key.pub").chmod(0o644)
+        else:
+            _run("ssh-keygen", "-A", "-f", str(host.root))
+        key_type, blob = (ssh / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        with self.known_hosts.open("a") as known:
+            known.write(f"{host.ip} {key_type} {blob}\n")
 
     @staticmethod
     def _make_nvme_mount(host: Host) -> None:
@@ -851,7 +884,7 @@ class Fleet:
     def ssh_command(self, host: Host, command: str) -> list[str]:
         """Nodes through the gateway, as the stack reaches them."""
         jump = self.network.gateway_ip if host.role == "node" else None
-        return ssh_args(self.key_file, SSH_USER, host.ip, command, SSH_USER, jump)
+        return ssh_args(self.key_file, self.known_hosts, SSH_USER, host.ip, command, SSH_USER, jump)
 
     def ssh(
         self, host: Host, command: str, *, input: str | None = None, check: bool = True, timeout: float = 300

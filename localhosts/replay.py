@@ -21,6 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from cli.mock_runtime import ProgramRun, unsecret
+from components import host_keys
 from localhosts.ssh_dial import DialLog, Endpoint, Session
 
 COMMAND = "command:remote:Command"
@@ -153,6 +154,7 @@ def _endpoint(connection: dict) -> Endpoint:
         private_key=unsecret(connection["privateKey"]),
         dial_error_limit=int(connection.get("dialErrorLimit", 10)),
         per_dial_timeout=float(connection.get("perDialTimeout", 15)),
+        host_key=unsecret(connection.get("hostKey")),
     )
 
 
@@ -241,13 +243,24 @@ def _run_steps(steps: dict[str, Step], timeout: float, check: bool) -> dict[str,
     return outcomes
 
 
-def user_data_of(run: ProgramRun) -> dict[str, str]:
-    """Instance resource name -> the user data script, unpacked as cloud-init does."""
-    scripts = {}
+def user_data_parts_of(run: ProgramRun) -> dict[str, host_keys.UserDataParts]:
+    """Instance resource name -> its user data unpacked and taken apart as cloud-init
+    does: the script its final stage runs, and the host key its ssh module installs."""
+    parts = {}
     for instance in run.of_type("aws:ec2/instance:Instance"):
         packed = unsecret(instance.inputs.get("userDataBase64"))
         if packed:
-            scripts[instance.name] = gzip.decompress(base64.b64decode(packed)).decode()
+            parts[instance.name] = host_keys.user_data_parts(gzip.decompress(base64.b64decode(packed)).decode())
         elif instance.inputs.get("userData"):
-            scripts[instance.name] = unsecret(instance.inputs["userData"])
-    return scripts
+            parts[instance.name] = host_keys.user_data_parts(unsecret(instance.inputs["userData"]))
+    return parts
+
+
+def user_data_of(run: ProgramRun) -> dict[str, str]:
+    """Instance resource name -> the user data script cloud-init's final stage runs."""
+    return {name: parts.script for name, parts in user_data_parts_of(run).items()}
+
+
+def host_keys_of(run: ProgramRun) -> dict[str, str]:
+    """Instance resource name -> the SSH host key (private, OpenSSH) its user data installs."""
+    return {name: parts.host_private_key for name, parts in user_data_parts_of(run).items() if parts.host_private_key}

@@ -13,12 +13,16 @@ failed tries exceed the limit) with pulumi's retry delays (100 ms, x1.5, at most
      failure closed: a host that accepts TCP but refuses the login (/run/nologin while
      booting) fails every remaining try at once.
 Without a proxy, stage 1 alone runs against the host. `perDialTimeout` is the TCP
-connect timeout of each try. The host key is not checked (no `host_key` given).
+connect timeout of each try. With `hostKey` (the stack gives every connection one),
+the client offers the server only that key's algorithm and accepts that key alone
+(connection.go SSHConfig: ssh.FixedHostKey, HostKeyAlgorithms); another key fails
+the try like any handshake error, and is retried as one.
 Then the command runs in a session with stdin sent and stdout/stderr collected.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import threading
 import time
@@ -39,6 +43,8 @@ class Endpoint:
     private_key: str
     dial_error_limit: int = 10
     per_dial_timeout: float = 15
+    # The pinned host key, authorized_keys form ("ssh-ed25519 AAAA..."); None: not checked.
+    host_key: str | None = None
 
 
 @dataclass
@@ -79,9 +85,52 @@ def _key(text: str) -> paramiko.PKey:
     return paramiko.Ed25519Key.from_private_key(io.StringIO(text))
 
 
+class HostKeyMismatch(paramiko.SSHException):
+    """The host answered with a key other than the pinned one (Go's FixedHostKey: "ssh:
+    host key mismatch")."""
+
+
+def _pinned(endpoint: Endpoint) -> paramiko.PKey | None:
+    if endpoint.host_key is None:
+        return None
+    key_type, blob = endpoint.host_key.split()[:2]
+    return paramiko.PKey.from_type_string(key_type, base64.b64decode(blob))
+
+
+def _check_host_key(endpoint: Endpoint, transport: paramiko.Transport) -> None:
+    pinned = _pinned(endpoint)
+    if pinned is None:
+        return
+    presented = transport.get_remote_server_key()
+    if presented.get_name() != pinned.get_name() or presented.asbytes() != pinned.asbytes():
+        raise HostKeyMismatch(
+            f"ssh: handshake failed: ssh: host key mismatch ({endpoint.host} presented "
+            f"{presented.get_name()} {presented.get_base64()[:24]}...)"
+        )
+
+
+def _offer_only_pinned_type(endpoint: Endpoint, transport: paramiko.Transport) -> None:
+    """HostKeyAlgorithms: the pinned key's type alone."""
+    if endpoint.host_key is not None:
+        transport.get_security_options().key_types = (endpoint.host_key.split()[0],)
+
+
 def _client(endpoint: Endpoint) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    pinned = _pinned(endpoint)
+    if pinned is None:
+        # pulumi-command without host_key: whatever the host presents.
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    else:
+        # Checked in the handshake, before the login, as FixedHostKey is.
+        client.get_host_keys().add(endpoint.host, pinned.get_name(), pinned)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+
+    def transport(sock, **options) -> paramiko.Transport:
+        made = paramiko.Transport(sock, **options)
+        _offer_only_pinned_type(endpoint, made)
+        return made
+
     try:
         client.connect(
             endpoint.host,
@@ -93,6 +142,7 @@ def _client(endpoint: Endpoint) -> paramiko.SSHClient:
             auth_timeout=endpoint.per_dial_timeout,
             allow_agent=False,
             look_for_keys=False,
+            transport_factory=transport,
         )
     except BaseException:
         client.close()
@@ -124,7 +174,9 @@ def dial(target: Endpoint, proxy: Endpoint | None, log: DialLog) -> tuple[parami
                 raise EOFError("use of closed network connection")
             transport = paramiko.Transport(channel)
             try:
+                _offer_only_pinned_type(target, transport)
                 transport.start_client(timeout=target.per_dial_timeout)
+                _check_host_key(target, transport)
                 transport.auth_publickey(target.user, _key(target.private_key))
             except BaseException:
                 transport.close()  # Go's NewClientConn closes the connection on failure

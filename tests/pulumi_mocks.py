@@ -140,3 +140,20 @@ def alias_urns(run: ProgramRun, recorded: Registrations, stack: str) -> dict[str
             )
         resolved[engine[resource.urn]] = urns
     return resolved
+
+
+def user_data_parts(inputs: Mapping[str, Any]):
+    """An instance's user data as cloud-init takes it apart (components/host_keys.py): the
+    first-boot script and the host key, from the gzipped userDataBase64 (secret or not)."""
+    import base64
+    import gzip
+
+    from components import host_keys
+
+    packed = unsecret(inputs["userDataBase64"])
+    return host_keys.user_data_parts(gzip.decompress(base64.b64decode(packed)).decode())
+
+
+def booted_script(inputs: Mapping[str, Any]) -> str:
+    """The script cloud-init's final stage runs from an instance's user data."""
+    return user_data_parts(inputs).script

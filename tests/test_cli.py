@@ -127,6 +127,7 @@ def loopback_outputs(tls_certificate: str | None) -> dict:
         "gatewayPublicIp": "127.0.0.1",
         "headPrivateIp": "127.0.0.2",
         "sshPrivateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n",
+        "sshKnownHosts": "127.0.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKYOUwo2FQkkY+GgpiI0nKgsvB1BjihLoOYxJzBau5PQ\n",
         "endpoint": "https://127.0.0.1:9/v1",
         "apiKey": "sk-test",
         "tlsCertificate": tls_certificate,

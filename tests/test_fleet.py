@@ -10,6 +10,7 @@ namespaces); under CI (VLLM_CLUSTER_CI) that is a failure instead.
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import pytest
 from fleet_helpers import boot_log, downloads_per_file, first_timestamp
 from pulumi_mocks import run_program
 
+from cli.mock_runtime import real_private_key
 from components import metrics, node_env, versions
 from components.bootstrap import local_model_directory
 from components.catalog import CATALOG
@@ -41,7 +43,7 @@ from localhosts.cluster import (
     tiny_model,
 )
 from localhosts.fleet import in_ci, why_no_fleet
-from localhosts.replay import COMMAND, destroy, replay
+from localhosts.replay import COMMAND, destroy, replay, run_step, steps_of
 from scripts.lib import model_stage
 from scripts.lib.vllm_cluster_lib import metric_totals  # the watchdog's reader of /metrics
 from tools import local_target
@@ -521,6 +523,64 @@ def test_ray_and_vllm_run_as_the_service_user_who_cannot_reach_the_metadata_serv
         assert as_service.returncode == 7, (as_service.stdout, as_service.stderr)
     finally:
         cluster.node_shell(0, f"sudo sh -c 'kill {server}; ip addr del 169.254.169.254/32 dev lo'", check=False)
+
+
+@contextmanager
+def host_key_changed(cluster, index: int):
+    """Node `index` answers with a new SSH host key (as a machine put in its place would),
+    for the block's length; its own key is back after, also when the block fails."""
+    fleet = cluster.fleet
+    host = fleet.nodes[index]
+    private = host.root / "etc" / "ssh" / "ssh_host_ed25519_key"
+    public = private.with_name("ssh_host_ed25519_key.pub")
+    kept = private.read_bytes(), public.read_bytes()
+    other = real_private_key("ED25519")
+
+    def reload_sshd() -> None:
+        # sshd loads its host keys again on SIGHUP (it re-executes itself), as after a reboot.
+        assert fleet._in_host(host, "sh", "-c", "kill -HUP $(cat /run/sshd.pid)") is not None
+        time.sleep(2)
+
+    private.write_text(other["privateKeyOpenssh"])
+    public.write_text(other["publicKeyOpenssh"])
+    reload_sshd()
+    try:
+        yield host
+    finally:
+        private.write_bytes(kept[0])
+        public.write_bytes(kept[1])
+        reload_sshd()
+        fleet.wait_for_ssh(host)
+
+
+def test_a_host_whose_key_changed_gets_no_command_and_is_named(cluster):
+    """Issue 33 point 4: whoever answers at a node's address with another host key gets
+    nothing. The gateway's login wait fails at once naming the node and the fix (not after
+    its 20 minutes); pulumi-command's dial (ssh_dial.py, as connection.go does it) refuses
+    the key before it logs in, so the node's secrets command never runs; the operator
+    tools name the host."""
+    worker = cluster.fleet.nodes[1]
+    steps = steps_of(cluster.run, only={"vllm-login-worker-1", "vllm-secrets-worker-1"})
+    with host_key_changed(cluster, 1):
+        started = time.monotonic()
+        login = run_step(steps["vllm-login-worker-1"], timeout=300)
+        assert login.returncode != 0 and time.monotonic() - started < 120, (login.stdout, login.stderr)
+        assert f"{worker.ip} presents an SSH host key other than the one the stack gave it" in login.stderr
+        assert "Fix:" in login.stderr
+        # The real limit (80 tries) only makes the refusal take minutes: two show it.
+        secrets = steps["vllm-secrets-worker-1"]
+        secrets = dataclasses.replace(secrets, target=dataclasses.replace(secrets.target, dial_error_limit=2))
+        refused = run_step(secrets, timeout=120)
+        assert refused.returncode == 255 and "host key mismatch" in refused.stderr, refused.stderr
+        assert refused.dial_log.failures and all(
+            "host key mismatch" in error for _, _, error in refused.dial_log.stages("Dial")
+        ), refused.dial_log.failures
+        tool = cluster.operator("preflight")
+        assert tool.returncode != 0
+        named = f"({worker.ip}) or the gateway presents an SSH host key other than the stack's"
+        assert named in tool.stdout + tool.stderr, tool.stdout + tool.stderr
+    # Its own key back, the same commands get through.
+    assert run_step(steps["vllm-login-worker-1"], timeout=300).returncode == 0
 
 
 # --- first boot as it really happens, on hosts laid out like the node image -------------

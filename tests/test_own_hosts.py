@@ -16,6 +16,17 @@ from components.spec import CREATED_INSTANCE_KEYS, SpecError, load_spec
 from components.topology import node_name
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE=\n-----END OPENSSH PRIVATE KEY-----\n"
+# Each machine's own SSH host key (hostKeys), for every address the tests name.
+HOST_KEYS = [
+    "203.0.113.10 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDtNZh+iepw+R/bZZsPOkGlXZwaezlOQ66cB4tCRkUM2",
+    "gw.example.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBUBrf/9iAR9jVSSl2cxFHsBE4LnMyBYFfZk/liF0o+N",
+    "llm.example.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJVxh7C6A/RJwUgmQfPkiV6rPztvOx8gM34K1zxSraiR",
+    "192.0.2.11 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDeAUm1s5OMqQCTnSI//UN+oTAJfqy2hLcGpFCBG2f0j",
+    "192.0.2.12 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBf6g9SHnu0hzOa55o+BgjWHbrDjC9k4R8wJblBBGx3d",
+    "192.0.2.13 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMyDmsiEx4xntpUtfpUYZDlADBWlpBh32OxtNnJoPB3c",
+    "192.0.2.21 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHP2BS0SO3Pdn1vzxZZ8Y1xIpkJoxKwqsn8q4jBZRcRu",
+    "192.0.2.22 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAsYrqdYq1AHlnTdHo6l3IzdhDvraKUhKwSDV3S4et4F",
+]
 HOSTS = {
     "model": "Qwen/Qwen2.5-7B-Instruct",
     "gpusPerNode": 1,
@@ -28,6 +39,7 @@ HOSTS = {
     "modelCacheDir": "/srv/vllm-models",
     "apiAllowedCidrs": ["203.0.113.0/24"],
     "adminCidrs": ["198.51.100.7/32"],
+    "hostKeys": HOST_KEYS,
 }
 DEFAULTS = {key.name: key.default for key in CONFIG_KEYS if not key.required}
 
@@ -226,9 +238,55 @@ def test_the_services_start_after_their_machine_and_log_in_as_ssh_user(run):
     assert "vllm-host-gang1-worker-1" in {by_urn[u].name for u in setup.dependencies if u in by_urn}
     assert unsecret(setup.inputs["connection"])["user"] == "admin"
     login = commands["vllm-login-gang1-worker-1"]
-    assert "--host 192.0.2.22 --user admin " in unsecret(login.inputs["create"])
+    assert f"--host 192.0.2.22 --host-key '{key_of('192.0.2.22')}' --user admin " in unsecret(login.inputs["create"])
     gateway_setup = commands["vllm-gateway-setup"]
     assert "vllm-host-gateway" in {by_urn[u].name for u in gateway_setup.dependencies if u in by_urn}
+
+
+def key_of(address: str) -> str:
+    """The key hostKeys gives `address`, as pulumi-command's host_key takes it."""
+    return next(" ".join(line.split()[1:3]) for line in HOST_KEYS if line.split()[0] == address)
+
+
+def test_every_connection_and_its_jump_pin_the_host_keys_the_user_gave(run):
+    """Whoever answers at a host's address gets the stack's secrets unless the connection
+    knows the host's key: every command's connection pins the key hostKeys gives its host,
+    and its jump the gateway's."""
+    for command in run.of_type("command:remote:Command"):
+        connection = unsecret(command.inputs["connection"])
+        assert connection["hostKey"] == key_of(connection["host"]), command.name
+        if "proxy" in connection:
+            assert connection["proxy"]["host"] == "203.0.113.10", command.name
+            assert connection["proxy"]["hostKey"] == key_of("203.0.113.10"), command.name
+    # The operator tools pin the same keys.
+    assert run.outputs["sshKnownHosts"] == "".join(line + "\n" for line in HOST_KEYS)
+
+
+@pytest.mark.parametrize(
+    "host_keys, fragment",
+    [
+        (None, "has no key for 203.0.113.10, 192.0.2.11, 192.0.2.12, 192.0.2.21, 192.0.2.22"),
+        ([line for line in HOST_KEYS if not line.startswith("192.0.2.21 ")], "has no key for 192.0.2.21:"),
+        (["192.0.2.11 ssh-ed25519 AAAAnotbase64!"], "item 0: the ssh-ed25519 key"),
+        (["|1|abc=|def= ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKYOUwo2FQ"], "run ssh-keyscan without -H"),
+        (["192.0.2.11 ssh-dss AAAAB3NzaC1kc3MAAACBAP"], "key type ssh-dss is not one of"),
+    ],
+    ids=["missing", "one-host-missing", "not-base64", "hashed", "dsa"],
+)
+def test_hosts_without_a_usable_host_key_are_refused_naming_the_key_and_the_fix(host_keys, fragment):
+    (problem,) = problems_of(hostKeys=host_keys)
+    assert "vllm-cluster:hostKeys" in problem and fragment in problem, problem
+    assert "ssh-keyscan" in problem and "pulumi config set --path 'vllm-cluster:hostKeys[0]'" in problem, problem
+
+
+def test_host_keys_without_hosts_are_refused():
+    with pytest.raises(SpecError) as caught:
+        load_spec(
+            {"model": "Qwen/Qwen2.5-7B-Instruct", "instanceType": "g5.12xlarge", "hostKeys": HOST_KEYS[:1]},
+            stack="test",
+            region="us-east-1",
+        )
+    assert any("vllm-cluster:hostKeys" in str(p) and "hosts lists none" in str(p) for p in caught.value.problems)
 
 
 def test_the_outputs_name_the_users_machines_and_keep_the_key_secret(run):

@@ -4,13 +4,11 @@ that no secret leaks into a command line, the user data or a plain output."""
 
 from __future__ import annotations
 
-import base64
-import gzip
 import re
 from pathlib import Path
 
 import pytest
-from pulumi_mocks import run_stack, stack_config, stack_names
+from pulumi_mocks import booted_script, run_stack, stack_config, stack_names, unsecret, user_data_parts
 
 from components import bootstrap, node_env, ports, versions
 from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
@@ -157,7 +155,7 @@ def cluster_env_in(script: str) -> str:
 def test_setup_tells_the_node_what_the_instance_booted_with(run):
     for node in node_names(run):
         instance = run.named(f"vllm-{node}", "aws:ec2/instance:Instance")
-        booted = gzip.decompress(base64.b64decode(instance.inputs["userDataBase64"])).decode()
+        booted = booted_script(instance.inputs)
         setup = commands(run)[f"vllm-setup-{node}"]
         assert setup.inputs["create"] == "sudo bash -s"
         sent, at_boot = cluster_env_in(plain(setup.inputs["stdin"])), cluster_env_in(booted)
@@ -172,6 +170,40 @@ def test_setup_tells_the_node_what_the_instance_booted_with(run):
             sent = sent.replace(prometheus.group(0), "RAY_PROMETHEUS_HOST=")
         assert sent == at_boot
         assert "userDataBase64" in instance.ignore_changes
+
+
+def test_every_connection_pins_the_host_key_its_instance_was_given_at_boot(run):
+    """Whoever answers at an instance's address during `pulumi up` would receive the TLS
+    key, the tokens and the API keys: every command's connection, and its jump through the
+    gateway, accepts only the key the stack put in that instance's user data (cloud-init's
+    ssh_keys), whose private half travels only as a secret."""
+    by_address = {run.outputs["gatewayPublicIp"]: "vllm-gateway-host"}
+    by_address |= {node["ip"]: f"vllm-{node['name']}" for gang in run.outputs["gangs"] for node in gang["nodes"]}
+    given = {}
+    if "vllm-cluster:hostKeys" in run.config:
+        # A stack of hosts: each machine's key as hostKeys gives it (tests/test_own_hosts.py).
+        pinned = {line.split()[0]: " ".join(line.split()[1:3]) for line in run.config["vllm-cluster:hostKeys"]}
+        given = {instance: pinned[address] for address, instance in by_address.items()}
+    for instance in run.of_type("aws:ec2/instance:Instance"):
+        assert unwrap(instance.inputs["userDataBase64"])[1], f"{instance.name}: its user data holds a private key"
+        parts = user_data_parts(instance.inputs)
+        assert "BEGIN OPENSSH PRIVATE KEY" in parts.host_private_key, instance.name
+        given[instance.name] = " ".join(parts.host_public_key.split()[:2])
+    assert len(set(given.values())) == len(given), "every host has a key of its own"
+    for command in run.of_type(COMMAND):
+        connection = unsecret(command.inputs["connection"])
+        assert connection["hostKey"] == given[by_address[connection["host"]]], command.name
+        if "proxy" in connection:
+            assert connection["proxy"]["hostKey"] == given["vllm-gateway-host"], command.name
+        if command.name.startswith("vllm-login-"):
+            # The gateway's wait for the node's login probes only the node with that key.
+            node_ip = re.search(r"--host (\S+) ", plain(command.inputs["create"])).group(1)
+            assert f"--host-key '{given[by_address[node_ip]]}'" in plain(command.inputs["create"]), command.name
+    # The operator tools pin the same keys.
+    assert sorted(run.outputs["sshKnownHosts"].splitlines()) == sorted(
+        f"{address} {given[instance]}" for address, instance in by_address.items()
+    )
+    assert "sshKnownHosts" not in run.secret_outputs  # public keys: the operator needs them plain
 
 
 def test_each_node_is_dialled_only_once_the_gateway_saw_it_accept_a_login(run):
@@ -455,10 +487,7 @@ def test_no_secret_in_a_command_line_user_data_plain_stdin_or_plain_output():
             else ""
         )
     for instance in result.of_type("aws:ec2/instance:Instance"):
-        data = instance.inputs.get("userDataBase64")
-        places[f"{instance.name} user data"] = (
-            gzip.decompress(base64.b64decode(data)).decode() if data else instance.inputs.get("userData", "")
-        )
+        places[f"{instance.name} user data"] = booted_script(instance.inputs)
     for name, value in result.outputs.items():
         if name not in result.secret_outputs:
             places[f"output {name}"] = repr(value)

@@ -54,6 +54,7 @@ BASE_OUTPUTS = {
     "headPrivateIp": IPS[0],
     "workerPrivateIps": IPS[1:],
     "sshPrivateKey": "key",
+    "sshKnownHosts": "",
     "endpoint": "https://203.0.113.5/v1",
     "apiKey": "sk-test",
     "tlsCertificate": "cert",

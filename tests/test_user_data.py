@@ -13,7 +13,7 @@ import gzip
 import pytest
 from pulumi_mocks import ec2_stack_names, run_stack, unsecret
 
-from components import bootstrap
+from components import bootstrap, host_keys
 
 STACKS = ec2_stack_names()
 INSTANCE = "aws:ec2/instance:Instance"
@@ -30,8 +30,10 @@ def raw_user_data(inputs: dict) -> bytes | None:
 
 
 def as_cloud_init_reads_it(raw: bytes) -> str:
-    """cloud-init unpacks gzip user data by itself (its magic bytes), else takes it as is."""
-    return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+    """The script cloud-init's final stage runs: it unpacks gzip user data by itself (its
+    magic bytes), and takes a MIME multipart apart (the host key's cloud-config beside
+    the script, components/host_keys.py)."""
+    return host_keys.user_data_parts((gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()).script
 
 
 @pytest.fixture(scope="module", params=STACKS)
