@@ -268,6 +268,7 @@ def ec2_machines() -> Machines:
             user_data=gateway_user_data,
             boot_after=[*network.ready, *security.rules],
             may_wake_nodes=spec.idle_stop_minutes is not None,
+            stack_id=nodes.stack_id,
         ),
     )
     return Machines(

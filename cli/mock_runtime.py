@@ -252,6 +252,13 @@ class MockCloud(pulumi.runtime.Mocks):
             if stored not in self.key_store:
                 self.key_store[stored] = real_password(int(args.inputs.get("length", 32)))
             state["result"] = self.key_store[stored]
+        elif args.typ == "random:index/randomId:RandomId":
+            # As random_id does: drawn once, then kept (with real crypto: its own per stack).
+            size = int(args.inputs.get("byteLength", 8))
+            stored = ("id", args.name)
+            if self.real_crypto and stored not in self.key_store:
+                self.key_store[stored] = secrets.token_hex(size)
+            state["hex"] = self.key_store[stored] if self.real_crypto else _digest("id", args.name, length=2 * size)
         elif args.typ == "random:index/randomPassword:RandomPassword":
             length = int(args.inputs.get("length", 32))
             state["result"] = (_digest("password", args.name, length=64) * 4)[:length]

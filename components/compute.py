@@ -22,9 +22,10 @@ from typing import Sequence
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_random as random
 import pulumi_tls as tls
 
-from components import bootstrap, host_keys, image
+from components import bootstrap, host_keys, idle_stop, image
 from components.bootstrap import compress_user_data
 from components.tagging import renamed_from, tags
 from components.topology import InterfaceSlot, gang_name, gang_prefix, node_name, node_role, writes_wheelhouse
@@ -159,6 +160,32 @@ def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
     return aws.ec2.get_ami_output(most_recent=True, owners=owners, filters=filters, opts=opts)
 
 
+# What Session Manager needs on an instance and nothing else: the agent registers the
+# instance (ssm:UpdateInstanceInformation) and opens the session's channels (ssmmessages).
+# AWS's own minimal policy for it, the managed AWSCloud9SSMInstanceProfile
+# (https://docs.aws.amazon.com/aws-managed-policy/latest/reference/AWSCloud9SSMInstanceProfile.html;
+# "Create a custom IAM instance profile for Session Manager",
+# https://docs.aws.amazon.com/systems-manager/latest/userguide/getting-started-create-iam-instance-profile.html).
+# No ssm:GetParameter*, ssm:GetDocument, ec2messages (Run Command) or S3.
+SESSION_MANAGER_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Sid": "SessionManagerOnly",
+            "Effect": "Allow",
+            "Action": [
+                "ssm:UpdateInstanceInformation",
+                "ssmmessages:CreateControlChannel",
+                "ssmmessages:CreateDataChannel",
+                "ssmmessages:OpenControlChannel",
+                "ssmmessages:OpenDataChannel",
+            ],
+            "Resource": "*",
+        }
+    ],
+}
+
+
 def efs_client_policy(file_system_arn: str, writable_access_point_arns: Sequence[str]) -> str:
     """Mount this one file system (read), and write it through these access points
     only: a node's role writes the model tree, the wheelhouse writer's role the
@@ -231,9 +258,17 @@ class GpuNodes(pulumi.ComponentResource):
     worker_private_ips: pulumi.Output[list]
     launch_template_id: pulumi.Output[str]
     placement_group_name: pulumi.Input[str] | None
+    # The stack's random id, the idle_stop.STACK_ID_TAG of every GPU instance.
+    stack_id: pulumi.Output[str]
 
     def __init__(self, name: str, args: GpuNodesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:GpuNodes", name, None, opts)
+        # A value of this stack nobody can guess, on every GPU instance: the gateway's role
+        # starts only instances that carry it, not any with the same readable stack and
+        # project tags (another account user's stack of the same name).
+        self.stack_id = random.RandomId(
+            f"{name}-stack-id", byte_length=16, opts=pulumi.ResourceOptions(parent=self)
+        ).hex
         profile = self._instance_profile(name, "node", args, [args.model_cache_access_point_arn])
         # Gang 0's head fills the wheelhouse (scripts/node/node-env); no other node may write it.
         writer_profile = self._instance_profile(
@@ -269,6 +304,7 @@ class GpuNodes(pulumi.ComponentResource):
                 "workerPrivateIps": self.worker_private_ips,
                 "launchTemplateId": self.launch_template_id,
                 "placementGroupName": self.placement_group_name,
+                "stackId": self.stack_id,
             }
         )
 
@@ -322,13 +358,14 @@ class GpuNodes(pulumi.ComponentResource):
             tags=tags(f"{name}-{kind}-role"),
             opts=options(f"{name}-role"),
         )
-        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
-        # SSM core: Session Manager as a second way in when SSH is unreachable.
-        aws.iam.RolePolicyAttachment(
-            f"{name}-{kind}-role-ssm",
-            role=role.name,
-            policy_arn=pulumi.Output.concat("arn:", partition, ":iam::aws:policy/AmazonSSMManagedInstanceCore"),
-            opts=options(f"{name}-ssm"),
+        # Session Manager as a second way in when SSH is unreachable, and nothing more of SSM:
+        # AmazonSSMManagedInstanceCore would also let every node read the region's whole
+        # Parameter Store (ssm:GetParameter(s) on "*") and fetch documents and patches.
+        aws.iam.RolePolicy(
+            f"{name}-{kind}-role-session-manager",
+            role=role.id,
+            policy=json.dumps(SESSION_MANAGER_POLICY, sort_keys=True, separators=(",", ":")),
+            opts=pulumi.ResourceOptions(parent=self),
         )
         aws.iam.RolePolicy(
             f"{name}-{kind}-role-model-cache",
@@ -471,6 +508,8 @@ class GpuNodes(pulumi.ComponentResource):
                 f"{name}-{node_name(index, gang)}",
                 **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
                 **gang_tag,
+                # What the gateway's role may start it by (idle_stop.gateway_wake_policy).
+                **{idle_stop.STACK_ID_TAG: self.stack_id},
             ),
             # User data is first-boot only (cloud-init runs it once per instance), and
             # changing it would stop and start a GPU node. Later changes reach running

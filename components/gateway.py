@@ -46,6 +46,9 @@ class GatewayArgs:
     # idleStopMinutes is set: the gateway's role may start the stack's stopped GPU instances
     # (components/idle_stop.py). Without it the gateway has no role at all, as before.
     may_wake_nodes: bool = False
+    # The stack's random id its GPU instances carry (components/compute.py): the only ones
+    # the role may start.
+    stack_id: pulumi.Input[str] | None = None
 
 
 class Gateway(pulumi.ComponentResource):
@@ -71,7 +74,7 @@ class Gateway(pulumi.ComponentResource):
             ],
             opts=pulumi.InvokeOptions(parent=self),
         )
-        profile = self._wake_profile(name) if args.may_wake_nodes else None
+        profile = self._wake_profile(name, args.stack_id) if args.may_wake_nodes else None
         # Kept when the instance is replaced: a new gateway behind the same Elastic IP answers
         # with the key the stack and the operator tools pin.
         host_key = tls.PrivateKey(
@@ -140,7 +143,7 @@ class Gateway(pulumi.ComponentResource):
             }
         )
 
-    def _wake_profile(self, name: str) -> aws.iam.InstanceProfile:
+    def _wake_profile(self, name: str, stack_id: pulumi.Input[str]) -> aws.iam.InstanceProfile:
         """A role for the gateway's waker: start this stack's GPU instances, see which are
         stopped, nothing else (idle_stop.gateway_wake_policy)."""
         role = aws.iam.Role(
@@ -165,8 +168,10 @@ class Gateway(pulumi.ComponentResource):
         aws.iam.RolePolicy(
             f"{name}-gateway-role-wake",
             role=role.id,
-            policy=pulumi.Output.all(partition, region, account).apply(
-                lambda values: idle_stop.policy_text(idle_stop.gateway_wake_policy(*values, project, stack))
+            policy=pulumi.Output.all(partition, region, account, stack_id).apply(
+                lambda values: idle_stop.policy_text(
+                    idle_stop.gateway_wake_policy(values[0], values[1], values[2], project, stack, values[3])
+                )
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )

@@ -37,6 +37,9 @@ INLINE_ROLE_POLICY_MAX_CHARS = aws_contract.INLINE_ROLE_POLICY_MAX_CHARS
 # every resource of the stack, the GPU instances among them).
 PROJECT_TAG = "vllm-cluster:project"
 STACK_TAG = "vllm-cluster:stack"
+# And a random id of the stack (components/compute.py) on every GPU instance: readable, as
+# every tag is, but no other stack's instance carries it.
+STACK_ID_TAG = "vllm-cluster:stack-id"
 
 # What the waker tells a client of a stopped or waking gang: come back in 30 s. Short
 # enough that a retrying client is answered within half a minute of the gang serving
@@ -57,12 +60,15 @@ def ec2_endpoint(region: str, dns_suffix: str) -> str:
     return f"https://ec2.{region}.{dns_suffix}"
 
 
-def gateway_wake_policy(partition: str, region: str, account: str, project: str, stack: str) -> dict:
+def gateway_wake_policy(partition: str, region: str, account: str, project: str, stack: str, stack_id: str) -> dict:
     """The gateway role's one inline policy: start this stack's instances, and see which are
-    stopped. StartInstances only on instances of this account and region that carry both the
-    stack's and the project's tag, so the gateway can start no other machine; DescribeInstances
-    supports no resource-level permission (EC2_ACTIONS_DOC), so it is granted on "*": it reads,
-    and the waker filters by the same tags."""
+    stopped. StartInstances only on instances of this account and region that carry the
+    stack's, the project's and the stack's random id's tag, and only in requests to this
+    region (aws:RequestedRegion), so the gateway can start no other machine; DescribeInstances
+    supports no resource-level permission (EC2_ACTIONS_DOC), so it is granted on "*", in this
+    region: it reads, and the waker filters by the same tags. The stack's VPC is no condition:
+    EC2's instance resource has no ec2:Vpc key (EC2_ACTIONS_DOC, the instance resource type's
+    condition keys), and a condition on a key the request lacks never holds."""
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -72,7 +78,12 @@ def gateway_wake_policy(partition: str, region: str, account: str, project: str,
                 "Action": ["ec2:StartInstances"],
                 "Resource": f"arn:{partition}:ec2:{region}:{account}:instance/*",
                 "Condition": {
-                    "StringEquals": {f"aws:ResourceTag/{STACK_TAG}": stack, f"aws:ResourceTag/{PROJECT_TAG}": project}
+                    "StringEquals": {
+                        f"aws:ResourceTag/{STACK_TAG}": stack,
+                        f"aws:ResourceTag/{PROJECT_TAG}": project,
+                        f"aws:ResourceTag/{STACK_ID_TAG}": stack_id,
+                        "aws:RequestedRegion": region,
+                    }
                 },
             },
             {
@@ -80,6 +91,7 @@ def gateway_wake_policy(partition: str, region: str, account: str, project: str,
                 "Effect": "Allow",
                 "Action": ["ec2:DescribeInstances"],
                 "Resource": "*",
+                "Condition": {"StringEquals": {"aws:RequestedRegion": region}},
             },
         ],
     }

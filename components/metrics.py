@@ -203,8 +203,24 @@ def target_files(gangs: list[ScrapeGang], directory: str = CLUSTER_DIR) -> dict[
 # --- the main configuration -------------------------------------------------------------
 
 
+# What one node's answer may hold, so that a node (a compromised one, or a runaway label)
+# cannot exhaust the gateway's memory and disk: a scrape over either limit fails whole (its
+# target's `up` is 0) and stores nothing (Prometheus configuration docs, scrape_config:
+# sample_limit, body_size_limit). The largest node measured gives 1065 Ray series plus 6 per
+# GPU, a head 445 of vLLM's (components/prometheus_sizing.py): the limits leave ten times the
+# largest (tests/test_prometheus_sizing.py holds that), and the body about 200 bytes a series.
+SCRAPE_SAMPLE_LIMIT = 12_000
+SCRAPE_BODY_SIZE_LIMIT = "4MB"
+
+
 def _file_sd_job(job: str, targets_file: str) -> dict:
-    return {"job_name": job, "metrics_path": "/metrics", "file_sd_configs": [{"files": [targets_file]}]}
+    return {
+        "job_name": job,
+        "metrics_path": "/metrics",
+        "file_sd_configs": [{"files": [targets_file]}],
+        "sample_limit": SCRAPE_SAMPLE_LIMIT,
+        "body_size_limit": SCRAPE_BODY_SIZE_LIMIT,
+    }
 
 
 def _self_job() -> dict:

@@ -14,6 +14,7 @@ from pulumi_mocks import run_stack, unsecret
 
 from components import idle_stop, sizing
 from components.catalog import CATALOG
+from tests.doubles.ec2_api import policy_allows
 
 COMMAND = "command:remote:Command"
 INSTANCE = "aws:ec2/instance:Instance"
@@ -116,35 +117,51 @@ def wake_policy(run) -> tuple[str, dict]:
     return text, json.loads(text)
 
 
-def allows(policy: dict, action: str, resource: str, tags: dict[str, str]) -> bool:
-    """IAM's reading of this document's shape: an Allow statement naming the action, whose
-    resource matches (exactly, or a trailing *) and whose StringEquals tag conditions hold."""
-    for statement in policy["Statement"]:
-        if statement["Effect"] != "Allow" or action not in statement["Action"]:
-            continue
-        pattern = statement["Resource"]
-        if not (pattern == resource or (pattern.endswith("*") and resource.startswith(pattern[:-1]))):
-            continue
-        conditions = statement.get("Condition", {}).get("StringEquals", {})
-        if all(tags.get(key.removeprefix("aws:ResourceTag/")) == value for key, value in conditions.items()):
-            return True
-    return False
+def allows(policy: dict, action: str, resource: str, tags: dict[str, str], region: str = "us-east-1") -> bool:
+    """IAM's reading of the declared document, as the EC2 double evaluates it per request
+    (tests/doubles/ec2_api.py policy_allows): the resource's tags as aws:ResourceTag/KEY and
+    the request's region as aws:RequestedRegion; a key the request lacks fails its condition."""
+    context = {f"aws:ResourceTag/{key}": value for key, value in tags.items()}
+    return policy_allows(policy, action, resource, {**context, "aws:RequestedRegion": region})
 
 
-def test_the_gateway_may_start_only_instances_of_its_own_stack_and_project(idle):
+def stack_id_of(run) -> str:
+    (node, *_) = gpu_nodes(run)
+    return node.inputs["tags"][idle_stop.STACK_ID_TAG]
+
+
+def test_the_gateway_may_start_only_instances_of_its_own_stack_in_its_own_region(idle):
+    """Issue 33 point 5: the stack's and project's tags are readable and repeatable (another
+    user's stack named prod carries the same): the role also needs the stack's random id,
+    and a request to this region."""
     _, policy = wake_policy(idle)
     arn = "arn:aws:ec2:us-east-1:123456789012:instance/i-0123456789abcdef0"
-    own = {idle_stop.STACK_TAG: "prod", idle_stop.PROJECT_TAG: "vllm-cluster"}
+    own = {
+        idle_stop.STACK_TAG: "prod",
+        idle_stop.PROJECT_TAG: "vllm-cluster",
+        idle_stop.STACK_ID_TAG: stack_id_of(idle),
+    }
     assert allows(policy, "ec2:StartInstances", arn, own)
     assert not allows(policy, "ec2:StartInstances", arn, {**own, idle_stop.STACK_TAG: "dev"})
     assert not allows(policy, "ec2:StartInstances", arn, {idle_stop.STACK_TAG: "prod"})
+    same_names = {idle_stop.STACK_TAG: "prod", idle_stop.PROJECT_TAG: "vllm-cluster"}
+    assert not allows(policy, "ec2:StartInstances", arn, same_names), "another stack named prod"
+    assert not allows(policy, "ec2:StartInstances", arn, {**own, idle_stop.STACK_ID_TAG: "0" * 32})
+    assert not allows(policy, "ec2:StartInstances", arn, own, region="eu-west-1")
     assert not allows(policy, "ec2:StartInstances", arn.replace("123456789012", "210987654321"), own)
     assert not allows(policy, "ec2:StopInstances", arn, own)
     assert not allows(policy, "ec2:TerminateInstances", arn, own)
-    # DescribeInstances has no resource-level permission: "*", and it only reads.
+    # DescribeInstances has no resource-level permission: "*", and it only reads, here.
     assert allows(policy, "ec2:DescribeInstances", "*", {})
+    assert not allows(policy, "ec2:DescribeInstances", "*", {}, region="eu-west-1")
     actions = {a for s in policy["Statement"] for a in s["Action"]}
     assert actions == {"ec2:StartInstances", "ec2:DescribeInstances"}
+
+
+def test_the_stack_id_is_128_random_bits_of_the_stacks_own(idle):
+    assert idle.named("vllm-stack-id", "random:index/randomId:RandomId").inputs["byteLength"] == 16
+    assert len(stack_id_of(idle)) == 32
+    assert {node.inputs["tags"][idle_stop.STACK_ID_TAG] for node in gpu_nodes(idle)} == {stack_id_of(idle)}
 
 
 def test_the_gpu_nodes_tags_satisfy_the_policy_the_gateway_holds(idle):
@@ -160,7 +177,7 @@ def test_the_policy_the_role_receives_is_within_iams_limits(idle):
     assert len("".join(text.split())) <= idle_stop.INLINE_ROLE_POLICY_MAX_CHARS
     # The longest stack and project names Pulumi takes still fit.
     long = idle_stop.policy_text(
-        idle_stop.gateway_wake_policy("aws-us-gov", "us-gov-west-1", "1" * 12, "p" * 100, "s" * 100)
+        idle_stop.gateway_wake_policy("aws-us-gov", "us-gov-west-1", "1" * 12, "p" * 100, "s" * 100, "f" * 32)
     )
     assert idle_stop.policy_size_problems(long) == []
     assert idle_stop.policy_size_problems("x" * 10241) != []

@@ -293,20 +293,39 @@ def test_imdsv2_only_and_encrypted_gp3_root(run):
     assert gateway["rootBlockDevice"]["encrypted"] is True
 
 
-def test_node_roles_may_use_ssm_and_the_model_cache_only(run):
-    """Every node's role and the wheelhouse writer's (gang 0's head). The gateway's role, with
-    idleStopMinutes, is tests/test_idle_stop.py's."""
-    attachments = run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-    assert {a.inputs["policyArn"] for a in attachments} == {"arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"}
+def test_node_roles_may_open_a_session_and_use_the_model_cache_only(run):
+    """Every node's role and the wheelhouse writer's (gang 0's head), as IAM receives them.
+    Issue 33 point 5: AmazonSSMManagedInstanceCore let every node read the region's whole
+    Parameter Store (ssm:GetParameter(s) on "*"); no managed policy is attached now, and
+    SSM is Session Manager's actions alone. The gateway's role, with idleStopMinutes, is
+    tests/test_idle_stop.py's."""
+    assert run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment") == []
     node_roles = [r for r in run.of_type("aws:iam/role:Role") if r.parent_type == "vllm-cluster:index:GpuNodes"]
-    assert len(attachments) == len(node_roles) == 2
+    assert len(node_roles) == 2
+    session = {
+        "ssm:UpdateInstanceInformation",
+        "ssmmessages:CreateControlChannel",
+        "ssmmessages:CreateDataChannel",
+        "ssmmessages:OpenControlChannel",
+        "ssmmessages:OpenDataChannel",
+    }
+    granted = {}
     for policy in run.of_type("aws:iam/rolePolicy:RolePolicy"):
         if policy.parent_type != "vllm-cluster:index:GpuNodes":
             continue
         inline = json.loads(policy.inputs["policy"])
         actions = {a for s in inline["Statement"] for a in s["Action"]}
-        assert actions == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
-        assert all(s["Resource"].startswith("arn:aws:efs") for s in inline["Statement"])
+        granted.setdefault(policy.name.rsplit("-role-", 1)[0], []).append(actions)
+        if actions == session:
+            # Channels of the instance's own sessions: Session Manager names no resource.
+            assert [s["Resource"] for s in inline["Statement"]] == ["*"]
+        else:
+            assert actions == {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"}
+            assert all(s["Resource"].startswith("arn:aws:efs") for s in inline["Statement"])
+    assert sorted(granted) == ["vllm-node", "vllm-wheelhouse-writer"]
+    for role, policies in granted.items():
+        assert session in policies and len(policies) == 2, role
+        assert not any(a.startswith("ssm:Get") for actions in policies for a in actions), role
 
 
 def test_deep_learning_ami_is_looked_up_unless_set(run):
@@ -621,11 +640,17 @@ def recorded_runs():
 
 # Resources added on purpose since those stacks were deployed: their next `pulumi up`
 # creates these, and nothing else.
+# Deployed resources a later version removes on purpose (`pulumi up` deletes them): name -> why.
+REMOVED_SINCE_DEPLOYED = {
+    # Issue 33 point 5: the node role's AmazonSSMManagedInstanceCore let every node read the
+    # region's Parameter Store; an inline policy of Session Manager's actions replaces it.
+    "vllm-ssm": "AmazonSSMManagedInstanceCore attachment",
+}
 ADDED_SINCE_DEPLOYED = {
     # Issue 19: the wheelhouse, writable by gang 0's head alone (tests/test_wheelhouse_access.py).
     "vllm-wheelhouse-access-point",
     "vllm-wheelhouse-writer-role",
-    "vllm-wheelhouse-writer-role-ssm",
+    "vllm-wheelhouse-writer-role-session-manager",
     "vllm-wheelhouse-writer-role-model-cache",
     "vllm-wheelhouse-writer-instance-profile",
     # Issue 20: the model's first download split over gang 0's nodes, each node's stage on
@@ -660,6 +685,10 @@ ADDED_SINCE_DEPLOYED = {
     # its user data and pinned by every connection.
     "vllm-gateway-host-key",
     *(f"vllm-{node}-host-key" for node in ("head", *(f"worker-{i}" for i in range(1, 16)))),
+    # Issue 33 point 5: Session Manager's actions alone in place of AmazonSSMManagedInstanceCore,
+    # and the stack's random id the gateway's role may start instances by.
+    "vllm-node-role-session-manager",
+    "vllm-stack-id",
 }
 
 
@@ -674,6 +703,9 @@ def test_every_deployed_resource_is_still_declared_under_its_urn_or_an_alias(sta
     deployed = deployed_urns(stack)
     for old in sorted(deployed):
         claimed_by = [urn for urn, names in identities.items() if old in names]
+        if old.rsplit("::", 1)[1] in REMOVED_SINCE_DEPLOYED:
+            assert claimed_by == [], f"{old} is listed as removed but is still declared"
+            continue
         assert len(claimed_by) == 1, f"{old} is claimed by {claimed_by or 'nothing'}"
     for urn, names in identities.items():
         if urn.rsplit("::", 1)[1] in ADDED_SINCE_DEPLOYED:
@@ -688,7 +720,6 @@ RENAMED = {
     ("aws:ec2/eip:Eip", "vllm-gateway-ip"): "vllm-ip",
     ("aws:ec2/placementGroup:PlacementGroup", "vllm-node-placement-group"): "vllm-placement",
     ("aws:iam/role:Role", "vllm-node-role"): "vllm-role",
-    ("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "vllm-node-role-ssm"): "vllm-ssm",
     ("aws:iam/rolePolicy:RolePolicy", "vllm-node-role-model-cache"): "vllm-model-cache",
     ("aws:iam/instanceProfile:InstanceProfile", "vllm-node-instance-profile"): "vllm-profile",
     (SUBNET, "vllm-public-subnet"): "vllm-public",

@@ -182,3 +182,16 @@ def test_the_verdict_leaves_a_fifth_of_the_memory_to_the_page_cache(gangs, nodes
     if (gangs, nodes, gateway) == (16, 8, "t3.micro"):
         assert sized.memory_mib * sizing.MEMORY_SHARE < sized.needed_mib < sized.memory_mib
         assert sized.memory_fits is False
+
+
+def test_the_scrape_limits_leave_ten_times_the_largest_nodes_series():
+    """A scrape over sample_limit fails whole (the node's `up` goes to 0): the limit that
+    keeps one node from exhausting the gateway must stay far above what a healthy node
+    gives, the largest GPU count of the catalog included."""
+    from components.catalog import CATALOG
+
+    most_gpus = max(instance.gpus for instance in CATALOG.values())
+    largest = max(sizing.ray_node_series(most_gpus), sizing.VLLM_HEAD_SERIES)
+    assert metrics.SCRAPE_SAMPLE_LIMIT >= 10 * largest
+    # About 200 bytes a line of the text format: the body limit holds as many lines.
+    assert int(metrics.SCRAPE_BODY_SIZE_LIMIT.removesuffix("MB")) * 1024 * 1024 >= 200 * metrics.SCRAPE_SAMPLE_LIMIT

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pulumi_mocks import booted_script, run_stack, stack_config, stack_names, unsecret, user_data_parts
 
-from components import bootstrap, node_env, ports, versions
+from components import bootstrap, metrics, node_env, ports, versions
 from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
 
 COMMAND = "command:remote:Command"
@@ -422,6 +422,22 @@ def test_prometheus_gets_every_node_of_every_gang_labelled_and_its_login_as_a_ha
     assert password not in script
     assert files["/etc/nginx/vllm-cluster-metrics.htpasswd"].startswith(f"{user}:{{SSHA}}")
     assert script.rstrip().endswith(f"--ready-url http://127.0.0.1:{ports.PROMETHEUS}/prometheus/-/ready")
+
+
+def test_no_node_can_make_prometheus_store_more_than_its_share():
+    """Issue 33 point 5: one node's answer (a compromised node, a runaway label) must not
+    exhaust the gateway: every job that scrapes the nodes, as the gateway receives it,
+    carries a sample limit and a body size limit."""
+    import yaml
+
+    result = run_stack("prod", {"replicas": 2})
+    files = staged_files(plain(commands(result)["vllm-gateway-metrics"].inputs["stdin"]))
+    jobs = {job["job_name"]: job for job in yaml.safe_load(files["/etc/prometheus/prometheus.yml"])["scrape_configs"]}
+    for name, job in jobs.items():
+        if "file_sd_configs" in job:  # the nodes' jobs: Prometheus's own and the waker's are on loopback
+            assert job["sample_limit"] == metrics.SCRAPE_SAMPLE_LIMIT, name
+            assert job["body_size_limit"] == metrics.SCRAPE_BODY_SIZE_LIMIT, name
+    assert {"vllm", "ray"} <= {name for name, job in jobs.items() if "sample_limit" in job}
 
 
 def test_more_gangs_change_the_metrics_targets_and_nothing_of_the_running_gangs():
