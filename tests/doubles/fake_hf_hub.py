@@ -110,6 +110,14 @@ def in_lfs(path: str, size: int) -> bool:
     return size > LFS_MIN_BYTES or any(fnmatch.fnmatch(path, pattern) for pattern in LFS_PATTERNS)
 
 
+def tree_entry(blob: Blob) -> dict:
+    """A file's entry in the Hub's tree listing (huggingface_hub hf_api.py RepoFile reads it)."""
+    entry: dict = {"type": "file", "oid": blob.oid, "size": blob.size, "path": blob.path}
+    if blob.lfs:
+        entry["lfs"] = {"oid": blob.sha256, "size": blob.size, "pointerSize": blob.pointer_size}
+    return entry
+
+
 _blob_cache: dict[tuple[str, int, int], Blob] = {}
 _blob_cache_lock = threading.Lock()
 
@@ -343,12 +351,7 @@ def make_handler(root: Path, log_path: Path | None, tree_page_size: int = TREE_P
                 for folder in folders
                 if listed(folder)
             ]
-            for blob in blobs:
-                if listed(blob.path):
-                    entry: dict = {"type": "file", "oid": blob.oid, "size": blob.size, "path": blob.path}
-                    if blob.lfs:
-                        entry["lfs"] = {"oid": blob.sha256, "size": blob.size, "pointerSize": blob.pointer_size}
-                    entries.append(entry)
+            entries.extend(tree_entry(blob) for blob in blobs if listed(blob.path))
             # One page from the cursor on; the next page's URL in a Link header, as the Hub.
             cursor_text = query.get("cursor", ["0"])[0]
             if not cursor_text.isdigit():
