@@ -803,20 +803,28 @@ def _is_weight(name: str) -> bool:
 
 def _other_files(source: Path) -> list[str]:
     """Every file vLLM may need besides the weights (config, tokenizer, chat template,
-    generation config, code), relative to `source`, sorted."""
+    generation config, code), relative to `source`, sorted. Walked through descriptors
+    (os.fwalk: each directory opened from its parent's, never through a link)."""
     found = []
-    for root, dirs, files in os.walk(source):
-        relative_root = Path(root).relative_to(source)
-        if relative_root == Path("."):
-            dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
-        dirs[:] = [d for d in dirs if d != ".cache"]
-        for name in files:
-            relative = (relative_root / name).as_posix()
-            if relative in (INDEX_NAME, MARKER_NAME, MANIFEST_NAME) or name.endswith(PARTIAL_SUFFIX):
-                continue
-            if _is_weight(name) or name.endswith(OTHER_FORMAT_SUFFIXES):
-                continue
-            found.append(relative)
+    # `source` itself may be copy_stage's /proc/self/fd/N, a link to the directory it opened.
+    source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for root, dirs, files, root_fd in os.fwalk(".", dir_fd=source_fd, follow_symlinks=False):
+            relative_root = Path(root)
+            if relative_root == Path("."):
+                dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+            dirs[:] = [d for d in dirs if d != ".cache"]
+            for name in files:
+                relative = (relative_root / name).as_posix()
+                if not stat.S_ISREG(os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_mode):
+                    continue  # a link (copy_stage refuses it first) or a socket: never a file of the model
+                if relative in (INDEX_NAME, MARKER_NAME, MANIFEST_NAME) or name.endswith(PARTIAL_SUFFIX):
+                    continue
+                if _is_weight(name) or name.endswith(OTHER_FORMAT_SUFFIXES):
+                    continue
+                found.append(relative)
+    finally:
+        os.close(source_fd)
     return sorted(found)
 
 
@@ -845,7 +853,7 @@ def stage_plan(
     wanted = sorted(set(stages))
     if not wanted or not set(wanted) <= set(range(pp_size)):
         raise ValueError(f"stages {wanted} must be some of 0..{pp_size - 1}")
-    top = sorted(path.name for path in source.iterdir() if path.is_file())
+    top = sorted(path.name for path in source.iterdir() if path.is_file() and not path.is_symlink())
     safetensors = [name for name in top if name.endswith(".safetensors")]
     index_path = source / INDEX_NAME
     index = None
