@@ -62,7 +62,9 @@ of a directory (refused onto a non-empty directory). So a reader sees a piece wh
 not at all, two nodes publishing the same piece leave one, and a piece is never
 overwritten. Temporaries are never seeded; one left by a node that died is removed by a
 later publish once it is STALE_TEMP_SECONDS old. Symbolic links are never followed nor
-copied, in either direction. Files on the share are 0644 (0755 when executable),
+copied, in either direction: every walk goes through descriptors, each directory opened
+from its parent's with O_NOFOLLOW|O_DIRECTORY, modes set with fchmod (the section
+"pieces"). Files on the share are 0644 (0755 when executable),
 directories 0755, as the model tree: these are not secrets, but they are code the engine
 loads (pickles and shared objects), as trustworthy as the share itself.
 """
