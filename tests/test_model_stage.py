@@ -875,6 +875,16 @@ def test_a_link_planted_on_the_cache_is_not_followed(tmp_path):
     assert not any(b"root:secret" in p.read_bytes() for p in copied)
 
 
+def test_a_link_to_a_directory_planted_on_the_cache_is_refused_naming_it(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "shadow").write_text("root:secret\n")
+    (source / "tokenizer").symlink_to(tmp_path / "etc")
+    with pytest.raises(model_stage.StageError, match="main/tokenizer is a link"):
+        copy(source, tmp_path / "local", [0], 2)
+    assert not (tmp_path / "local" / "tokenizer").exists()
+
+
 def test_the_models_directory_swapped_for_a_link_is_not_followed(tmp_path):
     real = make_model(tmp_path / "elsewhere" / "main")
     (tmp_path / "cache" / "org").mkdir(parents=True)

@@ -693,6 +693,15 @@ def hash_fd(fd: int, expect: dict) -> tuple[int, str]:
     return position, digest.hexdigest()
 
 
+def load_manifest(directory: str | os.PathLike) -> dict:
+    """The manifest beside a model in `directory` (MANIFEST_NAME), never through a link."""
+    dir_fd = _open_dir_nofollow(directory)
+    try:
+        return read_manifest(dir_fd, Path(directory))
+    finally:
+        os.close(dir_fd)
+
+
 def check_files(
     directory: str | os.PathLike, manifest: dict, names: Iterable[str] | None = None, *, workers: int = 8
 ) -> list[str]:
@@ -786,14 +795,15 @@ def tree_files(dir_fd: int, shown: Path | str) -> list[str]:
         if not relative:
             dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
         dirs[:] = [d for d in dirs if d != ".cache"]
-        for name in files:
+        # os.fwalk lists a link to a directory among the directories and skips it: named here.
+        for name in [*dirs, *files]:
             info = os.stat(name, dir_fd=_root_fd, follow_symlinks=False)
             if stat.S_ISLNK(info.st_mode):
                 raise StageError(
                     f"{shown}/{relative}{name} is a link on the cache: nothing there is followed; "
                     "remove it and run the model command again"
                 )
-            if stat.S_ISREG(info.st_mode):
+            if stat.S_ISREG(info.st_mode) and name in files:
                 found.append(relative + name)
     return sorted(found)
 
