@@ -1220,7 +1220,12 @@ def _copy_stage(
         "hub_files": hub_digest,
     }
     wanted = [*plan["weights"], *plan["others"]]
-    # stage_plan lists only files tree_files found, all of them the Hub's.
+    unlisted = [name for name in wanted if name not in hub_files]
+    if unlisted:  # appeared since tree_files looked: planted meanwhile
+        raise StageError(
+            f"{source}/{unlisted[0]} is not a file of {manifest.get('model')}@{manifest.get('revision')} as the Hub "
+            "lists it: planted on the cache; remove it and run the model command again"
+        )
     hashes = {name: hub_files[name] for name in wanted}
     summary = {
         "stages": plan["stages"],
