@@ -367,10 +367,10 @@ def test_a_temporary_another_node_puts_in_place_while_we_look_at_it_is_left_to_i
     os.utime(stale, (old, old))
     real_newest = engine_cache._newest_mtime
 
-    def other_node_renames_it_first(path):
-        if path == temporary:
+    def other_node_renames_it_first(dir_fd, name):
+        if name == temporary.name:
             os.rename(temporary, temporary.with_name("rank_3_0"))  # the other node puts it in place
-        return real_newest(path)
+        return real_newest(dir_fd, name)
 
     monkeypatch.setattr(engine_cache, "_newest_mtime", other_node_renames_it_first)
     assert engine_cache.remove_stale_temps(shared) == 1
@@ -399,6 +399,70 @@ def test_links_are_never_followed_nor_copied(tmp_path):
     with pytest.raises(engine_cache.EngineCacheError, match=r"share2/torch_compile_cache is not a directory"):
         engine_cache.publish(node, target)
     assert sorted(path.name for path in outside.iterdir()) == ["secret"]
+
+
+def test_a_temporary_swapped_for_a_link_on_the_share_is_not_followed(tmp_path, monkeypatch):
+    """Another node sees our temporary directory appear on the share and puts a link to /etc
+    (here: a directory of root's) in its place before we set its mode and fill it: the
+    walk opens each component without following a link and sets modes through the
+    descriptor (fchmod), so the link's target keeps its mode and gets no file."""
+    outside = tmp_path / "etc"
+    outside.mkdir(mode=0o700)
+    outside.chmod(0o700)
+    (outside / "shadow").write_text("root's secret")
+    local, shared = tmp_path / "local", tmp_path / "share"
+    make_tree(local, {f"{AOT}/rank_0_0/model": b"ours"})
+    real_mkdir = os.mkdir
+
+    def another_node_swaps_it(path, mode=0o777, *, dir_fd=None):
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        if os.path.basename(path).startswith(engine_cache.TEMP_PREFIX):
+            os.rmdir(path, dir_fd=dir_fd)
+            os.symlink(outside, path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(engine_cache.os, "mkdir", another_node_swaps_it)
+    with pytest.raises(engine_cache.EngineCacheError, match="link"):
+        engine_cache.publish(local, shared)
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o700
+    assert sorted(path.name for path in outside.iterdir()) == ["shadow"]
+
+
+def test_a_directory_swapped_for_a_link_on_the_share_after_the_scan_is_not_followed(tmp_path, monkeypatch):
+    """Between the scan of the share and the copy of its pieces, another node replaces a
+    directory above some pieces by a link to root's files: seed copies none of them, and
+    the pieces elsewhere still."""
+    outside = tmp_path / "etc"
+    (outside / "rank_0_0").mkdir(parents=True)
+    (outside / "rank_0_0" / "model").write_text("root's secret")
+    shared, local = tmp_path / "share", tmp_path / "local"
+    make_tree(shared, LAYOUT)
+    real_scan = engine_cache.scan
+
+    def then_swapped(root):
+        found = real_scan(root)
+        if root == shared:
+            shutil.rmtree(shared / AOT)
+            (shared / AOT).symlink_to(outside)
+        return found
+
+    monkeypatch.setattr(engine_cache, "scan", then_swapped)
+    seeded = engine_cache.seed(shared, local)
+    assert not any(b"root's secret" in content for content in files_under(local).values())
+    assert not any(relative.startswith(AOT) for relative in files_under(local))
+    assert seeded.symlinks == 5  # the five pieces under the link, counted as links met
+    assert files_under(local)["triton/KXQ2RHB/matmul.cubin"] == LAYOUT["triton/KXQ2RHB/matmul.cubin"]
+
+
+def test_the_shared_root_swapped_for_a_link_is_not_followed(tmp_path):
+    outside = tmp_path / "etc"
+    outside.mkdir(mode=0o700)
+    outside.chmod(0o700)
+    local = tmp_path / "local"
+    make_tree(local, LAYOUT)
+    (tmp_path / "warmup").symlink_to(outside)
+    with pytest.raises(engine_cache.EngineCacheError, match="link"):
+        engine_cache.publish(local, tmp_path / "warmup" / "key")
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o700 and list(outside.iterdir()) == []
 
 
 # --- two nodes at once ---------------------------------------------------------------------
@@ -456,15 +520,22 @@ def test_the_loser_of_a_race_keeps_the_winners_piece_and_leaves_no_temporary(tmp
     make_tree(local, {"gpu_p2p_access_cache_for_0,1.json": b"ours", f"{AOT}/rank_0_0/model": b"ours"})
     real_link, real_rename = os.link, os.rename
 
-    def link_after_the_other_node(source, target):
-        Path(target).write_bytes(b"theirs")
-        return real_link(source, target)
+    # The pieces are put in place relative to their directory's descriptor (dst_dir_fd).
+    def link_after_the_other_node(source, target, **where):
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=where["dst_dir_fd"])
+        os.write(fd, b"theirs")
+        os.close(fd)
+        return real_link(source, target, **where)
 
-    def rename_after_the_other_node(source, target):
+    def rename_after_the_other_node(source, target, **where):
         if Path(target).name.startswith("rank_"):
-            Path(target).mkdir()
-            (Path(target) / "model").write_bytes(b"theirs")
-        return real_rename(source, target)
+            os.mkdir(target, dir_fd=where["dst_dir_fd"])
+            theirs = os.open(target, os.O_RDONLY | os.O_DIRECTORY, dir_fd=where["dst_dir_fd"])
+            fd = os.open("model", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=theirs)
+            os.write(fd, b"theirs")
+            os.close(fd)
+            os.close(theirs)
+        return real_rename(source, target, **where)
 
     monkeypatch.setattr(engine_cache.os, "link", link_after_the_other_node)
     monkeypatch.setattr(engine_cache.os, "rename", rename_after_the_other_node)
@@ -478,7 +549,7 @@ def test_an_error_other_than_a_lost_race_is_raised(tmp_path, monkeypatch):
     local, shared = tmp_path / "local", tmp_path / "share"
     make_tree(local, {"modelinfos/x.json": b"{}"})
 
-    def no_space(source, target):
+    def no_space(source, target, **_where):
         raise OSError(errno.ENOSPC, "No space left on device", str(target))
 
     monkeypatch.setattr(engine_cache.os, "link", no_space)

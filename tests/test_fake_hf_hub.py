@@ -10,8 +10,10 @@ the pipeline stages' file sets rest on, and build the model where torch is."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -44,16 +46,17 @@ FILES = {
 }
 
 
-@pytest.fixture
-def hub(tmp_path):
-    """The double on 127.0.0.1 (a free port), serving REPO, in this process."""
+@contextlib.contextmanager
+def serve_hub(tmp_path, **options):
+    """The double on 127.0.0.1 (a free port), serving REPO, in this process: url, root and
+    log; `options` go to make_handler (tree_page_size)."""
     root = tmp_path / "hub"
     for name, data in FILES.items():
         path = root / REPO / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     log = tmp_path / "downloads.jsonl"
-    server = ThreadingHTTPServer(("127.0.0.1", 0), fake_hf_hub.make_handler(root, log))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), fake_hf_hub.make_handler(root, log, **options))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -62,6 +65,13 @@ def hub(tmp_path):
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """The double on 127.0.0.1 (a free port), serving REPO, in this process."""
+    with serve_hub(tmp_path) as served:
+        yield served
 
 
 def request(url: str, method: str = "GET", headers: dict | None = None) -> tuple[int, dict, bytes]:
@@ -119,6 +129,27 @@ def test_tree_lists_one_level_or_everything_below_with_sizes(hub):
     assert sorted(e["path"] for e in top) == sorted(["original", *(n for n in FILES if "/" not in n)])
     below = get_json(f"{hub.url}/api/models/{REPO}/tree/main/original")
     assert [(e["path"], e["size"]) for e in below] == [("original/consolidated.00.pth", len(ORIGINAL))]
+
+
+def test_a_tree_larger_than_a_page_comes_in_pages_linked_by_a_next_cursor(tmp_path):
+    # The Hub pages a tree (1,000 entries, huggingface_hub 2.4.0 hf_api.py _list_repo_tree_pages)
+    # and names the next page in a Link header (utils/_pagination.py _get_next_page): a
+    # client that reads only the first page misses files.
+    with serve_hub(tmp_path, tree_page_size=2) as served:
+        url = f"{served.url}/api/models/{REPO}/tree/main?recursive=true"
+        pages = []
+        while url:
+            status, headers, body = request(url)
+            assert status == 200, body
+            pages.append(json.loads(body))
+            link = headers.get("Link", "")
+            match = re.fullmatch(r'<([^>]+)>; rel="next"', link)
+            assert match or not link, link
+            url = match.group(1) if match else None
+        everything = [entry for page in pages for entry in page]
+        assert [len(page) for page in pages] == [2, 2, 1]
+        assert {e["path"] for e in everything if e["type"] == "file"} == set(FILES)
+        assert len({e["path"] for e in everything}) == len(everything)
 
 
 def test_two_revisions_have_different_commits_and_the_same_files(hub):
@@ -310,6 +341,32 @@ def test_huggingface_hub_reads_sizes_lfs_and_commits(hf_python, hub):
         assert info[revision]["lfs"] == {n: sha256(d) for n, d in FILES.items() if n.endswith((".safetensors", ".pth"))}
         assert info[revision]["sha"] == fake_hf_hub.revision_commit(hub.root, REPO, revision)
     assert info["main"]["sha"] != info["second"]["sha"]
+
+
+TREE_CLIENT = """
+import json, sys
+from huggingface_hub import HfApi
+from huggingface_hub.hf_api import RepoFile
+files = [f for f in HfApi(endpoint=sys.argv[1]).list_repo_tree(sys.argv[2], recursive=True) if isinstance(f, RepoFile)]
+print(json.dumps({f.path: [f.size, f.blob_id, f.lfs.sha256 if f.lfs else None] for f in files}))
+"""
+
+
+def test_huggingface_hub_follows_the_trees_pages_and_reads_each_files_hashes(hf_python, tmp_path):
+    with serve_hub(tmp_path, tree_page_size=2) as served:
+        done = subprocess.run(
+            [str(hf_python), "-c", TREE_CLIENT, served.url, REPO], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 0, done.stderr
+    lfs = (".safetensors", ".pth")
+    assert json.loads(done.stdout) == {
+        name: [
+            len(data),
+            git_blob_id(fake_hf_hub.lfs_pointer(sha256(data), len(data)) if name.endswith(lfs) else data),
+            sha256(data) if name.endswith(lfs) else None,
+        ]
+        for name, data in FILES.items()
+    }
 
 
 # --- the tiny model ---------------------------------------------------------------------

@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import ast
 import glob
+import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
 import textwrap
+import threading
 from functools import cache
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from doubles import fake_hf_hub
 
 from scripts.lib import model_stage
 
@@ -25,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / "scripts" / "node" / "model-stage"
 TESTBED_CACHE = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
 INDEX = model_stage.INDEX_NAME
+MANIFEST = model_stage.MANIFEST_NAME
 
 
 # --- a real model directory, byte by byte ------------------------------------------------
@@ -93,7 +99,30 @@ def make_model(directory: Path, *, tied: bool = False, values: int = 64, archite
     (directory / ".cache" / "huggingface" / "download.lock").write_text("")
     (directory / "tf_model.h5").write_bytes(b"h" * 100)
     (directory / "pytorch_model.bin").write_bytes(b"b" * 100)
+    model_stage.write_manifest(directory, hub_manifest_of(directory))
     return directory
+
+
+def hub_tree_of(directory: Path) -> list[dict]:
+    """The Hub's tree listing of the files in `directory` as they are (the fake Hub's own
+    entries, tests/doubles/fake_hf_hub.py tree_entry), without hf's .cache/ and the manifest."""
+    entries = []
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory).as_posix()
+        if path.is_file() and not path.is_symlink() and not relative.startswith(".cache/") and relative != MANIFEST:
+            entries.append(fake_hf_hub.tree_entry(fake_hf_hub.describe(path, relative)))
+    return entries
+
+
+def hub_manifest_of(directory: Path, model: str = "org/tiny", revision: str = "main") -> dict:
+    return model_stage.manifest_from_tree(hub_tree_of(directory), model=model, revision=revision)
+
+
+def same_size_change(path: Path, at: int = -1) -> None:
+    """One byte of `path` changed, its size and (for a shard, past its header) its form kept."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def weight_map_of(directory: Path) -> dict[str, str]:
@@ -464,6 +493,7 @@ def test_a_model_without_an_index_is_copied_whole_to_every_stage(tmp_path):
     source.mkdir(parents=True)
     (source / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4}))
     write_safetensors(source / "model.safetensors", {"model.embed_tokens.weight": 64, "model.layers.0.x": 8})
+    model_stage.write_manifest(source, hub_manifest_of(source, model="org/one"))
     for stage in range(2):
         summary = copy(source, tmp_path / f"local-{stage}", [stage], 2)
         assert summary["files"] == ["model.safetensors"] and summary["layout"] == "whole"
@@ -738,3 +768,185 @@ def test_check_weight_file_agrees_with_the_safetensors_library(tmp_path):
     assert opened[str(good)] == ["a", "b"] and model_stage.check_weight_file(good, {"a", "b"}) is None
     for broken in (short, long):
         assert not isinstance(opened[str(broken)], list) and model_stage.check_weight_file(broken, set())
+
+
+# --- every byte checked against the Hub's hashes -----------------------------------------
+
+
+def make_hub_repo(directory: Path) -> Path:
+    """make_model's model as the Hub holds it: without hf's .cache/ and our manifest."""
+    make_model(directory)
+    (directory / MANIFEST).unlink()
+    shutil.rmtree(directory / ".cache")
+    return directory
+
+
+def serve_model_hub(root: Path, **options):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), fake_hf_hub.make_handler(root, None, **options))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def test_the_manifest_takes_each_files_hash_from_the_hubs_tree_across_its_pages(tmp_path):
+    model = make_hub_repo(tmp_path / "hub" / "org" / "tiny")
+    server, thread = serve_model_hub(tmp_path / "hub", tree_page_size=3)
+    try:
+        manifest = model_stage.hub_manifest(f"http://127.0.0.1:{server.server_port}", "org/tiny", "main")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    files = manifest["files"]
+    assert not any(name.startswith(("original/", ".cache/")) for name in files)
+    assert set(files) == {e["path"] for e in hub_tree_of(model) if not e["path"].startswith("original/")}
+    # LFS files by the sha256 of their bytes, the others by git's blob id of theirs.
+    shard = (model / S1).read_bytes()
+    assert files[S1] == {"size": len(shard), "sha256": hashlib.sha256(shard).hexdigest()}
+    config = (model / "config.json").read_bytes()
+    assert files["config.json"] == {
+        "size": len(config),
+        "git_blob": hashlib.sha1(b"blob %d\0" % len(config) + config).hexdigest(),
+    }
+
+
+def test_a_listing_that_climbs_out_of_the_model_is_refused():
+    for path in ("../etc/passwd", "/etc/passwd", "a/../../b", ""):
+        entry = {"type": "file", "path": path, "size": 1, "oid": "0" * 40}
+        with pytest.raises(model_stage.StageError, match="not a path inside a model"):
+            model_stage.manifest_from_tree([entry], model="org/tiny", revision="main")
+
+
+def test_a_download_whose_bytes_do_not_match_the_hubs_sha256_is_refused_naming_it(tmp_path):
+    source = make_model(tmp_path / "models" / "org" / "tiny" / "main")
+    manifest = json.loads((source / MANIFEST).read_text())
+    assert model_stage.check_files(source, manifest) == []
+    same_size_change(source / S3)
+    same_size_change(source / "tokenizer.json", at=0)
+    problems = model_stage.check_files(source, manifest)
+    assert [p.split(":")[0] for p in problems] == [S3, "tokenizer.json"]
+    assert "sha256" in problems[0] and "not the Hub's file" in problems[0]
+    assert "git_blob" in problems[1]
+    run = run_cli("check", "--dir", str(source))
+    assert run.returncode == 1 and S3 in run.stderr and "tokenizer.json" in run.stderr, run.stderr
+
+
+def test_a_file_changed_on_the_cache_after_staging_is_refused_at_the_nodes_copy_naming_it(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    target = tmp_path / "local"
+    # Its header and size intact: only the hash tells.
+    same_size_change(source / S2)
+    with pytest.raises(model_stage.StageError, match=f"{S2}: sha256 .* not the Hub's"):
+        copy(source, target, [0], 2)
+    assert not (target / S2).exists() and not list(target.rglob("*.partial"))
+    # A large file, copied in parallel ranges, is hashed as well.
+    source2 = make_model(tmp_path / "cache" / "org" / "tiny" / "rev2", values=3000)
+    same_size_change(source2 / S1)
+    with pytest.raises(model_stage.StageError, match=f"{S1}: sha256 .* not the Hub's"):
+        copy(source2, tmp_path / "local2", [0], 2, range_bytes=4096, revision="rev2")
+
+
+def test_a_small_file_changed_on_the_cache_is_refused_naming_it(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    same_size_change(source / "tokenizer_config.json", at=0)
+    with pytest.raises(model_stage.StageError, match="tokenizer_config.json: git_blob .* not the Hub's"):
+        copy(source, tmp_path / "local", [1], 2)
+    assert not (tmp_path / "local" / "tokenizer_config.json").exists()
+
+
+def test_a_file_planted_on_the_cache_is_refused_naming_it(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    (source / "modeling_llama.py").write_text("import os; os.system('id')\n")
+    with pytest.raises(model_stage.StageError, match="modeling_llama.py is not a file of org/tiny@main"):
+        copy(source, tmp_path / "local", [0], 2)
+    assert not (tmp_path / "local" / "modeling_llama.py").exists()
+
+
+def test_a_link_planted_on_the_cache_is_not_followed(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    secret = tmp_path / "etc" / "shadow"
+    secret.parent.mkdir()
+    secret.write_text("root:secret\n")
+    (source / "tokenizer.json").unlink()
+    (source / "tokenizer.json").symlink_to(secret)
+    with pytest.raises(model_stage.StageError, match="tokenizer.json is a link"):
+        copy(source, tmp_path / "local", [0], 2)
+    copied = [p for p in (tmp_path / "local").rglob("*") if p.is_file()] if (tmp_path / "local").exists() else []
+    assert not any(b"root:secret" in p.read_bytes() for p in copied)
+
+
+def test_a_link_to_a_directory_planted_on_the_cache_is_refused_naming_it(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "shadow").write_text("root:secret\n")
+    (source / "tokenizer").symlink_to(tmp_path / "etc")
+    with pytest.raises(model_stage.StageError, match="main/tokenizer is a link"):
+        copy(source, tmp_path / "local", [0], 2)
+    assert not (tmp_path / "local" / "tokenizer").exists()
+
+
+def test_the_models_directory_swapped_for_a_link_is_not_followed(tmp_path):
+    real = make_model(tmp_path / "elsewhere" / "main")
+    (tmp_path / "cache" / "org").mkdir(parents=True)
+    (tmp_path / "cache" / "org" / "tiny").symlink_to(real.parent)
+    with pytest.raises(model_stage.StageError, match="tiny is a link"):
+        copy(tmp_path / "cache" / "org" / "tiny" / "main", tmp_path / "local", [0], 2, cache_root=tmp_path / "cache")
+
+
+def test_a_model_without_the_hubs_hashes_is_refused(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    (source / MANIFEST).unlink()
+    with pytest.raises(model_stage.StageError, match=f"{MANIFEST} is missing.*model command"):
+        copy(source, tmp_path / "local", [0], 2)
+
+
+def test_serving_from_the_cache_hashes_the_caches_files(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    assert copy(source, tmp_path / "local", [0], 2, local_root=tmp_path / "nvme")["mode"] == "cache"
+    same_size_change(source / S1)
+    with pytest.raises(model_stage.StageError, match=f"{S1}: sha256"):
+        copy(source, tmp_path / "local", [0], 2, local_root=tmp_path / "nvme")
+
+
+def test_a_kept_local_file_must_have_been_copied_with_the_hubs_hash_of_now(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    target = tmp_path / "local"
+    copy(source, target, [0], 2)
+    # The Hub's file changes (same revision name re-staged): the local copy of it is not kept.
+    same_size_change(source / S2)
+    model_stage.write_manifest(source, hub_manifest_of(source))
+    again = copy(source, target, [0], 2)
+    assert again["bytes_copied"] == (source / S2).stat().st_size and not again["unchanged"]
+    assert (target / S2).read_bytes() == (source / S2).read_bytes()
+
+
+def test_the_manifest_is_written_through_a_temporary_and_a_rename_never_through_a_link(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    outside = tmp_path / "outside.json"
+    outside.write_text("keep\n")
+    (source / MANIFEST).unlink()
+    (source / MANIFEST).symlink_to(outside)
+    model_stage.write_manifest(source, hub_manifest_of(source))
+    assert outside.read_text() == "keep\n"
+    assert not (source / MANIFEST).is_symlink() and (source / MANIFEST).stat().st_mode & 0o777 == 0o644
+    assert json.loads((source / MANIFEST).read_text())["files"][S1]["sha256"]
+    assert [p.name for p in source.iterdir() if p.name.endswith(".partial")] == []
+
+
+def test_cli_manifest_writes_the_hubs_hashes_beside_the_model(tmp_path):
+    make_hub_repo(tmp_path / "hub" / "org" / "tiny")
+    staged = tmp_path / "models" / "org" / "tiny" / "main"
+    staged.mkdir(parents=True)
+    server, thread = serve_model_hub(tmp_path / "hub", tree_page_size=2)
+    try:
+        run = run_cli(
+            *("manifest", "--endpoint", f"http://127.0.0.1:{server.server_port}"),
+            *("--model", "org/tiny", "--revision", "main", "--dir", str(staged)),
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert run.returncode == 0, run.stderr
+    written = json.loads((staged / MANIFEST).read_text())
+    assert written == hub_manifest_of(tmp_path / "hub" / "org" / "tiny")

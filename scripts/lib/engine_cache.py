@@ -62,7 +62,9 @@ of a directory (refused onto a non-empty directory). So a reader sees a piece wh
 not at all, two nodes publishing the same piece leave one, and a piece is never
 overwritten. Temporaries are never seeded; one left by a node that died is removed by a
 later publish once it is STALE_TEMP_SECONDS old. Symbolic links are never followed nor
-copied, in either direction. Files on the share are 0644 (0755 when executable),
+copied, in either direction: every walk goes through descriptors, each directory opened
+from its parent's with O_NOFOLLOW|O_DIRECTORY, modes set with fchmod (the section
+"pieces"). Files on the share are 0644 (0755 when executable),
 directories 0755, as the model tree: these are not secrets, but they are code the engine
 loads (pickles and shared objects), as trustworthy as the share itself.
 """
@@ -293,38 +295,82 @@ def warmup_key(
 
 
 # --- pieces -----------------------------------------------------------------------------
+#
+# Every walk of a tree here, on the share as in the local root, goes through descriptors:
+# a directory is opened from its parent's descriptor with O_NOFOLLOW|O_DIRECTORY, a file
+# with O_NOFOLLOW, a mode is set with fchmod on what was opened, and names are made,
+# linked, renamed and removed relative to their directory's descriptor. So another node
+# that swaps a directory or a temporary of ours for a link (to /etc, say) while we walk
+# gets ELOOP/ENOTDIR, never a root process writing, reading or chmod-ing through it.
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 def _skipped_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX) or bool(_FOREIGN_TEMP.search(name)) or name.endswith(_LOCK_SUFFIX)
 
 
-def _holds(path: Path, pattern: re.Pattern[str], depth: int) -> bool:
-    """A regular file whose name matches, in path or its subdirectories down to depth."""
+def _open_dir_at(dir_fd: int, name: str, shown: Path | str) -> int:
+    """The directory `name` in `dir_fd`, refused when it is a link or not a directory."""
     try:
-        with os.scandir(path) as iterator:
-            entries = list(iterator)
-    except OSError:
-        return False
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise EngineCacheError(
+                f"{shown} is not a directory (a link or a file): engine-cache never follows links out of its "
+                f"tree; remove it (`rm {shown}`) and run the command again"
+            ) from error
+        raise
+
+
+def _open_root(path: Path, role: str, fix: str) -> int:
+    """The directory `path`, its last component not a link (the caller's own root: the
+    components above it are the host's, /mnt/vllm-models or /var/cache)."""
+    parent_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return _open_dir_at(parent_fd, path.name, path)
+    except EngineCacheError as error:
+        raise EngineCacheError(f"the {role} {path} is a symbolic link or not a directory: {fix}") from error
+    finally:
+        os.close(parent_fd)
+
+
+def _entries(dir_fd: int) -> list[os.DirEntry]:
+    with os.scandir(dir_fd) as iterator:
+        return sorted(iterator, key=lambda entry: entry.name)
+
+
+def _holds(dir_fd: int, pattern: re.Pattern[str], depth: int) -> bool:
+    """A regular file whose name matches, in the directory or its subdirectories down to depth."""
+    entries = _entries(dir_fd)
     for entry in entries:
         if entry.is_file(follow_symlinks=False) and pattern.match(entry.name):
             return True
-    return depth > 0 and any(
-        _holds(Path(entry.path), pattern, depth - 1)
-        for entry in entries
-        if entry.is_dir(follow_symlinks=False) and not _skipped_name(entry.name)
-    )
+    if depth <= 0:
+        return False
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and not _skipped_name(entry.name):
+            try:
+                child = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                continue  # gone or swapped for a link since it was listed: it holds nothing of ours
+            try:
+                if _holds(child, pattern, depth - 1):
+                    return True
+            finally:
+                os.close(child)
+    return False
 
 
-def _directory_kind(path: Path, name: str) -> str:
+def _directory_kind(dir_fd: int, name: str) -> str:
     """'piece' (a whole directory piece), 'incomplete' (one that is not finished: neither a
     piece nor walked into, so that none of its files travels alone) or 'tree' (walked)."""
     if _RANK_DIR.match(name):
         # Finished when its artifact is there: `model`, saved last through os.replace in AOT
         # mode (decorators.py:735-741), or the index vllm_compile_cache.py in a prefix's
         # directory, written once every graph compiled (backends.py:218-224).
-        return "piece" if _holds(path, _RANK_COMPLETE, 1) else "incomplete"
-    if _holds(path, _TRITON_GROUP, 0):
+        return "piece" if _holds(dir_fd, _RANK_COMPLETE, 1) else "incomplete"
+    if _holds(dir_fd, _TRITON_GROUP, 0):
         return "piece"  # Triton writes a kernel's group file after its other files
     return "tree"
 
@@ -344,40 +390,38 @@ def scan(root: Path) -> Scan:
     if not root.is_dir() or root.is_symlink():
         return result
 
-    def walk(directory: Path, relative: str) -> None:
-        with os.scandir(directory) as iterator:
-            entries = sorted(iterator, key=lambda entry: entry.name)
-        for entry in entries:
+    def walk(dir_fd: int, relative: str) -> None:
+        for entry in _entries(dir_fd):
             rel = f"{relative}{entry.name}"
             if _skipped_name(entry.name):
                 continue
             if entry.is_symlink():
                 result.symlinks.append(rel)
             elif entry.is_dir(follow_symlinks=False):
-                kind = _directory_kind(Path(entry.path), entry.name)
-                if kind == "piece":
-                    result.pieces.append(rel)
-                elif kind == "tree":
-                    walk(Path(entry.path), rel + "/")
+                try:
+                    child = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+                except OSError as error:
+                    if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    result.symlinks.append(rel)  # swapped for a link since it was listed
+                    continue
+                try:
+                    kind = _directory_kind(child, entry.name)
+                    if kind == "piece":
+                        result.pieces.append(rel)
+                    elif kind == "tree":
+                        walk(child, rel + "/")
+                finally:
+                    os.close(child)
             elif entry.is_file(follow_symlinks=False):
                 result.pieces.append(rel)
 
-    walk(root, "")
+    root_fd = _open_root(root, "root", "point it at a directory")
+    try:
+        walk(root_fd, "")
+    finally:
+        os.close(root_fd)
     return result
-
-
-def _piece_size(path: Path) -> int:
-    info = os.lstat(path)
-    if stat.S_ISREG(info.st_mode):
-        return info.st_size
-    total = 0
-    for directory, dirnames, filenames in os.walk(path, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not _skipped_name(d)]
-        for name in filenames:
-            child = os.lstat(os.path.join(directory, name))
-            if stat.S_ISREG(child.st_mode) and not _skipped_name(name):
-                total += child.st_size
-    return total
 
 
 def _temp_name(final_name: str) -> str:
@@ -389,105 +433,164 @@ def _file_mode(source_mode: int) -> int:
     return 0o755 if source_mode & 0o111 else SHARED_FILE_MODE
 
 
-def _copy_file(source: Path, target: Path) -> int:
-    """source (a regular file, checked without following links) -> target, a new file."""
-    info = os.lstat(source)
+def _copy_file(source_fd: int, target_dir_fd: int, name: str) -> int:
+    """The regular file open at source_fd -> a new file `name` in target_dir_fd."""
+    info = os.fstat(source_fd)
     if not stat.S_ISREG(info.st_mode):
-        raise EngineCacheError(f"{source} is not a regular file any more: run the command again")
-    # O_NOFOLLOW: a link swapped in after the check is refused, not followed.
-    source_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(source_fd, "rb") as reader:
-        target_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, _file_mode(info.st_mode))
-        with os.fdopen(target_fd, "wb") as writer:
-            shutil.copyfileobj(reader, writer, 1 << 20)
-            writer.flush()
-            os.fsync(writer.fileno())
-    os.chmod(target, _file_mode(info.st_mode))
+        raise EngineCacheError(f"{name} is not a regular file any more: run the command again")
+    mode = _file_mode(info.st_mode)
+    # O_EXCL|O_NOFOLLOW: a new file of ours, never a link someone put at its name.
+    target_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=target_dir_fd)
+    with os.fdopen(os.dup(source_fd), "rb") as reader, os.fdopen(target_fd, "wb") as writer:
+        reader.seek(0)
+        shutil.copyfileobj(reader, writer, 1 << 20)
+        writer.flush()
+        os.fchmod(writer.fileno(), mode)  # the umask does not decide it
+        os.fsync(writer.fileno())
     return info.st_size
 
 
-def _copy_tree(source: Path, target: Path) -> int:
-    """A directory piece, without links and temporaries, into target (new)."""
-    os.mkdir(target, SHARED_DIR_MODE)
-    os.chmod(target, SHARED_DIR_MODE)
+def _make_dir(parent_fd: int, name: str, shown: Path | str) -> int:
+    """A new directory `name` in parent_fd, 0755 set on what was opened (fchmod), never
+    through a link another writer put in its place."""
+    try:
+        os.mkdir(name, SHARED_DIR_MODE, dir_fd=parent_fd)
+    except FileExistsError:
+        raise
+    except OSError as error:
+        # Relative to a descriptor the error names `name` alone: name the whole path.
+        raise OSError(error.errno, error.strerror, str(shown)) from error
+    fd = _open_dir_at(parent_fd, name, shown)
+    os.fchmod(fd, SHARED_DIR_MODE)
+    return fd
+
+
+def _copy_tree(source_fd: int, target_parent_fd: int, name: str, shown: Path | str) -> int:
+    """The directory open at source_fd, without links and temporaries, into a new
+    directory `name` of target_parent_fd."""
+    target_fd = _make_dir(target_parent_fd, name, shown)
     copied = 0
-    with os.scandir(source) as iterator:
-        entries = sorted(iterator, key=lambda entry: entry.name)
-    for entry in entries:
-        if _skipped_name(entry.name) or entry.is_symlink():
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            copied += _copy_tree(Path(entry.path), target / entry.name)
-        elif entry.is_file(follow_symlinks=False):
-            copied += _copy_file(Path(entry.path), target / entry.name)
+    try:
+        for entry in _entries(source_fd):
+            if _skipped_name(entry.name) or entry.is_symlink():
+                continue
+            flags = _DIR_FLAGS if entry.is_dir(follow_symlinks=False) else os.O_RDONLY | os.O_NOFOLLOW
+            if not (entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False)):
+                continue
+            try:
+                child = os.open(entry.name, flags, dir_fd=source_fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    continue  # swapped for a link since it was listed: never followed
+                raise
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    copied += _copy_tree(child, target_fd, entry.name, f"{shown}/{entry.name}")
+                else:
+                    copied += _copy_file(child, target_fd, entry.name)
+            finally:
+                os.close(child)
+    finally:
+        os.close(target_fd)
     return copied
 
 
-def _ensure_parent(root: Path, relative: str) -> Path:
-    """The directory that holds `relative` under root, made 0755 as needed; a link or a
-    file where a directory belongs is refused (never followed out of the tree)."""
-    return _ensure_directory(root, relative.split("/")[:-1])
-
-
-def _ensure_directory(root: Path, parts: list[str]) -> Path:
-    """root/parts..., each missing directory made 0755 itself (os.makedirs would give all
-    but the last the process's umask, and the node script's is 077); a link or a file
-    where a directory belongs is refused."""
-    directory = root
-    for part in parts:
-        directory = directory / part
-        try:
-            info = os.lstat(directory)
-        except FileNotFoundError:
-            try:
-                os.mkdir(directory, SHARED_DIR_MODE)
-                os.chmod(directory, SHARED_DIR_MODE)
-            except FileExistsError:
-                pass  # another node made it just now; checked below
-            info = os.lstat(directory)
-        if not stat.S_ISDIR(info.st_mode):
-            raise EngineCacheError(
-                f"{directory} is not a directory (a link or a file): engine-cache never follows links out of "
-                f"its tree; remove it (`rm {directory}`) and run the command again"
-            )
-    return directory
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _place(source: Path, root: Path, relative: str) -> int | None:
-    """Copies the piece `source` to root/relative through a temporary name and puts it in
-    place without replacing anything: the bytes copied, or None when root/relative was
-    there already (before or by another writer meanwhile)."""
-    parent = _ensure_parent(root, relative)
-    final = parent / relative.rsplit("/", 1)[-1]
-    if os.path.lexists(final):
-        return None
-    temp = parent / _temp_name(final.name)
+def _ensure_directory_at(root_fd: int, root: Path, parts: list[str]) -> int:
+    """A descriptor of root/parts..., each missing directory made 0755 itself (os.makedirs
+    would give all but the last the process's umask, and the node script's is 077); a link
+    or a file where a directory belongs is refused, never followed out of the tree."""
+    fd = os.dup(root_fd)
+    shown = root
     try:
-        if stat.S_ISDIR(os.lstat(source).st_mode):
-            copied = _copy_tree(source, temp)
+        for part in parts:
+            shown = shown / part
             try:
-                os.rename(temp, final)  # refused onto a directory that is not empty
+                child = _make_dir(fd, part, shown)
+            except FileExistsError:
+                child = _open_dir_at(fd, part, shown)  # there before, or another node made it just now
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_at(dir_fd: int, name: str) -> None:
+    """`name` in dir_fd gone: a directory with what it holds (shutil.rmtree through
+    descriptors, which never follows a link), anything else unlinked (a link itself)."""
+    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)
+    else:
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def _open_piece(root_fd: int, relative: str) -> tuple[int, int] | None:
+    """(parent's descriptor, piece's descriptor) of root/relative, or None when a component
+    of it is a link (or gone) now: another writer changed the tree since the scan."""
+    parts = relative.split("/")
+    fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        info = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        flags = _DIR_FLAGS if stat.S_ISDIR(info.st_mode) else os.O_RDONLY | os.O_NOFOLLOW
+        piece = os.open(parts[-1], flags, dir_fd=fd)
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+            return None
+        raise
+    return fd, piece
+
+
+def _place(source_fd: int, target_root_fd: int, target_root: Path, relative: str) -> int | None:
+    """Copies the piece open at source_fd to target_root/relative through a temporary name
+    and puts it in place without replacing anything: the bytes copied, or None when
+    target_root/relative was there already (before or by another writer meanwhile)."""
+    *parents, final = relative.split("/")
+    parent_fd = _ensure_directory_at(target_root_fd, target_root, parents)
+    shown = target_root.joinpath(*parents)
+    temp = _temp_name(final)
+    made = False
+    try:
+        try:
+            os.stat(final, dir_fd=parent_fd, follow_symlinks=False)
+            return None
+        except FileNotFoundError:
+            made = True  # the name is free: ours to fill through a temporary
+        if stat.S_ISDIR(os.fstat(source_fd).st_mode):
+            copied = _copy_tree(source_fd, parent_fd, temp, shown / temp)
+            try:
+                # Refused onto a directory that is not empty.
+                os.rename(temp, final, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
             except OSError as error:
-                if error.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR) and os.path.lexists(final):
+                if error.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR) and _exists_at(parent_fd, final):
                     return None
                 raise
         else:
-            copied = _copy_file(source, temp)
+            copied = _copy_file(source_fd, parent_fd, temp)
             try:
-                os.link(temp, final)  # never replaces: EEXIST when another writer was first
+                # Never replaces: EEXIST when another writer was first.
+                os.link(temp, final, src_dir_fd=parent_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
             except FileExistsError:
                 return None
         return copied
     finally:
-        if os.path.lexists(temp):
-            _remove(temp)
+        if made and _exists_at(parent_fd, temp):
+            _remove_at(parent_fd, temp)
+        os.close(parent_fd)
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 @dataclass
@@ -502,11 +605,20 @@ class Transfer:
     stale_temps_removed: int = 0
 
 
-def _transfer(source_root: Path, target_root: Path) -> Transfer:
+def _transfer(source_root: Path, target_root: Path, source_fd: int, target_fd: int) -> Transfer:
     found = scan(source_root)
     result = Transfer(found=len(found.pieces), symlinks=len(found.symlinks))
     for relative in found.pieces:
-        copied = _place(source_root / relative, target_root, relative)
+        opened = _open_piece(source_fd, relative)
+        if opened is None:
+            result.symlinks += 1  # a link (or nothing) there now: never followed, not copied
+            continue
+        parent_fd, piece_fd = opened
+        try:
+            copied = _place(piece_fd, target_fd, target_root, relative)
+        finally:
+            os.close(piece_fd)
+            os.close(parent_fd)
         if copied is None:
             result.present += 1
         else:
@@ -522,70 +634,116 @@ def _check_root(path: Path, role: str, fix: str) -> None:
         raise EngineCacheError(f"the {role} {path} is not a directory: {fix}")
 
 
+LOCAL_FIX = "point --local at the node's own directory (VLLM_CACHE_ROOT)"
+SHARED_FIX = "point --shared at /mnt/vllm-models/warmup/<key>"
+
+
 def seed(shared: Path, local: Path) -> Transfer:
     """The shared copy's complete pieces that the local root lacks, copied into it
     (made root-only when new). Nothing on the share yet is no error: the first start of
     a configuration compiles."""
-    _check_root(local, "local cache", "point --local at the node's own directory (VLLM_CACHE_ROOT)")
-    _check_root(shared, "shared copy", "point --shared at /mnt/vllm-models/warmup/<key>")
+    _check_root(local, "local cache", LOCAL_FIX)
+    _check_root(shared, "shared copy", SHARED_FIX)
     if not local.exists():
-        os.makedirs(local, LOCAL_ROOT_MODE)
-        os.chmod(local, LOCAL_ROOT_MODE)
+        os.makedirs(local.parent, exist_ok=True)
+        parent_fd = os.open(local.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.mkdir(local.name, LOCAL_ROOT_MODE, dir_fd=parent_fd)
+            fd = _open_dir_at(parent_fd, local.name, local)
+            os.fchmod(fd, LOCAL_ROOT_MODE)
+            os.close(fd)
+        finally:
+            os.close(parent_fd)
     if not shared.is_dir():
         return Transfer()
-    return _transfer(shared, local)
+    shared_fd = _open_root(shared, "shared copy", SHARED_FIX)
+    try:
+        local_fd = _open_root(local, "local cache", LOCAL_FIX)
+        try:
+            return _transfer(shared, local, shared_fd, local_fd)
+        finally:
+            os.close(local_fd)
+    finally:
+        os.close(shared_fd)
 
 
 def remove_stale_temps(shared: Path, older_than: float = STALE_TEMP_SECONDS, now: float | None = None) -> int:
     """Temporaries of ours under shared whose newest file is older than `older_than`
     seconds: left by a node that died while publishing. A younger one may be another
-    node's copy in progress and stays."""
+    node's copy in progress and stays. Walked through descriptors (os.fwalk, never into a
+    link), removed relative to their directory's."""
     now = time.time() if now is None else now
     removed = 0
-    for directory, dirnames, filenames in os.walk(shared, followlinks=False):
-        for name in [*dirnames, *filenames]:
-            if not name.startswith(TEMP_PREFIX):
-                continue
-            path = Path(directory) / name
-            try:
-                if now - _newest_mtime(path) >= older_than:
-                    _remove(path)
-                    removed += 1
-            except FileNotFoundError:
-                # Gone while we looked: its node put it in place or removed it, as a node
-                # publishing at the same time does (one in progress is never ours to take).
-                continue
-        dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+    shared_fd = _open_root(shared, "shared copy", SHARED_FIX)
+    try:
+        for _directory, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=shared_fd, follow_symlinks=False):
+            for name in [*dirnames, *filenames]:
+                if not name.startswith(TEMP_PREFIX):
+                    continue
+                try:
+                    if now - _newest_mtime(dir_fd, name) >= older_than:
+                        _remove_at(dir_fd, name)
+                        removed += 1
+                except FileNotFoundError:
+                    # Gone while we looked: its node put it in place or removed it, as a node
+                    # publishing at the same time does (one in progress is never ours to take).
+                    continue
+            dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+    finally:
+        os.close(shared_fd)
     return removed
 
 
-def _newest_mtime(path: Path) -> float:
-    newest = os.lstat(path).st_mtime
-    if path.is_dir() and not path.is_symlink():
-        for directory, _dirnames, filenames in os.walk(path, followlinks=False):
-            newest = max(newest, os.lstat(directory).st_mtime)
-            for name in filenames:
-                newest = max(newest, os.lstat(os.path.join(directory, name)).st_mtime)
+def _newest_mtime(dir_fd: int, name: str) -> float:
+    """The newest mtime of `name` in dir_fd and, for a directory, of all below it."""
+    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    newest = info.st_mtime
+    if stat.S_ISDIR(info.st_mode):
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        try:
+            for _directory, _dirnames, filenames, sub_fd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+                newest = max(newest, os.fstat(sub_fd).st_mtime)
+                for child in filenames:
+                    newest = max(newest, os.stat(child, dir_fd=sub_fd, follow_symlinks=False).st_mtime)
+        finally:
+            os.close(fd)
     return newest
 
 
 def publish(local: Path, shared: Path) -> Transfer:
     """This node's pieces that the shared copy lacks, put there one by one; what is
     there is kept. Run after the engine served (its compile is over)."""
-    _check_root(local, "local cache", "point --local at the node's own directory (VLLM_CACHE_ROOT)")
-    _check_root(shared, "shared copy", "point --shared at /mnt/vllm-models/warmup/<key>")
+    _check_root(local, "local cache", LOCAL_FIX)
+    _check_root(shared, "shared copy", SHARED_FIX)
     if not local.is_dir():
         raise EngineCacheError(
             f"the local cache {local} does not exist: the engine did not write there. Check that "
             "VLLM_CACHE_ROOT in /etc/vllm-cluster/node.env names it and reaches the engine (vllm.service and "
             "the Ray units read node.env), then restart the engine and publish again"
         )
-    if not shared.exists():
-        parent = shared.parent
-        _check_root(parent, "shared warm-up root", "it must be a directory on the model cache")
+    # The warm-up root (/mnt/vllm-models/warmup) is on the share too: opened without
+    # following a link, and the key's directory made through its descriptor.
+    _check_root(shared.parent, "shared warm-up root", "it must be a directory on the model cache")
+    if not shared.parent.exists():
         existing = next(directory for directory in shared.parents if directory.exists())
-        _ensure_directory(existing, list(shared.relative_to(existing).parts))
-    result = _transfer(local, shared)
+        existing_fd = _open_root(existing, "shared warm-up root", "it must be a directory on the model cache")
+        try:
+            os.close(_ensure_directory_at(existing_fd, existing, list(shared.parent.relative_to(existing).parts)))
+        finally:
+            os.close(existing_fd)
+    warmup_fd = _open_root(shared.parent, "shared warm-up root", "it must be a directory on the model cache")
+    try:
+        shared_fd = _ensure_directory_at(warmup_fd, shared.parent, [shared.name])
+    finally:
+        os.close(warmup_fd)
+    try:
+        local_fd = _open_root(local, "local cache", LOCAL_FIX)
+        try:
+            result = _transfer(local, shared, local_fd, shared_fd)
+        finally:
+            os.close(local_fd)
+    finally:
+        os.close(shared_fd)
     result.stale_temps_removed = remove_stale_temps(shared)
     return result
 

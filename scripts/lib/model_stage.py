@@ -75,23 +75,67 @@ Which stage a node's workers serve
   layers are split. Other architectures are not placed: every stage gets every file.
   Any tensor name not placed goes to every stage: a tensor too many costs bytes, one too
   few stops the engine (point 3).
+
+Every byte checked against the Hub
+==================================
+The Hub names each file's hash in its tree listing at a revision, `GET
+/api/models/{repo}/tree/{revision}?recursive=true` (paged: a Link header names the next
+page): an LFS file's entry has `lfs: {oid: <sha256 of the file>, size, pointerSize}`,
+every entry `oid`, the git blob id (sha1 of "blob <size>\\0" and the bytes; of the LFS
+pointer for an LFS file). huggingface_hub 2.4.0, the client the nodes run, reads it so:
+hf_api.py `RepoFile.__init__` (blob_id = oid; lfs = BlobLfsInfo(sha256=lfs["oid"])),
+`_list_repo_tree_pages` (the URL, 1,000 entries a page) and utils/_pagination.py
+(`response.links["next"]`) (github.com/huggingface/huggingface_hub,
+src/huggingface_hub/hf_api.py). Its download checks only a file's size
+(file_download.py http_get, "Consistency check failed: file should be of size"), so a
+file changed on the way or on the shared cache would pass it. Hence:
+- `hub_manifest` reads the listing (every page) and `write_manifest` keeps it beside the
+  model on the cache (through a temporary and a rename); `check_files` hashes the
+  downloaded files against it (model-stage check), a file that does not match is named
+  and refused;
+- `copy_stage` refuses a model without it, refuses any file the Hub does not list (one
+  planted on the cache), any link (never followed: every name under the model's
+  directory is opened with O_NOFOLLOW from a descriptor of its directory), and hashes
+  every byte it copies: a changed file is refused, naming it, and its partial copy goes.
+  In "cache" mode (links into the cache) it hashes the cache's files instead.
+What it costs: sha256 runs at about a core's memory speed (hashlib releases the GIL, so
+the copy's threads hash files in parallel). A file copied in one range is hashed as it is
+copied (one read); a larger one, copied in parallel ranges that a hash cannot follow, is
+hashed from the local copy just written, mostly from the page cache: the shared cache is
+read once either way. Measured on a 2-core development VM (OpenSSL 3.0 sha256: 726 MiB/s
+on one core): 1.6 GB copied from the page cache in 1.7-2.1 s without hashing, 4.3-4.4 s
+with it, in 256 MB files (hashed while copied) and in 512 MB files (hashed after) alike;
+a node copying from EFS at a few hundred MB/s per stream, with a core per stream, hashes
+about as fast as it copies.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import errno
+import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+import stat
 import struct
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 INDEX_NAME = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME, vLLM's default index_file
 MARKER_NAME = ".vllm-cluster-local.json"  # written last; vllm-cluster-node prune_local_models finds copies by it
+# The Hub's hash of every file of the model at its revision, written into the model's
+# directory on the shared cache when it is staged (write_manifest; module docstring,
+# "Every byte checked against the Hub").
+MANIFEST_NAME = ".vllm-cluster-manifest.json"
+HUB_ENDPOINT = "https://huggingface.co"  # huggingface_hub constants.ENDPOINT, HF_ENDPOINT overrides it
+HASH_BLOCK_BYTES = 8 << 20  # one read of a file being hashed
 PARTIAL_SUFFIX = ".partial"
 # Weight files: never copied as "other files"; vLLM reads the first of these patterns that
 # matches (default_loader.py 186, 229-235; ".pt" when nothing else matched).
@@ -487,6 +531,283 @@ def split_for_download(sizes: dict[str, int], parts: int) -> list[list[str]]:
     return [sorted(names) for names in split]
 
 
+# --- the Hub's hashes -------------------------------------------------------------------
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+_NEXT_LINK = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
+
+
+def _safe_relative(path: object) -> str:
+    """A file's path as the Hub lists it, when it stays inside the model's directory."""
+    if not isinstance(path, str) or not path or path.startswith("/") or "\0" in path:
+        raise StageError(f"the Hub's listing names a file {path!r}: not a path inside a model")
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise StageError(f"the Hub's listing names a file {path!r}: not a path inside a model")
+    return path
+
+
+def manifest_from_tree(entries: Iterable[dict], *, model: str, revision: str) -> dict:
+    """The manifest of a model from the Hub's tree entries (module docstring): every file
+    but original/'s (the checkpoint in its training format, never downloaded) with its size
+    and the Hub's hash, "sha256" for an LFS file, else "git_blob" (the git blob id)."""
+    files: dict[str, dict] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("type") != "file":
+            continue
+        path = _safe_relative(entry.get("path"))
+        if path.split("/")[0] in SKIPPED_DIRS:
+            continue
+        lfs = entry.get("lfs")
+        if lfs:
+            expect = {"size": lfs.get("size"), "sha256": lfs.get("oid")}
+            good = _SHA256.match(str(expect["sha256"]))
+        else:
+            expect = {"size": entry.get("size"), "git_blob": entry.get("oid")}
+            good = _SHA1.match(str(expect["git_blob"]))
+        if not good or not isinstance(expect["size"], int) or expect["size"] < 0:
+            raise StageError(f"the Hub's listing of {model}@{revision} gives {path} no usable size and hash: {entry}")
+        files[path] = expect
+    if not files:
+        raise StageError(f"the Hub listed no files for {model}@{revision}: check model and modelRevision")
+    return {"model": model, "revision": revision, "files": dict(sorted(files.items()))}
+
+
+def fetch_hub_tree(
+    endpoint: str, repo: str, revision: str, token: str | None = None, timeout: float = 60.0
+) -> list[dict]:
+    """Every entry of the repository's tree at `revision`, following the Hub's pages (a
+    Link header's rel="next", huggingface_hub utils/_pagination.py). The token goes to
+    the endpoint's own host only, never to a page another host names."""
+    base = urllib.parse.urlsplit(endpoint)
+    url = (
+        f"{endpoint.rstrip('/')}/api/models/{urllib.parse.quote(repo, safe='/')}/tree/"
+        f"{urllib.parse.quote(revision, safe='')}?recursive=true"
+    )
+    entries: list[dict] = []
+    while url:
+        page_url = urllib.parse.urlsplit(url)
+        if (page_url.scheme, page_url.netloc) != (base.scheme, base.netloc):
+            raise StageError(f"the Hub's next page {url} is not on {endpoint}: refused")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+                page = json.load(response)
+                link = response.headers.get("Link", "")
+        except (OSError, ValueError) as err:
+            raise StageError(
+                f"listing {repo}@{revision} on {endpoint} failed ({err}): check model, modelRevision and hfToken"
+            ) from err
+        if not isinstance(page, list):
+            raise StageError(f"the Hub's tree of {repo}@{revision} is not a list: {str(page)[:200]}")
+        entries.extend(page)
+        match = _NEXT_LINK.search(link)
+        url = urllib.parse.urljoin(url, match.group(1)) if match else ""
+    return entries
+
+
+def hub_manifest(endpoint: str, repo: str, revision: str, token: str | None = None) -> dict:
+    """The manifest of `repo` at `revision` as the Hub lists it now."""
+    return manifest_from_tree(fetch_hub_tree(endpoint, repo, revision, token), model=repo, revision=revision)
+
+
+def _open_dir_nofollow(path: str | os.PathLike, trusted: str | os.PathLike | None = None) -> int:
+    """A descriptor of the directory `path`, no component of it below `trusted` (the host's
+    own mount of the shared cache; default: `path`'s parent) a link: each is opened with
+    O_NOFOLLOW|O_DIRECTORY from its parent's descriptor, so another node cannot point it
+    elsewhere by swapping a directory for a link."""
+    path = Path(os.path.abspath(path))
+    trusted = Path(os.path.abspath(trusted)) if trusted is not None else path.parent
+    if trusted != path and trusted not in path.parents:
+        raise StageError(f"{path} is not under the cache's {trusted}")
+    fd = os.open(trusted, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in path.relative_to(trusted).parts:
+            child = _open_nofollow(fd, part, directory=True, shown=path)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_nofollow(dir_fd: int, name: str, *, directory: bool = False, shown: Path | str = "") -> int:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if directory else 0)
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise StageError(
+                f"{shown or name}: {name} is a link or not a {'directory' if directory else 'file'} on the cache; "
+                "nothing there is followed: remove it and run the model command again"
+            ) from err
+        raise
+
+
+def _open_beneath(dir_fd: int, relative: str, shown: Path | str = "") -> int:
+    """A regular file `relative` ("/"-separated) under the directory `dir_fd`, no component
+    of it a link (each opened with O_NOFOLLOW from its parent's descriptor)."""
+    parts = relative.split("/")
+    fd = os.dup(dir_fd)
+    try:
+        for part in parts[:-1]:
+            child = _open_nofollow(fd, part, directory=True, shown=shown or relative)
+            os.close(fd)
+            fd = child
+        file_fd = _open_nofollow(fd, parts[-1], shown=shown or relative)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(file_fd).st_mode):
+        os.close(file_fd)
+        raise StageError(f"{shown or relative} is not a regular file on the cache: remove it and run the model command")
+    return file_fd
+
+
+def new_hash(expect: dict):
+    """The hash object the Hub's hash of a file is, before any of its bytes: sha256, or
+    git's blob id (sha1 of "blob <size>\\0" and then the bytes)."""
+    if "sha256" in expect:
+        return hashlib.sha256()
+    digest = hashlib.sha1()
+    digest.update(b"blob %d\0" % expect["size"])
+    return digest
+
+
+def hash_problem(name: str, expect: dict, size: int, hexdigest: str | None) -> str | None:
+    """What is wrong with a file of `size` bytes and this hash, as text naming it, or None."""
+    kind = "sha256" if "sha256" in expect else "git_blob"
+    if size != expect["size"]:
+        return f"{name}: {size} bytes, the Hub's file has {expect['size']}"
+    if hexdigest != expect[kind]:
+        return f"{name}: {kind} {hexdigest}, the Hub's is {expect[kind]}: not the Hub's file"
+    return None
+
+
+def hash_fd(fd: int, expect: dict) -> tuple[int, str]:
+    """(size, hex digest) of the whole file open at `fd`, read from its start."""
+    digest, position = new_hash(expect), 0
+    while block := os.pread(fd, HASH_BLOCK_BYTES, position):
+        digest.update(block)
+        position += len(block)
+    return position, digest.hexdigest()
+
+
+def load_manifest(directory: str | os.PathLike) -> dict:
+    """The manifest beside a model in `directory` (MANIFEST_NAME), never through a link."""
+    dir_fd = _open_dir_nofollow(directory)
+    try:
+        return read_manifest(dir_fd, Path(directory))
+    finally:
+        os.close(dir_fd)
+
+
+def check_files(
+    directory: str | os.PathLike, manifest: dict, names: Iterable[str] | None = None, *, workers: int = 8
+) -> list[str]:
+    """The problems (text naming each file) of `names` (default: every file of the
+    manifest) in `directory` against the Hub's hashes: missing, a link, another size or
+    another hash. Files are hashed `workers` at a time."""
+    dir_fd = _open_dir_nofollow(directory)
+    try:
+        return _check_at(dir_fd, manifest, names, workers=workers)
+    finally:
+        os.close(dir_fd)
+
+
+def _check_at(dir_fd: int, manifest: dict, names: Iterable[str] | None, *, workers: int) -> list[str]:
+    wanted = sorted(manifest["files"] if names is None else set(names))
+
+    def one(name: str) -> str | None:
+        expect = manifest["files"].get(name)
+        if expect is None:
+            return f"{name}: not in the Hub's listing of {manifest['model']}@{manifest['revision']}"
+        try:
+            fd = _open_beneath(dir_fd, name)
+        except FileNotFoundError:
+            return f"{name}: missing"
+        except StageError as err:
+            return str(err)
+        try:
+            return hash_problem(name, expect, *hash_fd(fd, expect))
+        finally:
+            os.close(fd)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return [problem for problem in pool.map(one, wanted) if problem]
+
+
+def write_manifest(directory: str | os.PathLike, manifest: dict) -> None:
+    """`manifest` as the directory's MANIFEST_NAME, through a temporary of a name of its
+    own (O_EXCL|O_NOFOLLOW, fchmod) and a rename, which replaces a link planted there
+    rather than writing through it: a reader sees the old manifest or the new, whole."""
+    dir_fd = _open_dir_nofollow(directory)
+    temp = f"{MANIFEST_NAME}.{secrets.token_hex(6)}{PARTIAL_SUFFIX}"
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+        try:
+            os.fchmod(fd, 0o644)  # not a secret; the umask does not decide it
+            with os.fdopen(os.dup(fd), "w") as file:
+                file.write(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+            os.fsync(fd)
+            os.replace(temp, MANIFEST_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            os.unlink(temp, dir_fd=dir_fd)  # made above (O_EXCL), not renamed: ours to remove
+            raise
+        finally:
+            os.close(fd)
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_manifest(dir_fd: int, shown: Path | str) -> dict:
+    """The manifest in the directory `dir_fd` (`shown` names it), checked for shape."""
+    fix = "run the model command again (it lists the model's hashes on the Hub and checks the files)"
+    try:
+        fd = _open_beneath(dir_fd, MANIFEST_NAME, shown=f"{shown}/{MANIFEST_NAME}")
+    except FileNotFoundError as err:
+        raise StageError(
+            f"{shown}/{MANIFEST_NAME} is missing: the Hub's hashes of the model are unknown; {fix}"
+        ) from err
+    try:
+        with os.fdopen(fd, "rb") as file:
+            manifest = json.load(file)
+    except ValueError as err:
+        raise StageError(f"{shown}/{MANIFEST_NAME} is not JSON ({err}); {fix}") from err
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("size"), int) and ("sha256" in e or "git_blob" in e)
+        for e in files.values()
+    ):
+        raise StageError(f"{shown}/{MANIFEST_NAME} is not a manifest of the Hub's hashes; {fix}")
+    return manifest
+
+
+def tree_files(dir_fd: int, shown: Path | str) -> list[str]:
+    """Every regular file under the directory `dir_fd` ("/"-separated, sorted) but in
+    original/ and .cache/ (SKIPPED_DIRS), walked through descriptors (os.fwalk, which
+    opens each directory from its parent's and checks it is the one listed) and never
+    through a link: a link anywhere is refused, naming it."""
+    found = []
+    for root, dirs, files, _root_fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
+        relative = "" if root == "." else root[2:] + "/"
+        if not relative:
+            dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+        dirs[:] = [d for d in dirs if d != ".cache"]
+        # os.fwalk lists a link to a directory among the directories and skips it: named here.
+        for name in [*dirs, *files]:
+            info = os.stat(name, dir_fd=_root_fd, follow_symlinks=False)
+            if stat.S_ISLNK(info.st_mode):
+                raise StageError(
+                    f"{shown}/{relative}{name} is a link on the cache: nothing there is followed; "
+                    "remove it and run the model command again"
+                )
+            if stat.S_ISREG(info.st_mode) and name in files:
+                found.append(relative + name)
+    return sorted(found)
+
+
 # --- the stage's copy -------------------------------------------------------------------
 
 
@@ -496,20 +817,28 @@ def _is_weight(name: str) -> bool:
 
 def _other_files(source: Path) -> list[str]:
     """Every file vLLM may need besides the weights (config, tokenizer, chat template,
-    generation config, code), relative to `source`, sorted."""
+    generation config, code), relative to `source`, sorted. Walked through descriptors
+    (os.fwalk: each directory opened from its parent's, never through a link)."""
     found = []
-    for root, dirs, files in os.walk(source):
-        relative_root = Path(root).relative_to(source)
-        if relative_root == Path("."):
-            dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
-        dirs[:] = [d for d in dirs if d != ".cache"]
-        for name in files:
-            relative = (relative_root / name).as_posix()
-            if relative in (INDEX_NAME, MARKER_NAME) or name.endswith(PARTIAL_SUFFIX):
-                continue
-            if _is_weight(name) or name.endswith(OTHER_FORMAT_SUFFIXES):
-                continue
-            found.append(relative)
+    # `source` itself may be copy_stage's /proc/self/fd/N, a link to the directory it opened.
+    source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for root, dirs, files, root_fd in os.fwalk(".", dir_fd=source_fd, follow_symlinks=False):
+            relative_root = Path(root)
+            if relative_root == Path("."):
+                dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
+            dirs[:] = [d for d in dirs if d != ".cache"]
+            for name in files:
+                relative = (relative_root / name).as_posix()
+                if not stat.S_ISREG(os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_mode):
+                    continue  # a link (copy_stage refuses it first) or a socket: never a file of the model
+                if relative in (INDEX_NAME, MARKER_NAME, MANIFEST_NAME) or name.endswith(PARTIAL_SUFFIX):
+                    continue
+                if _is_weight(name) or name.endswith(OTHER_FORMAT_SUFFIXES):
+                    continue
+                found.append(relative)
+    finally:
+        os.close(source_fd)
     return sorted(found)
 
 
@@ -538,7 +867,7 @@ def stage_plan(
     wanted = sorted(set(stages))
     if not wanted or not set(wanted) <= set(range(pp_size)):
         raise ValueError(f"stages {wanted} must be some of 0..{pp_size - 1}")
-    top = sorted(path.name for path in source.iterdir() if path.is_file())
+    top = sorted(path.name for path in source.iterdir() if path.is_file() and not path.is_symlink())
     safetensors = [name for name in top if name.endswith(".safetensors")]
     index_path = source / INDEX_NAME
     index = None
@@ -620,7 +949,9 @@ def _write_json(path: Path, data: dict) -> int:
     """Write `data` to `path` atomically and durably; its size."""
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     partial = path.with_name(path.name + PARTIAL_SUFFIX)
-    with open(partial, "w") as file:
+    # A temporary and a rename: a reader sees the old marker or the new one, whole.
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as file:
         file.write(text)
         file.flush()
         os.fsync(file.fileno())
@@ -670,38 +1001,51 @@ class _Copier:
         self.copied = 0
         self.lock = threading.Lock()
 
-    def _copy_range(self, source: Path, partial: Path, offset: int, length: int) -> None:
-        src = os.open(source, os.O_RDONLY)
+    def _copy_range(self, job: dict, offset: int, length: int) -> None:
+        # The source was opened once, without following a link (copy_stage); the ranges share it.
+        src, digest = job["source_fd"], job.get("digest")
+        dst = os.open(job["partial"], os.O_WRONLY | os.O_NOFOLLOW)
         try:
-            dst = os.open(partial, os.O_WRONLY)
-            try:
-                position, end = offset, offset + length
-                while position < end:
-                    block = os.pread(src, min(BLOCK_BYTES, end - position), position)
-                    if not block:
-                        raise StageError(
-                            f"{source} ended at {position} bytes, short of {end}: the cache's copy changed or is "
-                            "truncated; run the model command again, then this one"
-                        )
-                    view, written = memoryview(block), 0
-                    while written < len(block):
-                        written += os.pwrite(dst, view[written:], position + written)
-                    position += len(block)
-                    with self.lock:
-                        self.copied += len(block)
-            finally:
-                os.close(dst)
+            position, end = offset, offset + length
+            while position < end:
+                block = os.pread(src, min(BLOCK_BYTES, end - position), position)
+                if not block:
+                    raise StageError(
+                        f"{job['shown']} ended at {position} bytes, short of {end}: the cache's copy changed or is "
+                        "truncated; run the model command again, then this one"
+                    )
+                if digest is not None:
+                    digest.update(block)  # one range: hashed as it is copied, in order
+                view, written = memoryview(block), 0
+                while written < len(block):
+                    written += os.pwrite(dst, view[written:], position + written)
+                position += len(block)
+                with self.lock:
+                    self.copied += len(block)
         finally:
-            os.close(src)
+            os.close(dst)
 
     @staticmethod
     def _finish(job: dict) -> None:
         partial, final = job["partial"], job["final"]
-        fd = os.open(partial, os.O_RDONLY)
+        fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             os.fsync(fd)
+            if job.get("digest") is not None:
+                found = (os.fstat(fd).st_size, job["digest"].hexdigest())
+            else:
+                # Copied in parallel ranges, which a hash cannot follow: hashed from the
+                # local copy just written (mostly the page cache), the cache read once.
+                found = hash_fd(fd, job["expect"])
         finally:
             os.close(fd)
+        problem = hash_problem(job["name"], job["expect"], *found)
+        if problem:
+            raise StageError(
+                f"{job['shown'].parent}/{problem}: the cache's copy is not the Hub's (changed after it was "
+                "checked); remove it and the model's completion marker (complete/<model>/<revision> on the cache) "
+                "and run the model command again"
+            )
         if job["safetensors"]:
             problem = check_weight_file(partial, job["tensors"])
         else:
@@ -719,7 +1063,9 @@ class _Copier:
         next_tick = start + self.progress_seconds
         for job in jobs:
             job["final"].parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(job["partial"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+            os.close(os.open(job["partial"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644))
+            # A file copied in one range is hashed while it is copied (one read, in order).
+            job["digest"] = new_hash(job["expect"]) if job["size"] <= self.range_bytes else None
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.streams, thread_name_prefix="model-stage")
         pending: dict[concurrent.futures.Future, tuple[str, dict]] = {}
         remaining: dict[str, int] = {}
@@ -732,7 +1078,7 @@ class _Copier:
                     pending[pool.submit(self._finish, job)] = ("finish", job)
                 for offset in offsets:
                     length = min(self.range_bytes, job["size"] - offset)
-                    future = pool.submit(self._copy_range, job["source"], job["partial"], offset, length)
+                    future = pool.submit(self._copy_range, job, offset, length)
                     pending[future] = ("range", job)
             while pending:
                 timeout = max(0.0, next_tick - time.monotonic())
@@ -780,6 +1126,7 @@ def copy_stage(
     local_root: str | os.PathLike | None = None,
     range_bytes: int = RANGE_BYTES,
     progress_seconds: float = PROGRESS_SECONDS,
+    cache_root: str | os.PathLike | None = None,
 ) -> dict:
     """Make `target_dir` the directory vLLM serves this node's `stages` from: the model's
     other files, only the stages' weight files and the stages' own index, copied from the
@@ -793,18 +1140,75 @@ def copy_stage(
     lacks room for the bytes to copy plus 5%, nothing is copied: the target becomes links
     to the cache's files (the same stage file set, its own index), mode "cache".
 
+    Every file must be one the Hub lists in the model's manifest (MANIFEST_NAME, written
+    when it was staged) and have its hash there: each copied byte is hashed (module
+    docstring, "Every byte checked against the Hub"); a file that is not, a file the Hub
+    does not list, a link, or a missing manifest is refused, naming it. No component of
+    `source_dir` below `cache_root` (the cache's mount; default its parent) may be a link.
+
     Returns {"mode": "local"|"cache", "reason", "unchanged", "files" (the stage's weight
     files), "stages", "layout", "stage_bytes", "total_weight_bytes", "bytes_copied",
     "bytes_kept", "seconds", "mb_per_s"}. `progress(text)` hears of a long copy at least
     every `progress_seconds`.
     """
+    source = Path(os.path.abspath(source_dir))
+    source_fd = _open_dir_nofollow(source, cache_root)
+    try:
+        return _copy_stage(
+            source,
+            source_fd,
+            Path(target_dir).absolute(),
+            stages=stages,
+            pp_size=pp_size,
+            model=model,
+            revision=revision,
+            partition=partition,
+            streams=streams,
+            say=progress or (lambda _text: None),
+            local_root=local_root,
+            range_bytes=range_bytes,
+            progress_seconds=progress_seconds,
+        )
+    finally:
+        os.close(source_fd)
+
+
+def _copy_stage(
+    source: Path,
+    source_fd: int,
+    target: Path,
+    *,
+    stages: Iterable[int],
+    pp_size: int,
+    model: str,
+    revision: str,
+    partition: str | None,
+    streams: int,
+    say: Callable[[str], None],
+    local_root: str | os.PathLike | None,
+    range_bytes: int,
+    progress_seconds: float,
+) -> dict:
     start = time.monotonic()
-    say = progress or (lambda _text: None)
-    source = Path(source_dir).resolve()
-    target = Path(target_dir).absolute()
     if target == source or source in target.parents or target in source.parents or len(target.parts) < 3:
         raise StageError(f"--target {target} must be a directory of its own, away from the cache's {source}")
-    plan = stage_plan(source, stages, pp_size, partition)
+    manifest = read_manifest(source_fd, source)
+    hub_files = manifest["files"]
+    planted = [name for name in tree_files(source_fd, source) if name not in hub_files and name != MANIFEST_NAME]
+    if planted:
+        more = f" (and {len(planted) - 1} more)" if len(planted) > 1 else ""
+        raise StageError(
+            f"{source}/{planted[0]}{more} is not a file of {manifest.get('model')}@{manifest.get('revision')} as the "
+            "Hub lists it: planted or left on the cache by something else; remove it and run the model command again"
+        )
+    # Every path below reaches the source through this descriptor's directory, whatever
+    # its path on the cache points at meanwhile.
+    pinned = Path(f"/proc/self/fd/{source_fd}")
+    try:
+        plan = stage_plan(pinned, stages, pp_size, partition)
+    except StageError as err:
+        raise StageError(str(err).replace(str(pinned), str(source))) from err
+    hub_digest = hashlib.sha256(json.dumps(hub_files, sort_keys=True).encode()).hexdigest()
     identity = {
         "model": model,
         "revision": revision,
@@ -813,8 +1217,16 @@ def copy_stage(
         "pp_size": pp_size,
         "partition": partition,
         "layout": plan["layout"],
+        "hub_files": hub_digest,
     }
     wanted = [*plan["weights"], *plan["others"]]
+    unlisted = [name for name in wanted if name not in hub_files]
+    if unlisted:  # appeared since tree_files looked: planted meanwhile
+        raise StageError(
+            f"{source}/{unlisted[0]} is not a file of {manifest.get('model')}@{manifest.get('revision')} as the Hub "
+            "lists it: planted on the cache; remove it and run the model command again"
+        )
+    hashes = {name: hub_files[name] for name in wanted}
     summary = {
         "stages": plan["stages"],
         "files": plan["weights"],
@@ -854,6 +1266,9 @@ def copy_stage(
                 continue
             if name in plan["tensors"] and check_weight_file(path, plan["tensors"][name]):
                 continue
+            # Hashed when it was copied: kept only while the Hub's hash is still the one it had.
+            if marker.get("hashes", {}).get(name) != hashes[name]:
+                continue
             kept.add(name)
     if (
         same_identity
@@ -887,6 +1302,16 @@ def copy_stage(
     else:
         mode, reason = "local", f"copied this node's stages {plan['stages']} ({plan['layout_reason']})"
 
+    if mode == "cache":
+        # vLLM will read the cache's own files: hash them there (a read over the network of
+        # the stage's bytes, every time, as they may have changed since the last run).
+        problems = _check_at(source_fd, manifest, wanted, workers=streams)
+        if problems:
+            raise StageError(
+                f"{source}/{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}: the "
+                "cache's copy is not the Hub's; remove it and the model's completion marker "
+                "(complete/<model>/<revision> on the cache) and run the model command again"
+            )
     if mode == "cache" and same_identity and marker.get("state") == "complete" and marker.get("mode") == "cache":
         links_ok = all(
             (target / name).is_symlink() and os.readlink(target / name) == str(source / name) for name in wanted
@@ -912,7 +1337,9 @@ def copy_stage(
         jobs = [
             {
                 "name": name,
-                "source": source / name,
+                "source": pinned / name,
+                "shown": source / name,
+                "expect": hashes[name],
                 "final": target / name,
                 "partial": target / (name + PARTIAL_SUFFIX),
                 "size": plan["sizes"][name],
@@ -925,6 +1352,7 @@ def copy_stage(
         for job in jobs:
             if job["safetensors"]:
                 problem = check_weight_file(job["source"], job["tensors"])
+                problem = problem and problem.replace(str(pinned), str(source))
                 if problem:
                     raise StageError(
                         f"{source}/{problem}: the cache's copy is broken; remove the file and the model's completion "
@@ -935,7 +1363,14 @@ def copy_stage(
             f"copying {len(jobs)} files ({copy_bytes / 1e6:.0f} MB) of stages {plan['stages']} "
             f"from {source} to {target} with {streams} streams; keeping {len(kept)} files already there"
         )
-        _Copier(streams, range_bytes, say, progress_seconds).run(jobs)
+        try:
+            for job in jobs:
+                job["source_fd"] = _open_beneath(source_fd, job["name"], shown=job["shown"])
+            _Copier(streams, range_bytes, say, progress_seconds).run(jobs)
+        finally:
+            for job in jobs:
+                if "source_fd" in job:
+                    os.close(job["source_fd"])
         summary["bytes_copied"] = copy_bytes
         summary["bytes_kept"] = sum(plan["sizes"][name] for name in kept)
     files = {name: plan["sizes"][name] for name in wanted}
@@ -943,7 +1378,7 @@ def copy_stage(
         files[INDEX_NAME] = _write_json(target / INDEX_NAME, plan["index"])
     for directory in {(target / name).parent for name in files}:
         _fsync_dir(directory)
-    _write_json(target / MARKER_NAME, {**identity, "state": "complete", "mode": mode, "files": files})
+    _write_json(target / MARKER_NAME, {**identity, "state": "complete", "mode": mode, "files": files, "hashes": hashes})
     _fsync_dir(target)
     result = done(mode, reason)
     if mode == "local":

@@ -14,8 +14,13 @@ utils/_http.py hf_raise_for_status for the error codes):
             pointerSize}.
   GET       /api/models/{org}/{name}/tree/{rev}[/{path}][?recursive=true]
             the file tree (HfApi.list_repo_tree, and `hf download` after the model
-            info): files with `size`, `oid` and `lfs` {oid, size, pointerSize}, folders
-            with their `oid`; one level, or everything below with recursive.
+            info): files with `size`, `oid` (the git blob id: sha1 of "blob <size>\\0"
+            and the bytes, of the LFS pointer for an LFS file) and `lfs` {oid (the
+            file's sha256), size, pointerSize}, folders with their `oid`; one level, or
+            everything below with recursive. In pages of `tree_page_size` entries (the
+            Hub's 1,000), each but the last naming the next in a Link header
+            (`<URL&cursor=...>; rel="next"`, which huggingface_hub follows:
+            utils/_pagination.py _get_next_page).
   HEAD, GET /{org}/{name}/resolve/{rev}/{path}
             a file, with the headers the client checks: X-Repo-Commit, ETag (an LFS
             file's sha256, another file's git blob id), X-Linked-Etag and X-Linked-Size
@@ -33,9 +38,9 @@ What the real Hub does that this one does not: it redirects an LFS file's resolv
 its CDN (302, Location, the same X-Linked-* headers), where this one sends the file
 itself (the client downloads from the resolve URL then, file_download.py
 _get_metadata_or_catch_error); it stores new files in Xet and names their `xetHash`,
-which would make the client fetch them from a Xet server (none here); it paginates a
-tree of more than 1,000 entries (a Link header), which the repositories here never
-reach; and it knows repositories without an organisation (`gpt2`).
+which would make the client fetch them from a Xet server (none here); its tree cursor
+is opaque, where this one's is the offset; and it knows repositories without an
+organisation (`gpt2`).
 
 Every file it sends (a GET of resolve) is a line of the log (--log), JSON: repo, file,
 revision (as the URL named it: the client asks by commit), commit, start (the first
@@ -58,7 +63,7 @@ from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlencode, urlparse
 
 # How huggingface_hub tells a commit from a branch or tag name (constants.py REGEX_COMMIT_HASH).
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -73,6 +78,9 @@ LFS_PATTERNS = (
     "*.tar", "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip", "*.zst", "*tfevents*",
 )  # fmt: skip
 LFS_MIN_BYTES = 10 * 1024 * 1024  # [unverified] whether the Hub counts 10 MB in MiB
+# Entries per page of a tree: the Hub's cap without expand (huggingface_hub 2.4.0
+# hf_api.py _list_repo_tree_pages: "1000 entries per page, 50 when expand=True").
+TREE_PAGE_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,14 @@ def git_blob_oid(data: bytes) -> str:
 
 def in_lfs(path: str, size: int) -> bool:
     return size > LFS_MIN_BYTES or any(fnmatch.fnmatch(path, pattern) for pattern in LFS_PATTERNS)
+
+
+def tree_entry(blob: Blob) -> dict:
+    """A file's entry in the Hub's tree listing (huggingface_hub hf_api.py RepoFile reads it)."""
+    entry: dict = {"type": "file", "oid": blob.oid, "size": blob.size, "path": blob.path}
+    if blob.lfs:
+        entry["lfs"] = {"oid": blob.sha256, "size": blob.size, "pointerSize": blob.pointer_size}
+    return entry
 
 
 _blob_cache: dict[tuple[str, int, int], Blob] = {}
@@ -211,7 +227,9 @@ class Hub:
             log.write(json.dumps(entry) + "\n")
 
 
-def make_handler(root: Path, log_path: Path | None):
+def make_handler(root: Path, log_path: Path | None, tree_page_size: int = TREE_PAGE_SIZE):
+    if tree_page_size < 1:
+        raise ValueError(f"tree_page_size must be at least 1, not {tree_page_size}")
     hub = Hub(root, log_path)
 
     class Handler(BaseHTTPRequestHandler):
@@ -333,13 +351,19 @@ def make_handler(root: Path, log_path: Path | None):
                 for folder in folders
                 if listed(folder)
             ]
-            for blob in blobs:
-                if listed(blob.path):
-                    entry: dict = {"type": "file", "oid": blob.oid, "size": blob.size, "path": blob.path}
-                    if blob.lfs:
-                        entry["lfs"] = {"oid": blob.sha256, "size": blob.size, "pointerSize": blob.pointer_size}
-                    entries.append(entry)
-            self.json(entries, head)
+            entries.extend(tree_entry(blob) for blob in blobs if listed(blob.path))
+            # One page from the cursor on; the next page's URL in a Link header, as the Hub.
+            cursor_text = query.get("cursor", ["0"])[0]
+            if not cursor_text.isdigit():
+                return self.error(400, "BadRequest", f"invalid cursor {cursor_text!r}", head)
+            cursor = int(cursor_text)
+            page = entries[cursor : cursor + tree_page_size]
+            headers = {"Content-Type": "application/json"}
+            if cursor + tree_page_size < len(entries):
+                following = {**{key: values[0] for key, values in query.items()}, "cursor": cursor + tree_page_size}
+                host = self.headers.get("Host", "")
+                headers["Link"] = f'<http://{host}{urlparse(self.path).path}?{urlencode(following)}>; rel="next"'
+            self.send(200, json.dumps(page).encode(), headers, head=head)
 
         def resolve_file(self, repo: str, revision: str, path: str, head: bool) -> None:
             found = self.repository(repo, revision, head)
@@ -406,8 +430,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--log", type=Path)
+    parser.add_argument("--tree-page-size", type=int, default=TREE_PAGE_SIZE, help="entries per page of a tree")
     args = parser.parse_args()
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(args.root, args.log))
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args.root, args.log, args.tree_page_size))
     print(f"fake Hugging Face Hub serving {args.root} on http://{args.host}:{args.port}", flush=True)
     server.serve_forever()
 
