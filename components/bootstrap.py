@@ -176,6 +176,19 @@ def port_env() -> dict[str, str]:
         "PORT_RAY_CLIENT": str(ports.RAY_CLIENT),
         # ray-head.service and ray-worker.service (--metrics-export-port): the gateway scrapes it.
         "PORT_RAY_METRICS": str(ports.RAY_METRICS),
+        # ray-head.service and ray-worker.service: Ray's listeners that would otherwise take
+        # random ports (--node-manager-port, --object-manager-port, --runtime-env-agent-port,
+        # --dashboard-agent-grpc-port, --dashboard-agent-listen-port) and its workers' range.
+        "PORT_RAY_NODE_MANAGER": str(ports.RAY_NODE_MANAGER),
+        "PORT_RAY_OBJECT_MANAGER": str(ports.RAY_OBJECT_MANAGER),
+        "PORT_RAY_RUNTIME_ENV_AGENT": str(ports.RAY_RUNTIME_ENV_AGENT),
+        "PORT_RAY_DASHBOARD_AGENT_GRPC": str(ports.RAY_DASHBOARD_AGENT_GRPC),
+        "PORT_RAY_DASHBOARD_AGENT_HTTP": str(ports.RAY_DASHBOARD_AGENT_HTTP),
+        "PORT_RAY_MIN_WORKER": str(ports.RAY_MIN_WORKER),
+        "PORT_RAY_MAX_WORKER": str(ports.RAY_MAX_WORKER),
+        # ray-head.service, as Ray's DASHBOARD_METRIC_PORT and AUTOSCALER_METRIC_PORT.
+        "PORT_RAY_DASHBOARD_METRICS": str(ports.RAY_DASHBOARD_METRICS),
+        "PORT_RAY_AUTOSCALER_METRICS": str(ports.RAY_AUTOSCALER_METRICS),
         # vllm-cluster-node readiness: a completion through the gateway, as clients send it.
         "PORT_API_HTTPS": str(ports.API_HTTPS),
     }

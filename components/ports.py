@@ -33,8 +33,42 @@ NFS = 2049
 # (net.ipv4.ip_local_port_range), so no outgoing connection of NCCL, Ray or vLLM can
 # hold it first, and outside Ray's worker ports 10002-19999 (`ray start
 # --min-worker-port/--max-worker-port` defaults). The endpoint has no auth, even with
-# Ray's token auth: only the gateway may reach it.
+# Ray's token auth: only the gateway may reach it. Ray binds it on every address
+# (dashboard/modules/reporter/reporter_agent.py gives the exporter the address "" unless
+# the node's IP is loopback).
 RAY_METRICS = 8080
+# Ray's other listeners on every node. Unset, `ray start` takes a random port for each
+# (the node manager and the object manager of the raylet, the dashboard agent's gRPC,
+# the runtime environment agent: "Default: Random value", doc/source/ray-core/
+# configure.rst, "Ports configurations"), which no firewall can name. Pinned here, each
+# by its own `ray start` flag (Ray 2.60, ray/scripts/scripts.py): --node-manager-port,
+# --object-manager-port, --dashboard-agent-grpc-port, --runtime-env-agent-port,
+# --dashboard-agent-listen-port. Ray binds the raylet's two (its C++ gRPC servers, like
+# the GCS's) and the agent's gRPC on every address whatever --node-ip-address says
+# (measured with `ss -ltn` on a node; dashboard/agent.py binds the gRPC to
+# get_all_interfaces_ip()). All below Linux's ephemeral range 32768-60999, so no
+# outgoing connection holds one first, and outside the worker ports below.
+RAY_NODE_MANAGER = 8076
+RAY_OBJECT_MANAGER = 8077
+RAY_RUNTIME_ENV_AGENT = 8078
+RAY_DASHBOARD_AGENT_GRPC = 8079
+# The dashboard agent's HTTP port: Ray's default is 52365
+# (DEFAULT_DASHBOARD_AGENT_LISTEN_PORT, ray/_private/ray_constants.py), inside the
+# ephemeral range; 8081 is not.
+RAY_DASHBOARD_AGENT_HTTP = 8081
+# The head's own Prometheus endpoints, on every address and without a login: the
+# dashboard's (DASHBOARD_METRIC_PORT, default 44227, ray/dashboard/consts.py) and the
+# autoscaler monitor's (AUTOSCALER_METRIC_PORT, default 44217,
+# ray/autoscaler/_private/constants.py). `ray start` has no flag for them; Ray reads
+# each from the environment variable of that name (env_integer), which node.env sets.
+RAY_DASHBOARD_METRICS = 8082
+RAY_AUTOSCALER_METRICS = 8083
+# The ports Ray's workers (and vLLM's engine, a Ray driver) bind, one each, on every
+# address: Ray's own defaults (`ray start --min-worker-port 10002 --max-worker-port
+# 19999`, doc/source/ray-core/configure.rst: "All ports in the range should be open"),
+# passed explicitly so that the firewall and Ray name the same range.
+RAY_MIN_WORKER = 10002
+RAY_MAX_WORKER = 19999
 # Prometheus on the gateway: Prometheus's own default port (`--web.listen-address`
 # 0.0.0.0:9090) and where Ray's dashboard looks first (RAY_PROMETHEUS_HOST
 # http://localhost:9090). It has no login: users reach it through nginx on
@@ -54,4 +88,21 @@ WAKER = 8099
 # CVE-2023-48022 "ShadowRay" is exploited in the wild). tests/test_program.py checks
 # that no rule open to the whole internet admits one of them. Ray's metrics and
 # Prometheus have no login of their own: the gateway reaches the one, nginx the other.
-NEVER_PUBLIC = (SSH, RAY_GCS, RAY_DASHBOARD, RAY_CLIENT, RAY_METRICS, PROMETHEUS, WAKER)
+NEVER_PUBLIC = (
+    SSH,
+    RAY_GCS,
+    RAY_DASHBOARD,
+    RAY_CLIENT,
+    RAY_METRICS,
+    RAY_NODE_MANAGER,
+    RAY_OBJECT_MANAGER,
+    RAY_RUNTIME_ENV_AGENT,
+    RAY_DASHBOARD_AGENT_GRPC,
+    RAY_DASHBOARD_AGENT_HTTP,
+    RAY_DASHBOARD_METRICS,
+    RAY_AUTOSCALER_METRICS,
+    RAY_MIN_WORKER,
+    RAY_MAX_WORKER,
+    PROMETHEUS,
+    WAKER,
+)

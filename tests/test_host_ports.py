@@ -39,6 +39,15 @@ MOVED = {
     "API_HTTPS": 10443,
     "DASHBOARD_HTTPS": 18443,
     "RAY_METRICS": 18080,
+    "RAY_NODE_MANAGER": 18076,
+    "RAY_OBJECT_MANAGER": 18077,
+    "RAY_RUNTIME_ENV_AGENT": 18078,
+    "RAY_DASHBOARD_AGENT_GRPC": 18079,
+    "RAY_DASHBOARD_AGENT_HTTP": 18081,
+    "RAY_DASHBOARD_METRICS": 18082,
+    "RAY_AUTOSCALER_METRICS": 18083,
+    "RAY_MIN_WORKER": 20002,
+    "RAY_MAX_WORKER": 20999,
     "PROMETHEUS": 19090,
     "WAKER": 18099,
 }
@@ -161,7 +170,23 @@ def test_ray_starts_on_the_moved_ports(tmp_path, moved):
     started = expand_like_systemd(exec_start("ray-head.service"), head)
     assert "--port=16379" in started and "--dashboard-port=18265" in started
     assert "--ray-client-server-port=11001" in started
-    assert f"--address={HEAD_IP}:16379" in expand_like_systemd(exec_start("ray-worker.service"), worker)
+    joined = expand_like_systemd(exec_start("ray-worker.service"), worker)
+    assert f"--address={HEAD_IP}:16379" in joined
+    # Every listener Ray would otherwise put on a random port, on every node; the head's
+    # own metrics endpoints (dashboard, autoscaler) through Ray's environment variables.
+    for words in (started, joined):
+        for flag in (
+            "--metrics-export-port=18080",
+            "--node-manager-port=18076",
+            "--object-manager-port=18077",
+            "--runtime-env-agent-port=18078",
+            "--dashboard-agent-grpc-port=18079",
+            "--dashboard-agent-listen-port=18081",
+            "--min-worker-port=20002",
+            "--max-worker-port=20999",
+        ):
+            assert flag in words, (flag, words)
+    assert started[:3] == ["/usr/bin/env", "DASHBOARD_METRIC_PORT=18082", "AUTOSCALER_METRIC_PORT=18083"], started
 
 
 def test_vllm_serves_on_the_moved_port_and_the_gateway_reaches_it_there(tmp_path, moved):
