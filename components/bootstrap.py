@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -142,6 +143,11 @@ class NodeBoot:
     login_user: str = image.DEFAULT_USER
     # hosts: the shared directory bound as the model cache (modelCacheDir); "" mounts EFS.
     shared_model_dir: str = ""
+    # Who the node's host firewall admits on Ray's and vLLM's ports (host_firewall): its
+    # gang's private IPs, head first, and the gateway's private IP. Empty in the user data:
+    # they reach the node with its setup command, which writes the firewall.
+    gang_ips: tuple[str, ...] = ()
+    gateway_ip: str = ""
 
 
 def _python_requirement(boot: NodeBoot) -> dict[str, str]:
@@ -227,6 +233,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "SERVICE_DEVICES": " ".join(image.SERVICE_DEVICES),
         "INSTANCE_METADATA_ADDRESSES": " ".join(image.INSTANCE_METADATA_ADDRESSES),
         "IPTABLES": image.IPTABLES,
+        "NFT": image.NFT,
         "LOGIN_USER": boot.login_user,
         # hosts (components/own_hosts.py): the shared directory bound where EFS would be.
         "MODEL_CACHE_SHARED_DIR": boot.shared_model_dir,
@@ -357,8 +364,122 @@ def node_setup_script(boot: NodeBoot) -> str:
         _file(NODE_LOCK_PATH, boot.node_lock, "0644"),
         *(_file(f"/etc/systemd/system/{unit}", _read(NODE_SCRIPTS / "units" / unit), "0644") for unit in NODE_UNITS),
         _file(CLUSTER_ENV, cluster_env(boot), "0600"),
+        _file(FIREWALL_FILE, host_firewall(boot.gang_ips, boot.gateway_ip), "0600"),
     ]
     return _script("GPU node setup", files, f"{NODE_COMMAND} setup")
+
+
+# --- the nodes' host firewall ----------------------------------------------------------
+
+# What the node's setup and every start of Ray's unit load (vllm-cluster-node
+# load_firewall, `nft -f`); vllm-cluster-remove deletes the table. The node script and
+# the remover hold the same names; tests/test_host_firewall.py checks they agree.
+FIREWALL_FILE = f"{CONFIG_DIR}/firewall.nft"
+FIREWALL_TABLE = "inet vllm_cluster"
+
+
+def firewall_gateway_ports() -> tuple[int, ...]:
+    """What the gateway reaches on a node, as the security groups admit it (security.py's
+    nodes group, SSH aside): vLLM (the API pool, Prometheus's scrape of vLLM), Ray's
+    metrics (Prometheus) and gang 0's dashboard (nginx on the admin port)."""
+    return tuple(sorted((ports.VLLM_API, ports.RAY_DASHBOARD, ports.RAY_METRICS)))
+
+
+def node_listening_ports() -> tuple[int | tuple[int, int], ...]:
+    """Every port Ray and vLLM listen on at a node that is not the kernel's to pick
+    (ports.py), a range as (first, last), in order: the ones the host firewall keeps
+    to the gang and the gateway. Not here, because nothing pins them to a range: the
+    sockets of NCCL and Gloo and vLLM's own (torch's rendezvous store, its ZeroMQ
+    sockets), on ports from the kernel's ephemeral range (NCCL and Gloo have no setting
+    for theirs; VLLM_PORT only moves where vLLM's search for a free port starts). Seen
+    with `ss -ltn` on a local host: all on the node's address but the rendezvous store's,
+    which is on every address like Ray's."""
+    singles = (
+        ports.VLLM_API,
+        ports.RAY_GCS,
+        ports.RAY_DASHBOARD,
+        ports.RAY_CLIENT,
+        ports.RAY_METRICS,
+        ports.RAY_NODE_MANAGER,
+        ports.RAY_OBJECT_MANAGER,
+        ports.RAY_RUNTIME_ENV_AGENT,
+        ports.RAY_DASHBOARD_AGENT_GRPC,
+        ports.RAY_DASHBOARD_AGENT_HTTP,
+        ports.RAY_DASHBOARD_METRICS,
+        ports.RAY_AUTOSCALER_METRICS,
+    )
+    return (*sorted(singles), (ports.RAY_MIN_WORKER, ports.RAY_MAX_WORKER))
+
+
+def _nft_ports(listed) -> str:
+    return ", ".join(f"{item[0]}-{item[1]}" if isinstance(item, tuple) else str(item) for item in listed)
+
+
+def _ipv4_addresses(what: str, addresses) -> list[str]:
+    found = []
+    for address in addresses:
+        try:
+            found.append(str(ipaddress.IPv4Address(address)))
+        except ValueError:
+            raise ValueError(f"the host firewall needs {what} as IPv4 addresses, not {address!r}") from None
+    if not found:
+        raise ValueError(f"the host firewall needs {what}: none given")
+    return found
+
+
+def host_firewall(gang_ips, gateway_ip: str) -> str:
+    """The node's host firewall, for `nft -f`: a table of the stack's own
+    (FIREWALL_TABLE) whose input chain lets the gang's hosts (`gang_ips`) reach every port
+    Ray and vLLM listen on (node_listening_ports), the gateway (`gateway_ip`) the ones it
+    proxies and scrapes (firewall_gateway_ports), the node itself (loopback), and refuses
+    everyone else there with a TCP reset, counted. Ray binds most of its listeners on
+    every address whatever --node-ip-address says (ports.py), and a stack of hosts has no
+    security group: this is what keeps them to the gang there, and on EC2 it says what
+    the security groups say. Every other port and packet (SSH, the user's own services)
+    is left to the host's other rules: the chain's policy is accept, and an accept ends
+    only this base chain while a drop (a reject is one) ends the whole ruleset (nft(8),
+    "OVERALL EVALUATION OF THE RULESET"), so nothing here opens what another table
+    closes, and no other table's accept opens what this one refuses. With iptables the
+    rules would sit in the INPUT chain the user's (ufw's) share, where an earlier accept
+    skips them. The first lines make loading it again replace the table whole, in one
+    transaction: setup and every start of Ray's unit load it, and a boot starts with none."""
+    gang = _ipv4_addresses("the gang's private IPs", gang_ips)
+    gateway = _ipv4_addresses("the gateway's private IP", [gateway_ip] if gateway_ip else [])
+    every = _nft_ports(node_listening_ports())
+    return f"""# vllm-cluster's host firewall, generated by components/bootstrap.py (host_firewall).
+# Loaded by vllm-cluster-node (setup, and guard-service before every start of Ray's
+# unit); removed with `nft delete table {FIREWALL_TABLE}` (vllm-cluster-remove). Other
+# tables, and ports not named here, are not touched.
+table {FIREWALL_TABLE}
+delete table {FIREWALL_TABLE}
+
+table {FIREWALL_TABLE} {{
+    # This node's gang: Ray, vLLM and their checks run between these hosts.
+    set gang {{
+        type ipv4_addr
+        elements = {{ {", ".join(gang)} }}
+    }}
+
+    # The gateway: its API pool and Prometheus reach vLLM, Prometheus Ray's metrics,
+    # nginx gang 0's Ray dashboard.
+    set gateway {{
+        type ipv4_addr
+        elements = {{ {", ".join(gateway)} }}
+    }}
+
+    chain input {{
+        type filter hook input priority filter; policy accept;
+        # The node itself: its checks reach vLLM and Ray at its own address over loopback.
+        iif "lo" accept
+        # Replies to this node's own connections, whatever port they come back to.
+        ct state established,related accept
+        tcp dport {{ {_nft_ports(firewall_gateway_ports())} }} ip saddr @gateway accept
+        tcp dport {{ {every} }} ip saddr @gang accept
+        # Anyone else: refused at once (a reset, not a silent drop), and counted.
+        tcp dport {{ {every} }} counter reject with tcp reset
+    }}
+}}
+"""
 
 
 def compress_user_data(text: str) -> str:

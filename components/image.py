@@ -119,6 +119,16 @@ INSTANCE_METADATA_ADDRESSES = ("169.254.169.254", "fd00:ec2::254")
 # node is guarded either way. The local hosts (Debian minbase, without it) take that path.
 IPTABLES = "/usr/sbin/iptables"
 
+# [unverified] nft, nftables' command, which loads the nodes' host firewall (an nftables
+# table of the stack's own: bootstrap.host_firewall; vllm-cluster-node load_firewall).
+# Debian's and Ubuntu's nftables package installs it here and leaves its own
+# nftables.service (which flushes the whole ruleset) disabled: its postinst enables the
+# service only if it was enabled before (read in nftables_1.0.6-2+deb12u2's postinst).
+# Whether the image has it is not read anywhere: setup installs the package when the
+# command is missing (vllm-cluster-node ensure_nft), as on the local hosts (Debian
+# minbase, without it).
+NFT = "/usr/sbin/nft"
+
 # [ubuntu-ami] The login the instance's key pair is authorized for.
 DEFAULT_USER = "ubuntu"
 

@@ -2,9 +2,10 @@
 
 components/security.py opens them in the security groups and __main__.py puts the
 dashboard's in the URL it exports. components/bootstrap.py renders them into the
-gateway's nginx site and vLLM's `--port`, and hands the ones the hosts use to them as
-PORT_<name> (bootstrap.port_env): cluster.env carries them, the node's setup copies
-them into node.env, and the systemd units and the node scripts read them from there.
+gateway's nginx site, vLLM's `--port` and the nodes' host firewall (host_firewall),
+and hands the ones the hosts use to them as PORT_<name> (bootstrap.port_env):
+cluster.env carries them, the node's setup copies them into node.env, and the systemd
+units and the node scripts read them from there.
 No host file holds a port number (tests/test_host_ports.py moves every port and
 follows it to the hosts).
 """
@@ -35,7 +36,7 @@ NFS = 2049
 # --min-worker-port/--max-worker-port` defaults). The endpoint has no auth, even with
 # Ray's token auth: only the gateway may reach it. Ray binds it on every address
 # (dashboard/modules/reporter/reporter_agent.py gives the exporter the address "" unless
-# the node's IP is loopback).
+# the node's IP is loopback): the host firewall keeps it to the gang and the gateway.
 RAY_METRICS = 8080
 # Ray's other listeners on every node. Unset, `ray start` takes a random port for each
 # (the node manager and the object manager of the raylet, the dashboard agent's gRPC,
@@ -46,8 +47,9 @@ RAY_METRICS = 8080
 # --dashboard-agent-listen-port. Ray binds the raylet's two (its C++ gRPC servers, like
 # the GCS's) and the agent's gRPC on every address whatever --node-ip-address says
 # (measured with `ss -ltn` on a node; dashboard/agent.py binds the gRPC to
-# get_all_interfaces_ip()). All below Linux's ephemeral range 32768-60999, so no
-# outgoing connection holds one first, and outside the worker ports below.
+# get_all_interfaces_ip()), so only the host firewall (bootstrap.host_firewall) keeps
+# them to the gang. All below Linux's ephemeral range 32768-60999, so no outgoing
+# connection holds one first, and outside the worker ports below.
 RAY_NODE_MANAGER = 8076
 RAY_OBJECT_MANAGER = 8077
 RAY_RUNTIME_ENV_AGENT = 8078

@@ -549,14 +549,21 @@ class ClusterServices(pulumi.ComponentResource):
                 ),
                 after=[login_probe, instance],
             )
-            # The head's dashboard reads Prometheus on the gateway: its address comes here,
-            # not in the user data (which would make every node wait for the gateway).
+            # The head's dashboard reads Prometheus on the gateway, and the host firewall
+            # admits the gateway and the gang: their addresses come here, not in the user
+            # data (which would make every node wait for the gateway and the others).
             setup_script = pulumi.Output.all(
                 node_boot(args.node_boot, index, None if index == 0 else head_ip, gang.index, host),
                 args.gateway_private_ip,
+                *gang.node_ips,
             ).apply(
                 lambda values: bootstrap.node_setup_script(
-                    dataclasses.replace(values[0], prometheus_url=metrics.ray_prometheus_host(values[1]))
+                    dataclasses.replace(
+                        values[0],
+                        prometheus_url=metrics.ray_prometheus_host(values[1]),
+                        gang_ips=tuple(values[2:]),
+                        gateway_ip=values[1],
+                    )
                 )
             )
             setup = self._run(

@@ -94,10 +94,12 @@ BASE_PACKAGES = (
 # What the hosts install from the package mirror: the gateway nginx at boot, the nodes
 # their Python's headers at setup (the image may lack them as Debian's does: vLLM's
 # engine compiles its kernels against them).
-# And iptables, which the image is taken to have (components/image.py IPTABLES) and which
-# the nodes' setup installs where it is missing, as here: it keeps the service user that
-# runs Ray and vLLM from the metadata service.
-MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev", "iptables")
+# And iptables and nftables, which the image is taken to have (components/image.py
+# IPTABLES, NFT) and which the nodes' setup installs where they are missing, as here: the
+# one keeps the service user that runs Ray and vLLM from the metadata service, the other
+# holds the host firewall. (Debian's iptables recommends nftables, but the mirror must not
+# depend on that.)
+MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev", "iptables", "nftables")
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.

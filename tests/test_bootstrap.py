@@ -55,6 +55,9 @@ def boot(index: int = 1, **overrides) -> NodeBoot:
         vllm_version="0.33.0",
         login_probe_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHprobeprobeprobeprobeprobeprobeprobeprobe01",
         node_lock=node_env.default_lock_path().read_text(),
+        # What the setup command adds: the gang (head first) and the gateway, for the firewall.
+        gang_ips=("10.42.128.10", "10.42.128.11"),
+        gateway_ip="10.42.0.10",
     )
     values.update(overrides)
     return NodeBoot(**values)

@@ -4,16 +4,18 @@ each removing what the stack put there when it is deleted."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
 import yaml
 from pulumi_mocks import run_program, run_stack, unsecret
 
-from components import bootstrap
+from components import bootstrap, ports
 from components.config_keys import CONFIG_KEYS
 from components.spec import CREATED_INSTANCE_KEYS, SpecError, load_spec
 from components.topology import node_name
+from tests.test_host_firewall import Firewall, firewall_sent
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE=\n-----END OPENSSH PRIVATE KEY-----\n"
 # Each machine's own SSH host key (hostKeys), for every address the tests name.
@@ -241,6 +243,32 @@ def test_the_services_start_after_their_machine_and_log_in_as_ssh_user(run):
     assert f"--host 192.0.2.22 --host-key '{key_of('192.0.2.22')}' --user admin " in unsecret(login.inputs["create"])
     gateway_setup = commands["vllm-gateway-setup"]
     assert "vllm-host-gateway" in {by_urn[u].name for u in gateway_setup.dependencies if u in by_urn}
+
+
+def test_each_hosts_firewall_admits_its_own_gang_and_the_gateway_on_the_hosts_network_only(run):
+    """Issue 33 point 5: the hosts have no security group. Each GPU host's setup command
+    brings it a firewall (tests/test_host_firewall.py) that admits its gang's hosts and the
+    gateway at gatewayPrivateIp, the address it connects from, on Ray's and vLLM's ports:
+    not the other gang, not the gateway's public address. The addresses are the stack's
+    config, in the command, not anything a host wrote."""
+    commands = {r.name: r for r in run.of_type("command:remote:Command")}
+    gangs = (("192.0.2.11", "192.0.2.12"), ("192.0.2.21", "192.0.2.22"))
+    for gang, ips in enumerate(gangs):
+        others = [ip for other in gangs if other != ips for ip in other]
+        for index in range(len(ips)):
+            setup = commands[f"vllm-setup-{node_name(index, gang)}"]
+            firewall = Firewall(firewall_sent(unsecret(setup.inputs["stdin"])))
+            assert firewall.sets == {
+                "gang": {ipaddress.ip_address(ip) for ip in ips},
+                "gateway": {ipaddress.ip_address("192.0.2.10")},
+            }
+            for port in (ports.VLLM_API, ports.RAY_METRICS, ports.RAY_GCS, ports.RAY_NODE_MANAGER):
+                assert all(firewall.verdict(ip, port) == "accept" for ip in ips), port
+                assert all(firewall.verdict(ip, port) == "reject" for ip in [*others, "203.0.113.10"]), port
+            assert firewall.verdict("192.0.2.10", ports.VLLM_API) == "accept"
+            assert firewall.verdict("192.0.2.10", ports.RAY_GCS) == "reject"
+        # The host's own command (its user data) carries none: setup brings it.
+        assert bootstrap.FIREWALL_FILE not in unsecret(hosts_of(run)[f"vllm-host-{node_name(0, gang)}"].inputs["stdin"])
 
 
 def key_of(address: str) -> str:

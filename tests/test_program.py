@@ -22,7 +22,7 @@ from pulumi_mocks import (
     stack_config,
 )
 
-from components import ports
+from components import bootstrap, ports
 from components.catalog import CATALOG
 
 STACKS = ec2_stack_names()
@@ -146,6 +146,8 @@ def test_nodes_admit_the_gateway_only_on_proxied_ports_scraped_ports_and_ssh(run
     rules = rules_of(run, INGRESS, "nodes")
     assert {r.inputs["fromPort"] for r in rules} == {ports.VLLM_API, ports.RAY_DASHBOARD, ports.RAY_METRICS, ports.SSH}
     assert all(r.inputs["referencedSecurityGroupId"] == gateway for r in rules)
+    # The nodes' host firewall admits the gateway on the same ports (SSH it leaves alone).
+    assert {r.inputs["fromPort"] for r in rules} - {ports.SSH} == set(bootstrap.firewall_gateway_ports())
 
 
 def test_the_gateway_scrapes_the_nodes_and_the_nodes_read_prometheus_both_ways_and_nothing_else_does(run):

@@ -5,6 +5,7 @@ that no secret leaks into a command line, the user data or a plain output."""
 from __future__ import annotations
 
 import re
+from ipaddress import ip_address
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from pulumi_mocks import booted_script, run_stack, stack_config, stack_names, un
 
 from components import bootstrap, metrics, node_env, ports, versions
 from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
+from tests.test_host_firewall import Firewall, firewall_sent
 
 COMMAND = "command:remote:Command"
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
@@ -170,6 +172,27 @@ def test_setup_tells_the_node_what_the_instance_booted_with(run):
             sent = sent.replace(prometheus.group(0), "RAY_PROMETHEUS_HOST=")
         assert sent == at_boot
         assert "userDataBase64" in instance.ignore_changes
+
+
+def test_every_nodes_setup_brings_a_firewall_that_admits_its_gang_and_the_gateway(run):
+    """Issue 33 point 5, on EC2 too (the security groups say the same, so a group
+    loosened by hand still leaves Ray's ports to the gang): each node's setup writes the
+    firewall with its own gang's instance IPs and the gateway's private IP, the one the
+    head's dashboard reads Prometheus at; another gang's node is refused."""
+    named = commands(run)
+    gangs = [[node["ip"] for node in gang["nodes"]] for gang in run.outputs["gangs"]]
+    head_env = cluster_env_in(plain(named["vllm-setup-head"].inputs["stdin"]))
+    gateway = re.search(r"^RAY_PROMETHEUS_HOST=http://([\d.]+):", head_env, re.M).group(1)
+    assert gateway not in {ip for ips in gangs for ip in ips}
+    for gang in run.outputs["gangs"]:
+        ips = [node["ip"] for node in gang["nodes"]]
+        others = [ip for other in gangs if other != ips for ip in other]
+        for node in gang["nodes"]:
+            firewall = Firewall(firewall_sent(plain(named[f"vllm-setup-{node['name']}"].inputs["stdin"])))
+            assert firewall.sets == {"gang": set(map(ip_address, ips)), "gateway": {ip_address(gateway)}}, node
+            assert all(firewall.verdict(ip, ports.RAY_GCS) == "accept" for ip in ips)
+            assert all(firewall.verdict(ip, ports.RAY_GCS) == "reject" for ip in [*others, gateway])
+            assert firewall.verdict(gateway, ports.RAY_METRICS) == "accept"
 
 
 def test_every_connection_pins_the_host_key_its_instance_was_given_at_boot(run):
