@@ -17,6 +17,7 @@ import re
 import select
 import shlex
 import signal
+import socket
 import stat
 import subprocess
 import threading
@@ -29,7 +30,7 @@ from fleet_helpers import boot_log, downloads_per_file, first_timestamp
 from pulumi_mocks import run_program
 
 from cli.mock_runtime import real_private_key
-from components import metrics, node_env, versions
+from components import bootstrap, metrics, node_env, ports, versions
 from components.bootstrap import local_model_directory
 from components.catalog import CATALOG
 from components.topology import node_name
@@ -525,6 +526,108 @@ def test_ray_and_vllm_run_as_the_service_user_who_cannot_reach_the_metadata_serv
         cluster.node_shell(0, f"sudo sh -c 'kill {server}; ip addr del 169.254.169.254/32 dev lo'", check=False)
 
 
+def service_listeners(cluster, index: int) -> list[tuple[str, int, str]]:
+    """(address, port, process) of every TCP socket the service user (Ray and vLLM)
+    listens on at node `index`, as `ss` shows it there."""
+    uid = cluster.node_shell(index, "id -u vllm-cluster").stdout.strip()
+    found = []
+    for line in cluster.node_shell(index, "sudo ss -Hltnpe").stdout.splitlines():
+        if f" uid:{uid} " not in f" {line} ":
+            continue
+        address, port = line.split()[3].rsplit(":", 1)
+        process = re.search(r'users:\(\("([^"]+)"', line)
+        found.append((address.strip("[]").removeprefix("::ffff:"), int(port), process.group(1) if process else "?"))
+    return found
+
+
+def dialled_from_here(ip: str, port: int) -> str:
+    """What a TCP connection from this machine (the bridge's address, which is none of the
+    stack's) to ip:port meets: "open", "refused" (a reset) or "silence" (nothing within
+    30 s, generous for a loaded machine: a reset comes back at once)."""
+    try:
+        with socket.create_connection((ip, port), timeout=30):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "silence"
+
+
+def dial_from_gateway(cluster, ip: str, port: int) -> subprocess.CompletedProcess:
+    return cluster.fleet.ssh(cluster.fleet.gateway, f"timeout 30 bash -c 'exec 3<>/dev/tcp/{ip}/{port}'", check=False)
+
+
+def test_only_the_gang_and_the_gateway_reach_ray_and_vllm_on_a_node(cluster):
+    """Issue 33 point 5: on a stack of hosts nothing has a security group. vLLM listens on
+    the head's private address only; Ray listens on every address, but on ports of its
+    own that ports.py pins (none left random: the rest are the kernel's ephemeral ones,
+    NCCL's, Gloo's and vLLM's own). From an address that is not the stack's (this machine,
+    on the hosts' bridge) every one of those ports on every node is refused (a reset from
+    the node's host firewall, which counts it), vLLM's and Ray's metrics among them. The
+    gateway still scrapes Ray's metrics on every node and reaches the head's vLLM, but not
+    Ray's GCS; the gang's worker reaches the head's GCS. Loading the firewall again (every
+    start of Ray's unit does) leaves one table of the stack's and a table of the host's
+    own as it was."""
+    gateway = cluster.fleet.gateway
+    pinned = set()
+    for listened in bootstrap.node_listening_ports():
+        pinned |= set(range(listened[0], listened[1] + 1)) if isinstance(listened, tuple) else {listened}
+    tried = set()
+    for index, node in enumerate(cluster.fleet.nodes):
+        low, high = map(int, cluster.node_shell(index, "cat /proc/sys/net/ipv4/ip_local_port_range").stdout.split())
+        listeners = service_listeners(cluster, index)
+        assert any(process == "raylet" for _, _, process in listeners), listeners
+        unpinned = [item for item in listeners if item[1] not in pinned and not low <= item[1] <= high]
+        assert not unpinned, f"{node.name}: listeners on ports neither pinned nor ephemeral: {unpinned}"
+        if index == 0:
+            vllm = [item for item in listeners if item[1] == ports.VLLM_API]
+            assert [address for address, _, _ in vllm] == [node.ip], vllm  # the head's private address only
+        for address, port, process in listeners:
+            if port in pinned and address != "127.0.0.1":
+                assert dialled_from_here(node.ip, port) == "refused", (node.name, address, port, process)
+                tried.add((index, port))
+    last = len(cluster.fleet.nodes) - 1
+    assert {(0, ports.VLLM_API), (0, ports.RAY_METRICS), (0, ports.RAY_GCS), (last, ports.RAY_METRICS)} <= tried
+    counted = cluster.node_shell(0, "sudo nft list chain inet vllm_cluster input").stdout
+    refused = re.search(r"counter packets (\d+) .* reject with tcp reset", counted)
+    assert refused and int(refused.group(1)) >= 3, counted
+    # The gateway: Ray's metrics on every node, the head's vLLM; not Ray's GCS.
+    for node in cluster.fleet.nodes:
+        scraped = cluster.fleet.ssh(
+            gateway,
+            f"curl -s -o /dev/null -w %{{http_code}} --max-time 60 http://{node.ip}:{ports.RAY_METRICS}/metrics",
+        )
+        assert scraped.stdout == "200", (node.name, scraped.stdout, scraped.stderr)
+    health = cluster.fleet.ssh(
+        gateway,
+        f"curl -s -o /dev/null -w %{{http_code}} --max-time 60 http://{cluster.head.ip}:{ports.VLLM_API}/health",
+    )
+    assert health.stdout == "200", health
+    gcs = dial_from_gateway(cluster, cluster.head.ip, ports.RAY_GCS)
+    assert gcs.returncode != 0 and "refused" in gcs.stderr, (gcs.returncode, gcs.stderr)
+    peer = f"timeout 30 bash -c 'exec 3<>/dev/tcp/{cluster.head.ip}/{ports.RAY_GCS}'"
+    peer = cluster.node_shell(last, peer, check=False)
+    assert peer.returncode == 0, peer.stderr
+    # Loaded again beside a table of the host's own: one table of the stack's, the same
+    # rules, and the host's table as it was.
+    worker = last
+    own = "table inet users_own { chain input { type filter hook input priority 10; tcp dport 9999 counter accept; }; }"
+    rules = "sudo nft list table inet vllm_cluster | sed -E 's/counter packets [0-9]+ bytes [0-9]+/counter/'"
+    before = cluster.node_shell(worker, rules).stdout
+    cluster.node_shell(worker, f"sudo nft '{own}'")
+    try:
+        cluster.node_shell(worker, "sudo /opt/vllm-cluster/bin/vllm-cluster-node guard-service")
+        tables = cluster.node_shell(worker, "sudo nft list tables").stdout.split("\n")
+        assert sorted(line for line in tables if "vllm_cluster" in line or "users_own" in line) == [
+            "table inet users_own",
+            "table inet vllm_cluster",
+        ], tables
+        assert "tcp dport 9999 counter" in cluster.node_shell(worker, "sudo nft list table inet users_own").stdout
+        assert cluster.node_shell(worker, rules).stdout == before
+    finally:
+        cluster.node_shell(worker, "sudo nft delete table inet users_own", check=False)
+
+
 @contextmanager
 def host_key_changed(cluster, index: int):
     """Node `index` answers with a new SSH host key (as a machine put in its place would),
@@ -1013,10 +1116,16 @@ def test_a_powered_off_worker_is_named_rejoins_its_raylet_restarts_and_a_reboote
     while int(cluster.unit_property(worker, "ray-worker.service", "NRestarts")) == restarts:
         assert time.monotonic() < deadline, "systemd did not restart ray-worker after its raylet was killed"
         time.sleep(2)
+    # A machine's boot starts with no nftables table; the fleet's host keeps its network
+    # namespace, and the tables in it, across a reboot: take the firewall away as a boot would.
+    cluster.node_shell(0, "sudo nft delete table inet vllm_cluster")
     cluster.fleet.reboot(cluster.head)
     cluster.wait_for_completion(timeout=600)
     # The head's GCS is a new one after the reboot: every node counted has joined it.
     assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
+    # Ray's unit loaded the firewall again before Ray listened.
+    for port in (ports.VLLM_API, ports.RAY_METRICS, ports.RAY_GCS):
+        assert dialled_from_here(cluster.head.ip, port) == "refused", port
     assert replay(cluster.run, only={"vllm-readiness"})["vllm-readiness"].returncode == 0
 
 
@@ -1268,11 +1377,15 @@ def test_destroy_removes_what_the_stack_put_on_the_hosts_and_leaves_them_and_the
     """`pulumi destroy` of a stack of hosts: each machine's delete (vllm-cluster-remove),
     the GPU hosts before the gateway they are reached through. Nothing of the stack is
     left on them (units, processes, scripts, environment, secrets, mounts, the login
-    probe's key, the gateway's site and Prometheus), and the machines and the models on
-    the shared directory stay."""
+    probe's key, the host firewall's table, the gateway's site and Prometheus), and the
+    machines, a firewall table of their own and the models on the shared directory stay."""
     models = cluster.fleet.shared / "models"
     kept = sorted(str(path.relative_to(models)) for path in models.rglob("*") if path.is_file())
     assert kept, "the stack staged no model on the shared directory"
+    # A table of the host's own beside the stack's firewall: the removal leaves it.
+    own = "table inet users_own { chain input { type filter hook input priority 10; tcp dport 9999 counter accept; }; }"
+    for host in cluster.fleet.nodes:
+        cluster.fleet.ssh(host, f"sudo nft '{own}'")
     outcomes = destroy(cluster.run)
     nodes = [f"vllm-host-{node_name(index)}" for index in range(NODES)]
     assert sorted(outcomes) == sorted(["vllm-host-gateway", *nodes])
@@ -1296,6 +1409,10 @@ def test_destroy_removes_what_the_stack_put_on_the_hosts_and_leaves_them_and_the
         assert cluster.fleet.ssh(host, "id vllm-cluster", check=False).returncode != 0, host.name
         rules = cluster.fleet.ssh(host, "sudo iptables -w -S OUTPUT").stdout
         assert "169.254.169.254" not in rules, (host.name, rules)
+        # The host firewall's table is gone, and only it: the host's own table stays.
+        tables = cluster.fleet.ssh(host, "sudo nft list tables").stdout.split("\n")
+        assert "table inet vllm_cluster" not in tables and "table inet users_own" in tables, (host.name, tables)
+        assert "removed the host firewall" in outcomes[f"vllm-host-{node_name(index)}"].stderr
         assert "removed ray" in outcomes[f"vllm-host-{node_name(index)}"].stderr
     gateway = cluster.fleet.gateway
     assert cluster.fleet.ssh(gateway, "test -e /etc/nginx/conf.d/vllm-cluster.conf", check=False).returncode != 0
