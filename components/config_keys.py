@@ -209,7 +209,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "clients reach it over SSH and HTTPS.",
               default="", auto=True),
     ConfigKey("gatewayPrivateIp", "string",
-              "With hosts: the gateway's IP on the GPU hosts' network. Empty: gatewayHost (then an IP).",
+              "With hosts: the gateway's IP on the GPU hosts' network, the address it reaches them from "
+              "(their firewall admits it). Empty: gatewayHost (then an IP).",
               default="", auto=True),
     ConfigKey("hostKeys", "array",
               "With hosts: the SSH host key of the gateway and of every host, as known_hosts lines "
