@@ -50,7 +50,7 @@ from components import bootstrap, image, metrics, ports
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
-from components.topology import gang_name, gang_prefix, node_name
+from components.topology import gang_name, gang_prefix, node_name, writes_model_tree
 
 # The default user of the Deep Learning AMI and of Ubuntu's own images.
 SSH_USER = image.DEFAULT_USER
@@ -749,7 +749,9 @@ class ClusterServices(pulumi.ComponentResource):
             after=[model, ray.cluster_ready, preflight],
             triggers=vllm_restarts,
         )
-        for index in range(len(gang.node_ips)):
+        # Only the nodes that may write the warm-up cache publish to it (gang 0's,
+        # topology.writes_model_tree); the other gangs seed from what they compiled.
+        for index in range(len(gang.node_ips) if writes_model_tree(gang.index) else 0):
             self._run(
                 f"warmup-{gang.node(index)}",
                 self._on_node(gang, index),

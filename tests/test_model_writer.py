@@ -1,0 +1,91 @@
+"""Issue 33, point 3: the model tree and its warm-up cache are written only by the
+nodes that may write them, gang 0's (topology.writes_model_tree), which download the
+model and compile first. Another gang's node neither stages the model nor publishes
+what vLLM compiled on it: what one node publishes, the next node (a replaced one,
+another gang) seeds and runs as its own code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pulumi_mocks import run_stack
+
+from components.topology import node_name, writes_model_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_SCRIPT = ROOT / "scripts" / "node" / "vllm-cluster-node"
+LIBRARY = ROOT / "scripts" / "lib" / "vllm-cluster-lib.sh"
+PYTHON_LIBRARY = ROOT / "scripts" / "lib" / "vllm_cluster_lib.py"
+COMMAND = "command:remote:Command"
+
+
+def test_only_gang_0_writes_the_model_tree():
+    assert writes_model_tree(0)
+    assert not any(writes_model_tree(gang) for gang in range(1, 8))
+
+
+def test_only_gang_0s_nodes_publish_the_warmup_cache():
+    run = run_stack("prod", {"replicas": 3})
+    assert run.error is None, run.error
+    nodes = [r.name.removeprefix("vllm-setup-") for r in run.of_type(COMMAND) if r.name.startswith("vllm-setup-")]
+    warmups = {r.name.removeprefix("vllm-warmup-") for r in run.of_type(COMMAND) if r.name.startswith("vllm-warmup-")}
+    assert {node for node in nodes if node.startswith("gang")} and nodes
+    assert warmups == {node for node in nodes if not node.startswith("gang")}
+
+
+class NodeScript:
+    """vllm-cluster-node under a scratch root (as tests/test_idle_check.py's NodeHost):
+    its node.env names the node; id says root. The model cache is not mounted here."""
+
+    def __init__(self, tmp_path: Path, name: str):
+        self.root = root = tmp_path / "root"
+        install, config = root / "opt/vllm-cluster", root / "etc/vllm-cluster"
+        for folder in (install / "bin", install / "lib", config, root / "run", root / "bin"):
+            folder.mkdir(parents=True, exist_ok=True)
+        (config / "node.env").write_text(f"NODE_NAME={name}\nNODE_ROLE=worker\n")
+
+        def moved(text: str) -> str:
+            for path in ("/etc/vllm-cluster", "/opt/vllm-cluster", "/run/vllm-cluster", "/var/lib/vllm-cluster"):
+                text = text.replace(path, f"{root}{path}")
+            return text
+
+        (install / "lib/vllm-cluster-lib.sh").write_text(moved(LIBRARY.read_text()))
+        (install / "lib/vllm_cluster_lib.py").write_text(PYTHON_LIBRARY.read_text())
+        (install / "bin/vllm-cluster-node").write_text(moved(NODE_SCRIPT.read_text()))
+        (root / "bin/id").write_text("#!/bin/sh\necho 0\n")
+        (root / "bin/id").chmod(0o755)
+        (root / "bin/python3").symlink_to(sys.executable)
+        self.env = {"PATH": f"{root}/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        script = self.root / "opt/vllm-cluster/bin/vllm-cluster-node"
+        return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=self.env, timeout=60)
+
+
+NAMES = [(node_name(index, gang), gang) for gang in range(3) for index in range(3)]
+
+
+@pytest.mark.parametrize(("name", "gang"), NAMES)
+def test_stage_model_runs_only_where_the_model_tree_may_be_written(tmp_path, name, gang):
+    staged = NodeScript(tmp_path, name).run("stage-model", "--model", "org/m", "--revision", "r")
+    assert staged.returncode == 1
+    refusal = f"stage-model: {name} is not in gang 0, whose nodes alone write the model tree"
+    if writes_model_tree(gang):
+        # It goes on to write, and stops only because no cache is mounted here.
+        assert refusal not in staged.stderr and "the model cache is not mounted" in staged.stderr
+    else:
+        assert refusal in staged.stderr and "Fix: run stage-model on gang 0's nodes" in staged.stderr
+
+
+@pytest.mark.parametrize(("name", "gang"), NAMES)
+def test_keep_warmup_publishes_only_where_the_warmup_cache_may_be_written(tmp_path, name, gang):
+    kept = NodeScript(tmp_path, name).run("keep-warmup", "--warmup-key", "k")
+    if writes_model_tree(gang):
+        assert kept.returncode == 1 and "the model cache is not mounted" in kept.stderr
+    else:
+        assert kept.returncode == 0, kept.stderr
+        assert f"keep-warmup: skipped: {name} is not in gang 0" in kept.stderr
+        assert "publishes nothing" in kept.stderr
