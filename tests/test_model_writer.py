@@ -89,3 +89,40 @@ def test_keep_warmup_publishes_only_where_the_warmup_cache_may_be_written(tmp_pa
         assert kept.returncode == 0, kept.stderr
         assert f"keep-warmup: skipped: {name} is not in gang 0" in kept.stderr
         assert "publishes nothing" in kept.stderr
+
+
+def test_the_gang_heads_preflight_takes_every_nodes_facts_on_its_input_and_names_a_missing_one(tmp_path):
+    """The facts no longer travel over the shared cache, which another gang's node
+    cannot write: each node's preflight-facts output is its line of the head's input."""
+    head = NodeScript(tmp_path, "gang1-head")
+    args = ("preflight", "--nodes", "gang1-head,gang1-worker-1", "--gpus", "8", "--gpu-memory-gib", "80")
+    script = head.root / "opt/vllm-cluster/bin/vllm-cluster-node"
+    missing = subprocess.run(
+        ["bash", str(script), *args], input='gang1-head {"gpus": 8}\n', capture_output=True, text=True, env=head.env
+    )
+    assert missing.returncode == 1
+    assert "preflight: no facts from gang1-worker-1 (its preflight-facts command did not run)" in missing.stderr
+    # The node's Python, standing in for preflight-check: it shows what it was given.
+    python = head.root / "opt/vllm-cluster/venv/bin/python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\nshift 2\nfor f in "$@"; do case "$f" in /*) cat "$f";; esac; done\n')
+    python.chmod(0o755)
+    both = subprocess.run(
+        ["bash", str(script), *args],
+        input='gang1-head {"gpus": 8}\ngang1-worker-1 {"gpus": 8}\n',
+        capture_output=True,
+        text=True,
+        env=head.env,
+    )
+    assert both.returncode == 0, both.stderr
+    assert both.stdout == '{"gpus": 8}\n{"gpus": 8}\n'
+
+
+def test_the_preflight_command_is_fed_every_nodes_facts_command_output():
+    run = run_stack("prod", {"replicas": 2})
+    assert run.error is None, run.error
+    for prefix in ("", "gang1-"):
+        (preflight,) = [r for r in run.of_type(COMMAND) if r.name == f"vllm-{prefix}preflight"]
+        assert "stdin" in preflight.inputs, "the head's preflight reads the facts from its input"
+        lines = preflight.inputs["stdin"].splitlines()
+        assert [line.split(" ")[0] for line in lines] == [f"{prefix}head", f"{prefix}worker-1"]
