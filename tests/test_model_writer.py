@@ -126,3 +126,19 @@ def test_the_preflight_command_is_fed_every_nodes_facts_command_output():
         assert "stdin" in preflight.inputs, "the head's preflight reads the facts from its input"
         lines = preflight.inputs["stdin"].splitlines()
         assert [line.split(" ")[0] for line in lines] == [f"{prefix}head", f"{prefix}worker-1"]
+
+
+@pytest.mark.parametrize(("name", "gang"), NAMES)
+def test_the_local_fleet_binds_the_model_tree_read_only_where_it_may_not_be_written(name, gang):
+    """The fleet imitates the roles with its binds (tests/test_fleet_replicas.py shows a
+    gang 1 node refused): it reads the node's name from the user data it boots with."""
+    from localhosts.fleet import Fleet, Host
+
+    fleet = Fleet.__new__(Fleet)
+    fleet.model_cache_dir, fleet.shared, fleet.wheelhouse = None, Path("/s"), Path("/w")
+    fleet.user_data = {"node1": f"NODE_NAME={name}\nWHEELHOUSE_WRITER=false\n"}
+    host = Host.__new__(Host)
+    host.name = "node1"
+    binds = fleet._model_cache_binds(host)
+    expected = "--bind=/s:/mnt/vllm-models" if writes_model_tree(gang) else "--bind-ro=/s:/mnt/vllm-models"
+    assert expected in binds and "--bind-ro=/w:/mnt/vllm-wheelhouse" in binds
