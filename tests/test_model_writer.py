@@ -60,9 +60,11 @@ class NodeScript:
         (root / "bin/python3").symlink_to(sys.executable)
         self.env = {"PATH": f"{root}/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
 
-    def run(self, *args: str) -> subprocess.CompletedProcess:
+    def run(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
         script = self.root / "opt/vllm-cluster/bin/vllm-cluster-node"
-        return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=self.env, timeout=60)
+        return subprocess.run(
+            ["bash", str(script), *args], input=stdin, capture_output=True, text=True, env=self.env, timeout=60
+        )
 
 
 NAMES = [(node_name(index, gang), gang) for gang in range(3) for index in range(3)]
@@ -142,3 +144,33 @@ def test_the_local_fleet_binds_the_model_tree_read_only_where_it_may_not_be_writ
     binds = fleet._model_cache_binds(host)
     expected = "--bind=/s:/mnt/vllm-models" if writes_model_tree(gang) else "--bind-ro=/s:/mnt/vllm-models"
     assert expected in binds and "--bind-ro=/w:/mnt/vllm-wheelhouse" in binds
+
+
+# --- the facts the gang head compares come from the nodes (issue 33, point 3) -------------
+
+PREFLIGHT = ("preflight", "--nodes", "head,worker-1", "--gpus", "8", "--gpu-memory-gib", "80")
+
+
+@pytest.mark.parametrize(
+    "worker_output",
+    [
+        # A second line naming a file outside the facts' directory: root would write there.
+        '{{}}\n../../../../tmp/{planted} {{"owned": true}}',
+        # A second line for the head: its facts would be the worker's.
+        '{{"node": "worker-1"}}\nhead {{"forged": true}}',
+        # A line for a node that is not in the gang.
+        "{{}}\ngang7-head {{}}",
+    ],
+)
+def test_a_nodes_output_cannot_write_or_forge_another_nodes_facts_on_the_head(tmp_path, worker_output):
+    """Each node's facts reach its gang head's preflight (root) as a line of its stdin: the
+    stack writes the node's name, the node's output follows. A compromised worker that
+    prints more lines gets the preflight refused, and nothing written outside its own
+    temporary directory."""
+    planted = f"vllm-issue-33-{tmp_path.name}"
+    stdin = f'head {{"node": "head"}}\nworker-1 {worker_output.format(planted=planted)}\n'
+    head = NodeScript(tmp_path, "head")
+    refused = head.run(*PREFLIGHT, stdin=stdin)
+    assert refused.returncode == 1, refused.stderr
+    assert "preflight: the facts on stdin" in refused.stderr, refused.stderr
+    assert not list(Path("/tmp").glob(f"{planted}*"))
