@@ -7,18 +7,14 @@ another gang) seeds and runs as its own code."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from node_scratch import install_node_script
 from pulumi_mocks import run_stack
 
 from components.topology import node_name, writes_model_tree
 
-ROOT = Path(__file__).resolve().parent.parent
-NODE_SCRIPT = ROOT / "scripts" / "node" / "vllm-cluster-node"
-LIBRARY = ROOT / "scripts" / "lib" / "vllm-cluster-lib.sh"
-PYTHON_LIBRARY = ROOT / "scripts" / "lib" / "vllm_cluster_lib.py"
 COMMAND = "command:remote:Command"
 
 
@@ -37,33 +33,16 @@ def test_only_gang_0s_nodes_publish_the_warmup_cache():
 
 
 class NodeScript:
-    """vllm-cluster-node under a scratch root (as tests/test_idle_check.py's NodeHost):
-    its node.env names the node; id says root. The model cache is not mounted here."""
+    """vllm-cluster-node under a scratch root (tests/node_scratch.py): its node.env names
+    the node. The model cache is not mounted here."""
 
     def __init__(self, tmp_path: Path, name: str):
-        self.root = root = tmp_path / "root"
-        install, config = root / "opt/vllm-cluster", root / "etc/vllm-cluster"
-        for folder in (install / "bin", install / "lib", config, root / "run", root / "bin"):
-            folder.mkdir(parents=True, exist_ok=True)
-        (config / "node.env").write_text(f"NODE_NAME={name}\nNODE_ROLE=worker\n")
-
-        def moved(text: str) -> str:
-            for path in ("/etc/vllm-cluster", "/opt/vllm-cluster", "/run/vllm-cluster", "/var/lib/vllm-cluster"):
-                text = text.replace(path, f"{root}{path}")
-            return text
-
-        (install / "lib/vllm-cluster-lib.sh").write_text(moved(LIBRARY.read_text()))
-        (install / "lib/vllm_cluster_lib.py").write_text(PYTHON_LIBRARY.read_text())
-        (install / "bin/vllm-cluster-node").write_text(moved(NODE_SCRIPT.read_text()))
-        (root / "bin/id").write_text("#!/bin/sh\necho 0\n")
-        (root / "bin/id").chmod(0o755)
-        (root / "bin/python3").symlink_to(sys.executable)
-        self.env = {"PATH": f"{root}/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
+        self.script = install_node_script(tmp_path / "root", f"NODE_NAME={name}\nNODE_ROLE=worker\n")
+        self.env = {"PATH": f"{tmp_path / 'root'}/bin:/usr/bin:/bin", "HOME": str(tmp_path)}
 
     def run(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
-        script = self.root / "opt/vllm-cluster/bin/vllm-cluster-node"
         return subprocess.run(
-            ["bash", str(script), *args], input=stdin, capture_output=True, text=True, env=self.env, timeout=60
+            ["bash", str(self.script), *args], input=stdin, capture_output=True, text=True, env=self.env, timeout=60
         )
 
 
@@ -98,24 +77,15 @@ def test_the_gang_heads_preflight_takes_every_nodes_facts_on_its_input_and_names
     cannot write: each node's preflight-facts output is its line of the head's input."""
     head = NodeScript(tmp_path, "gang1-head")
     args = ("preflight", "--nodes", "gang1-head,gang1-worker-1", "--gpus", "8", "--gpu-memory-gib", "80")
-    script = head.root / "opt/vllm-cluster/bin/vllm-cluster-node"
-    missing = subprocess.run(
-        ["bash", str(script), *args], input='gang1-head {"gpus": 8}\n', capture_output=True, text=True, env=head.env
-    )
+    missing = head.run(*args, stdin='gang1-head {"gpus": 8}\n')
     assert missing.returncode == 1
     assert "preflight: no facts from gang1-worker-1 (its preflight-facts command did not run)" in missing.stderr
     # The node's Python, standing in for preflight-check: it shows what it was given.
-    python = head.root / "opt/vllm-cluster/venv/bin/python"
+    python = head.script.parent.parent / "venv/bin/python"
     python.parent.mkdir(parents=True)
     python.write_text('#!/bin/sh\nshift 2\nfor f in "$@"; do case "$f" in /*) cat "$f";; esac; done\n')
     python.chmod(0o755)
-    both = subprocess.run(
-        ["bash", str(script), *args],
-        input='gang1-head {"gpus": 8}\ngang1-worker-1 {"gpus": 8}\n',
-        capture_output=True,
-        text=True,
-        env=head.env,
-    )
+    both = head.run(*args, stdin='gang1-head {"gpus": 8}\ngang1-worker-1 {"gpus": 8}\n')
     assert both.returncode == 0, both.stderr
     assert both.stdout == '{"gpus": 8}\n{"gpus": 8}\n'
 
