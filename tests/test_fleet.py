@@ -824,12 +824,12 @@ def test_a_file_planted_or_changed_on_the_model_cache_is_refused_at_a_nodes_stag
         refused = cluster.node_shell(1, stage_again, check=False)
         assert refused.returncode != 0 and "planted_code.py" in refused.stderr, refused.stderr
         cluster.node_shell(0, f"sudo rm {planted}")
-        # ... or changes a file's bytes (its size kept), and a node copies it again (a
-        # replaced node has no copy of its own).
+        # ... or changes a file's bytes (its size kept), and a node copies it again (here the
+        # node's copy of it is gone; a replaced node has no copy at all).
         cluster.node_shell(
             0, f"sudo cp -p {model_dir}/config.json {original} && sudo sed -i '1s/{{/[/' {model_dir}/config.json"
         )
-        cluster.node_shell(1, f"sudo rm -f {local_dir}/config.json {local_dir}/{model_stage.MARKER_NAME}")
+        cluster.node_shell(1, f"sudo rm {local_dir}/config.json")
         refused = cluster.node_shell(1, stage_again, check=False)
         assert refused.returncode != 0 and "config.json" in refused.stderr, refused.stderr
     finally:

@@ -22,7 +22,7 @@ from fleet_helpers import Load, boot_log, first_timestamp
 
 from components import metrics, ports, prometheus_sizing
 from components.bootstrap import GATEWAY_COMMAND
-from components.topology import gang_name, gang_prefix, node_name
+from components.topology import gang_name, gang_prefix, node_name, writes_model_tree
 from localhosts.cluster import fleet_program, replace_nodes, serving_cluster
 from localhosts.fleet import SECOND_NETWORK, in_ci, why_no_fleet
 from localhosts.replay import COMMAND, replay
@@ -190,11 +190,13 @@ def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_
         )
     } | {
         # A new max-model-len is a new key of vLLM's compile cache (engine_cache.warmup_key):
-        # each node seeds from it before and keeps it after; neither restarts anything.
+        # each node seeds from it before, and gang 0's nodes, the warm-up cache's writers
+        # (topology.writes_model_tree), keep it after; neither restarts anything.
         f"vllm-{step}-{node_name(i, g)}"
         for g in range(REPLICAS)
         for i in range(NODES_PER_GANG)
         for step in ("prepare", "warmup")
+        if step == "prepare" or writes_model_tree(g)
     }
     engines = [gangs.unit_property(g * NODES_PER_GANG, "vllm.service", "MainPID") for g in range(REPLICAS)]
     since = gateway_shell(gangs, "date +%s").stdout.strip()
