@@ -14,6 +14,7 @@ import base64
 import hashlib
 import ipaddress
 import json
+import re
 import runpy
 import secrets
 import string
@@ -125,6 +126,16 @@ class ProgramRun:
         return MockCloud.resource_id(resource.type, resource.name)
 
 
+def stdout_reference(command_name: str) -> str:
+    """What a remote command's stdout reads as under a MockCloud with stdout_references:
+    a marker no command prints, which localhosts/replay.py replaces by what the command
+    printed."""
+    return f"@@stdout-of:{command_name}@@"
+
+
+STDOUT_REFERENCE = re.compile(r"@@stdout-of:([A-Za-z0-9._-]+)@@")
+
+
 class MockCloud(pulumi.runtime.Mocks):
     """Answers resource registrations and invokes as AWS, TLS and Random would,
     with deterministic values. `instance_ips` maps an instance's resource name to
@@ -141,8 +152,13 @@ class MockCloud(pulumi.runtime.Mocks):
         key_store: dict | None = None,
         existing_vpc: Mapping[str, Any] | None = None,
         model_cache: Mapping[str, Any] | None = None,
+        stdout_references: bool = False,
     ):
         self.instance_ips = dict(instance_ips or {})
+        # A remote command's stdout as a reference to it (stdout_reference) instead of "":
+        # the local fleet's replay puts the command's real stdout in its place wherever
+        # another command's input uses it, as `pulumi up` does once the command ran.
+        self.stdout_references = stdout_references
         self.existing_vpc = dict(existing_vpc or {})
         # What the lookups of an existing model cache (modelCacheFileSystemId) answer: by default
         # a Regional file system with no mount target (a cache kept by a destroyed stack); a test
@@ -262,6 +278,8 @@ class MockCloud(pulumi.runtime.Mocks):
         elif args.typ == "random:index/randomPassword:RandomPassword":
             length = int(args.inputs.get("length", 32))
             state["result"] = (_digest("password", args.name, length=64) * 4)[:length]
+        elif args.typ == "command:remote:Command" and self.stdout_references:
+            state["stdout"] = stdout_reference(args.name)
         return resource_id, state
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -455,6 +473,7 @@ def run_program(
     key_store: dict | None = None,
     existing_vpc: Mapping[str, Any] | None = None,
     model_cache: Mapping[str, Any] | None = None,
+    stdout_references: bool = False,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -469,6 +488,7 @@ def run_program(
         key_store=key_store,
         existing_vpc=existing_vpc,
         model_cache=model_cache,
+        stdout_references=stdout_references,
     )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()
