@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, host_keys, idle_stop, metrics, node_env, ports, sizing
+from components import bootstrap, host_keys, idle_stop, metrics, node_env, ports, quotas, sizing
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
@@ -83,6 +83,39 @@ def check_existing_vpc() -> None:
 
 if spec.own_hosts is None:
     check_existing_vpc()
+
+
+def check_vcpu_quotas() -> None:
+    """The account's On-Demand vCPU quotas in the region (Service Quotas) against what the
+    stack runs, before any resource is declared: a stack its quota cannot hold is refused
+    as a bad config is, instead of failing at the instances once the network, the cache and
+    the gateway exist (components/quotas.py). A quota that cannot be read (the deployer may
+    lack servicequotas:GetServiceQuota) is said, and the stack goes on without the check."""
+    region = pulumi.Config("aws").get("region") or "the stack's region"
+    needs, uncounted = quotas.needs(spec.instance_type, spec.total_nodes, spec.gateway_instance_type)
+    for what in uncounted:
+        pulumi.log.warn(f"vCPU quotas: {what}: not checked before the instances are created")
+    limits = {}
+    for need in needs:
+        try:
+            found = aws.servicequotas.get_service_quota(service_code=quotas.SERVICE_CODE, quota_code=need.quota.code)
+        except Exception as error:  # an invoke's failure comes as a bare Exception; said, not hidden
+            pulumi.log.warn(
+                f"vCPU quotas: could not read '{need.quota.name}' ({need.quota.code}): {error}. The stack needs "
+                f"{need.vcpus} vCPUs of it; EC2 refuses instances beyond it with VcpuLimitExceeded. Fix: let the "
+                "deployer call servicequotas:GetServiceQuota, or check the quota in the Service Quotas console"
+            )
+            continue
+        limits[need.quota.code] = found.value
+    refusals, warnings = quotas.judge(needs, limits, region)
+    for warning in warnings:
+        pulumi.log.warn(warning)
+    if refusals:
+        raise pulumi.RunError("vCPU quotas: " + "\n".join(refusals))
+
+
+if spec.own_hosts is None:
+    check_vcpu_quotas()
 
 
 def stack_vpc_and_zone() -> tuple[str | None, str]:

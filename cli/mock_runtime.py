@@ -125,6 +125,11 @@ class ProgramRun:
         return MockCloud.resource_id(resource.type, resource.name)
 
 
+# What the mock's Service Quotas answers for a quota a test does not name: room for any
+# stack file's instances, so only a test that sets a quota meets one.
+MOCK_QUOTA_VALUE = 100_000.0
+
+
 class MockCloud(pulumi.runtime.Mocks):
     """Answers resource registrations and invokes as AWS, TLS and Random would,
     with deterministic values. `instance_ips` maps an instance's resource name to
@@ -141,8 +146,12 @@ class MockCloud(pulumi.runtime.Mocks):
         key_store: dict | None = None,
         existing_vpc: Mapping[str, Any] | None = None,
         model_cache: Mapping[str, Any] | None = None,
+        quotas: Mapping[str, Any] | None = None,
     ):
         self.instance_ips = dict(instance_ips or {})
+        # Service Quotas' answers: quota code -> the account's value, or an exception whose
+        # text the lookup fails with (AccessDenied, say). A quota not named has MOCK_QUOTA_VALUE.
+        self.quotas = dict(quotas or {})
         self.existing_vpc = dict(existing_vpc or {})
         # What the lookups of an existing model cache (modelCacheFileSystemId) answer: by default
         # a Regional file system with no mount target (a cache kept by a destroyed stack); a test
@@ -332,6 +341,22 @@ class MockCloud(pulumi.runtime.Mocks):
                 "subnetId": target.get("subnetId", "subnet-mounttarget"),
                 "securityGroups": target.get("securityGroups", []),
             }
+        if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":
+            code = args.args["quotaCode"]
+            value = self.quotas.get(code, MOCK_QUOTA_VALUE)
+            if isinstance(value, Exception):
+                # As the provider's error reaches the program: the invoke fails with its reason
+                # (pulumi/runtime/invoke.py raises it where the program called), not the run.
+                return {}, [("quotaCode", str(value))]
+            return {
+                "id": f"{args.args['serviceCode']}/{code}",
+                "quotaCode": code,
+                "serviceCode": args.args["serviceCode"],
+                "value": float(value),
+                "defaultValue": 5.0,
+                "adjustable": True,
+                "globalQuota": False,
+            }
         if args.token == "aws:ec2/getSecurityGroups:getSecurityGroups":
             # The stack's own efs group, found by its tags once a first `pulumi up` made it.
             groups = self.model_cache.get("stackEfsGroups", [])
@@ -455,6 +480,7 @@ def run_program(
     key_store: dict | None = None,
     existing_vpc: Mapping[str, Any] | None = None,
     model_cache: Mapping[str, Any] | None = None,
+    quotas: Mapping[str, Any] | None = None,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -469,6 +495,7 @@ def run_program(
         key_store=key_store,
         existing_vpc=existing_vpc,
         model_cache=model_cache,
+        quotas=quotas,
     )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()
