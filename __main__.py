@@ -178,6 +178,54 @@ def check_model_cache() -> ExistingFileSystem | None:
 
 existing_model_cache = check_model_cache() if spec.own_hosts is None else None
 
+
+def check_account_counts() -> None:
+    """What the stack adds to the account's Elastic IPs, VPCs and NAT gateways against their
+    quotas (components/quotas.py), counting what the account holds outside this stack: the
+    stack's own (found by its tags, on a later `pulumi up`) are not counted twice. A warning,
+    not a refusal: the account may free some before the resources are created."""
+    adds = quotas.stack_adds(creates_network=spec.existing_network is None)
+    region = pulumi.Config("aws").get("region") or "the stack's region"
+    own = {"vllm-cluster:project": pulumi.get_project(), "vllm-cluster:stack": pulumi.get_stack()}
+    others, where = {}, {}
+    if quotas.ELASTIC_IPS in adds:
+        others[quotas.ELASTIC_IPS.code] = len(aws.ec2.get_eips().allocation_ids) - len(
+            aws.ec2.get_eips(tags=own).allocation_ids
+        )
+        where[quotas.ELASTIC_IPS.code] = f"in {region}"
+    if quotas.VPCS in adds:
+        others[quotas.VPCS.code] = len(aws.ec2.get_vpcs().ids) - len(aws.ec2.get_vpcs(tags=own).ids)
+        where[quotas.VPCS.code] = f"in {region}"
+    if quotas.NAT_GATEWAYS in adds:
+        _, zone = stack_vpc_and_zone()
+        where[quotas.NAT_GATEWAYS.code] = f"in {zone}"
+        subnets = aws.ec2.get_subnets(filters=[{"name": "availability-zone", "values": [zone]}]).ids
+        # Pending and deleting NAT gateways count against the quota too.
+        in_zone = [
+            {"name": "subnet-id", "values": sorted(subnets)},
+            {"name": "state", "values": ["pending", "available", "deleting"]},
+        ]
+        others[quotas.NAT_GATEWAYS.code] = (
+            len(aws.ec2.get_nat_gateways(filters=in_zone).ids)
+            - len(aws.ec2.get_nat_gateways(filters=in_zone, tags=own).ids)
+            if subnets
+            else 0
+        )
+    limits = {}
+    for quota in adds:
+        try:
+            limits[quota.code] = aws.servicequotas.get_service_quota(
+                service_code=quota.service_code, quota_code=quota.code
+            ).value
+        except Exception:  # noqa: BLE001 unreadable (no servicequotas permission): the default is judged, as said
+            limits[quota.code] = quota.default
+    for warning in quotas.count_warnings(adds, others, limits, where):
+        pulumi.log.warn(warning)
+
+
+if spec.own_hosts is None:
+    check_account_counts()
+
 for warning in spec.warnings:
     pulumi.log.warn(warning)
 

@@ -126,8 +126,11 @@ class ProgramRun:
 
 
 # What the mock's Service Quotas answers for a quota a test does not name: room for any
-# stack file's instances, so only a test that sets a quota meets one.
+# stack file's instances, so only a test that sets a vCPU quota meets one; counts of
+# resources (Elastic IPs, VPCs, NAT gateways per zone) have AWS's defaults, 5 each
+# (components/quotas.py), which an account holding nothing else is far from.
 MOCK_QUOTA_VALUE = 100_000.0
+MOCK_COUNT_QUOTAS = {"L-0263D0A3": 5.0, "L-F678F1CE": 5.0, "L-FE5A380F": 5.0}
 
 
 class MockCloud(pulumi.runtime.Mocks):
@@ -147,8 +150,12 @@ class MockCloud(pulumi.runtime.Mocks):
         existing_vpc: Mapping[str, Any] | None = None,
         model_cache: Mapping[str, Any] | None = None,
         quotas: Mapping[str, Any] | None = None,
+        account: Mapping[str, int] | None = None,
     ):
         self.instance_ips = dict(instance_ips or {})
+        # What the account holds already, by kind ("eips", "vpcs", "natGateways"): others'
+        # count, and "own" + kind the stack's own (found by its tags). None by default.
+        self.account = dict(account or {})
         # Service Quotas' answers: quota code -> the account's value, or an exception whose
         # text the lookup fails with (AccessDenied, say). A quota not named has MOCK_QUOTA_VALUE.
         self.quotas = dict(quotas or {})
@@ -343,7 +350,7 @@ class MockCloud(pulumi.runtime.Mocks):
             }
         if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":
             code = args.args["quotaCode"]
-            value = self.quotas.get(code, MOCK_QUOTA_VALUE)
+            value = self.quotas.get(code, MOCK_COUNT_QUOTAS.get(code, MOCK_QUOTA_VALUE))
             if isinstance(value, Exception):
                 # As the provider's error reaches the program: the invoke fails with its reason
                 # (pulumi/runtime/invoke.py raises it where the program called), not the run.
@@ -357,6 +364,19 @@ class MockCloud(pulumi.runtime.Mocks):
                 "adjustable": True,
                 "globalQuota": False,
             }
+        held = {
+            "aws:ec2/getEips:getEips": "eips",
+            "aws:ec2/getVpcs:getVpcs": "vpcs",
+            "aws:ec2/getNatGateways:getNatGateways": "natGateways",
+        }
+        if args.token in held:
+            kind = held[args.token]
+            own = self.account.get("own" + kind[0].upper() + kind[1:], 0)
+            count = own if args.args.get("tags") else own + self.account.get(kind, 0)
+            ids = [f"{kind}-{i:08x}" for i in range(count)]
+            return {"id": "us-east-1", "ids": ids, "allocationIds": ids, "publicIps": []}
+        if args.token == "aws:ec2/getSubnets:getSubnets":
+            return {"id": "us-east-1", "ids": ["subnet-other-1"]}
         if args.token == "aws:ec2/getSecurityGroups:getSecurityGroups":
             # The stack's own efs group, found by its tags once a first `pulumi up` made it.
             groups = self.model_cache.get("stackEfsGroups", [])
@@ -481,6 +501,7 @@ def run_program(
     existing_vpc: Mapping[str, Any] | None = None,
     model_cache: Mapping[str, Any] | None = None,
     quotas: Mapping[str, Any] | None = None,
+    account: Mapping[str, int] | None = None,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -496,6 +517,7 @@ def run_program(
         existing_vpc=existing_vpc,
         model_cache=model_cache,
         quotas=quotas,
+        account=account,
     )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()

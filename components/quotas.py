@@ -150,3 +150,55 @@ def judge(needs_: list[Need], limits: dict[str, float], region: str) -> tuple[li
                 f"{_increase(need.quota, need.replacing_vcpus, region)}"
             )
     return refusals, warnings
+
+
+# --- counts the stack adds to what the account holds ---------------------------------------
+
+
+@dataclass(frozen=True)
+class CountQuota:
+    service_code: str
+    code: str
+    name: str
+    default: int  # the quota a new account has, for when the account's cannot be read
+
+
+# Default 5 each: "By default, all AWS accounts have a quota of five (5) Elastic IP
+# addresses per Region" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/elastic-ip-addresses-eip.html);
+# VPCs per Region 5, NAT gateways per Availability Zone 5
+# (https://docs.aws.amazon.com/vpc/latest/userguide/amazon-vpc-limits.html). Codes as
+# Service Quotas lists them [secondary: read in third-party quota checkers, not on an AWS page here].
+ELASTIC_IPS = CountQuota("ec2", "L-0263D0A3", "EC2-VPC Elastic IPs", 5)
+VPCS = CountQuota("vpc", "L-F678F1CE", "VPCs per Region", 5)
+NAT_GATEWAYS = CountQuota("vpc", "L-FE5A380F", "NAT gateways per Availability Zone", 5)
+
+
+def stack_adds(creates_network: bool) -> dict[CountQuota, int]:
+    """What the stack holds of each: the gateway's Elastic IP (components/gateway.py), and
+    with a network of its own its VPC, its NAT gateway and the NAT's Elastic IP
+    (components/network.py). Internet gateways (5 per region too) are not counted: no
+    lookup lists them (pulumi-aws has only the singular getInternetGateway), and a VPC
+    holds one at the most, so the VPC count warns first in the usual account."""
+    if not creates_network:
+        return {ELASTIC_IPS: 1}
+    return {ELASTIC_IPS: 2, VPCS: 1, NAT_GATEWAYS: 1}
+
+
+def count_warnings(
+    adds: dict[CountQuota, int], others: dict[str, int], limits: dict[str, float], where: dict[str, str]
+) -> list[str]:
+    """A warning for each quota the account's own (`others`: code -> what the account holds
+    that is not this stack's) plus the stack's would pass. `limits`: code -> the account's
+    quota (the default where it could not be read); `where`: code -> "in us-east-1" or
+    "in us-east-1a"."""
+    warnings = []
+    for quota, count in adds.items():
+        held, limit = others.get(quota.code, 0), math.floor(limits.get(quota.code, quota.default))
+        if held + count > limit:
+            warnings.append(
+                f"'{quota.name}' ({quota.code}) {where.get(quota.code, '')}: the account holds {held} outside this "
+                f"stack and the stack adds {count}, past the quota of {limit}: AWS would refuse the stack's. Fix: "
+                f"aws service-quotas request-service-quota-increase --service-code {quota.service_code} "
+                f"--quota-code {quota.code} --desired-value {held + count}, or free some"
+            )
+    return warnings

@@ -82,9 +82,10 @@ def test_a_quota_that_cannot_be_read_is_said_and_the_stack_goes_on():
 def test_every_stack_file_reads_the_quotas_of_what_it_runs_on_ec2(stack):
     run = run_stack(stack)
     assert run.error is None, run.error
-    asked = sorted(args["quotaCode"] for token, args in run.invokes if token.startswith("aws:servicequotas/"))
+    asked = {args["quotaCode"] for token, args in run.invokes if token.startswith("aws:servicequotas/")}
     gpu = quotas.quota_of(stack_config(stack)["vllm-cluster:instanceType"])
-    assert asked == sorted({gpu.code, quotas.STANDARD.code})
+    vcpu_codes = {quotas.P.code, quotas.G_AND_VT.code, quotas.STANDARD.code}
+    assert asked & vcpu_codes == {gpu.code, quotas.STANDARD.code}
 
 
 def test_the_plan_shows_the_vcpus_each_quota_must_hold_running_and_during_a_replacement():
@@ -103,3 +104,38 @@ def test_a_stack_of_your_own_hosts_reads_no_quota():
     run = run_stack("own-hosts")
     assert run.error is None, run.error
     assert not [token for token, _ in run.invokes if token.startswith("aws:servicequotas/")]
+
+
+# --- what the stack adds to the account's Elastic IPs, VPCs and NAT gateways -----------------
+
+
+def test_an_account_whose_elastic_ips_and_vpcs_the_stack_would_overrun_is_warned_naming_each_quota():
+    """The stack adds two Elastic IPs (the gateway's, the NAT's), a VPC and a NAT gateway:
+    with 4 of the default 5 held, EC2 refuses the second address at `pulumi up`."""
+    run = run_stack("prod", account={"eips": 4, "vpcs": 5, "natGateways": 1})
+    assert run.error is None, run.error
+    eips = [w for w in run.warnings if "'EC2-VPC Elastic IPs' (L-0263D0A3) in us-east-1" in w]
+    assert len(eips) == 1 and "holds 4 outside this stack and the stack adds 2, past the quota of 5" in eips[0]
+    assert "--service-code ec2 --quota-code L-0263D0A3 --desired-value 6" in eips[0]
+    vpcs = [w for w in run.warnings if "'VPCs per Region' (L-F678F1CE)" in w]
+    assert len(vpcs) == 1 and "holds 5 outside this stack and the stack adds 1" in vpcs[0]
+    assert not [w for w in run.warnings if "L-FE5A380F" in w], run.warnings
+
+
+def test_the_stacks_own_addresses_are_not_counted_twice_on_a_later_pulumi_up():
+    run = run_stack("prod", account={"eips": 3, "ownEips": 2, "vpcs": 4, "ownVpcs": 1})
+    assert run.error is None, run.error
+    assert not [w for w in run.warnings if "L-0263D0A3" in w or "L-F678F1CE" in w], run.warnings
+
+
+def test_the_quota_the_account_was_given_is_the_one_judged():
+    run = run_stack("prod", account={"eips": 4}, quotas={"L-0263D0A3": 10})
+    assert not [w for w in run.warnings if "L-0263D0A3" in w], run.warnings
+
+
+def test_nat_gateways_are_counted_in_the_stacks_zone():
+    run = run_stack("prod", account={"natGateways": 5})
+    warned = [w for w in run.warnings if "'NAT gateways per Availability Zone' (L-FE5A380F) in us-east-1" in w]
+    assert len(warned) == 1 and "holds 5 outside this stack and the stack adds 1" in warned[0], run.warnings
+    subnets = [args for token, args in run.invokes if token == "aws:ec2/getSubnets:getSubnets"]
+    assert subnets and subnets[0]["filters"][0]["name"] == "availability-zone"
