@@ -151,8 +151,12 @@ class MockCloud(pulumi.runtime.Mocks):
         model_cache: Mapping[str, Any] | None = None,
         quotas: Mapping[str, Any] | None = None,
         account: Mapping[str, int] | None = None,
+        ebs_key_manager: str = "AWS",
     ):
         self.instance_ips = dict(instance_ips or {})
+        # Who manages the account's default EBS key: "AWS" (aws/ebs, a new account's) or
+        # "CUSTOMER" (a key the account made its default).
+        self.ebs_key_manager = ebs_key_manager
         # What the account holds already, by kind ("eips", "vpcs", "natGateways"): others'
         # count, and "own" + kind the stack's own (found by its tags). None by default.
         self.account = dict(account or {})
@@ -375,6 +379,17 @@ class MockCloud(pulumi.runtime.Mocks):
             count = own if args.args.get("tags") else own + self.account.get(kind, 0)
             ids = [f"{kind}-{i:08x}" for i in range(count)]
             return {"id": "us-east-1", "ids": ids, "allocationIds": ids, "publicIps": []}
+        if args.token == "aws:ebs/getDefaultKmsKey:getDefaultKmsKey":
+            alias = "alias/aws/ebs" if self.ebs_key_manager == "AWS" else "key/mock-customer-key"
+            return {"id": "us-east-1", "keyArn": f"arn:aws:kms:us-east-1:123456789012:{alias}"}
+        if args.token == "aws:kms/getKey:getKey":
+            key_id = "mock-aws-ebs-key" if self.ebs_key_manager == "AWS" else "mock-customer-key"
+            return {
+                "id": key_id,
+                "keyId": key_id,
+                "arn": f"arn:aws:kms:us-east-1:123456789012:key/{key_id}",
+                "keyManager": self.ebs_key_manager,
+            }
         if args.token == "aws:ec2/getSubnets:getSubnets":
             return {"id": "us-east-1", "ids": ["subnet-other-1"]}
         if args.token == "aws:ec2/getSecurityGroups:getSecurityGroups":
@@ -502,6 +517,7 @@ def run_program(
     model_cache: Mapping[str, Any] | None = None,
     quotas: Mapping[str, Any] | None = None,
     account: Mapping[str, int] | None = None,
+    ebs_key_manager: str = "AWS",
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -518,6 +534,7 @@ def run_program(
         model_cache=model_cache,
         quotas=quotas,
         account=account,
+        ebs_key_manager=ebs_key_manager,
     )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()
