@@ -28,6 +28,7 @@ from components.spec import (
     existing_vpc_problems,
     load_spec,
     model_cache_problems,
+    model_cache_sharing_problems,
 )
 from components.storage import ExistingFileSystem, ModelStorage, ModelStorageArgs
 from components.topology import efa_interface_count, interface_layout, node_name, topology_summary
@@ -171,6 +172,15 @@ def check_model_cache() -> ExistingFileSystem | None:
     problems = model_cache_problems(
         file_system_id, file_system.availability_zone_name or None, mount_targets, vpc_id, zone
     )
+    # Access points of others on it: the stack's policy would lock their clients out. The
+    # stack's own (from its first `pulumi up`) carry its tags (components/tagging.py).
+    own_tags = {"vllm-cluster:project": pulumi.get_project(), "vllm-cluster:stack": pulumi.get_stack()}
+    foreign = [
+        point_id
+        for point_id in aws.efs.get_access_points(file_system_id=file_system_id).ids
+        if any((aws.efs.get_access_point(access_point_id=point_id).tags or {}).get(k) != v for k, v in own_tags.items())
+    ]
+    problems += model_cache_sharing_problems(file_system_id, foreign)
     if problems:
         raise pulumi.RunError(str(SpecError(problems)))
     return ExistingFileSystem(file_system_id, file_system.arn, file_system.dns_name)

@@ -379,6 +379,18 @@ class MockCloud(pulumi.runtime.Mocks):
             count = own if args.args.get("tags") else own + self.account.get(kind, 0)
             ids = [f"{kind}-{i:08x}" for i in range(count)]
             return {"id": "us-east-1", "ids": ids, "allocationIds": ids, "publicIps": []}
+        if args.token == "aws:efs/getAccessPoints:getAccessPoints":
+            # model_cache "accessPoints": [{"id", "tags"}] already on the file system.
+            points = self.model_cache.get("accessPoints", [])
+            return {
+                "id": args.args["fileSystemId"],
+                "fileSystemId": args.args["fileSystemId"],
+                "ids": [point["id"] for point in points],
+                "arns": [f"arn:aws:elasticfilesystem:us-east-1:123456789012:access-point/{p['id']}" for p in points],
+            }
+        if args.token == "aws:efs/getAccessPoint:getAccessPoint":
+            point = next(p for p in self.model_cache.get("accessPoints", []) if p["id"] == args.args["accessPointId"])
+            return {"id": point["id"], "accessPointId": point["id"], "tags": dict(point.get("tags", {}))}
         if args.token == "aws:ebs/getDefaultKmsKey:getDefaultKmsKey":
             alias = "alias/aws/ebs" if self.ebs_key_manager == "AWS" else "key/mock-customer-key"
             return {"id": "us-east-1", "keyArn": f"arn:aws:kms:us-east-1:123456789012:{alias}"}
