@@ -31,6 +31,7 @@ from components.spec import (
     model_cache_sharing_problems,
 )
 from components.storage import ExistingFileSystem, ModelStorage, ModelStorageArgs
+from components.tagging import stack_tags
 from components.topology import efa_interface_count, interface_layout, node_name, topology_summary
 
 
@@ -174,7 +175,7 @@ def check_model_cache() -> ExistingFileSystem | None:
     )
     # Access points of others on it: the stack's policy would lock their clients out. The
     # stack's own (from its first `pulumi up`) carry its tags (components/tagging.py).
-    own_tags = {"vllm-cluster:project": pulumi.get_project(), "vllm-cluster:stack": pulumi.get_stack()}
+    own_tags = stack_tags()
     foreign = [
         point_id
         for point_id in aws.efs.get_access_points(file_system_id=file_system_id).ids
@@ -196,7 +197,7 @@ def check_account_counts() -> None:
     not a refusal: the account may free some before the resources are created."""
     adds = quotas.stack_adds(creates_network=spec.existing_network is None)
     region = pulumi.Config("aws").get("region") or "the stack's region"
-    own = {"vllm-cluster:project": pulumi.get_project(), "vllm-cluster:stack": pulumi.get_stack()}
+    own = stack_tags()
     others, where = {}, {}
     if quotas.ELASTIC_IPS in adds:
         others[quotas.ELASTIC_IPS.code] = len(aws.ec2.get_eips().allocation_ids) - len(

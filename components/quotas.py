@@ -114,10 +114,12 @@ def needs(instance_type: str, total_nodes: int, gateway_instance_type: str) -> t
     return sorted(found, key=lambda need: need.quota.code), uncounted
 
 
-def _increase(quota: Quota, vcpus: int, region: str) -> str:
+def _increase(service_code: str, code: str, value: int, region: str | None = None) -> str:
+    """The AWS CLI line that asks Service Quotas for `value` of quota `code`."""
+    where = f"--region {region} " if region else ""
     return (
-        f"aws service-quotas request-service-quota-increase --region {region} --service-code {SERVICE_CODE} "
-        f"--quota-code {quota.code} --desired-value {vcpus}"
+        f"aws service-quotas request-service-quota-increase {where}--service-code {service_code} "
+        f"--quota-code {code} --desired-value {value}"
     )
 
 
@@ -133,7 +135,7 @@ def judge(needs_: list[Need], limits: dict[str, float], region: str) -> tuple[li
             continue
         allowed = math.floor(limit)
         if need.vcpus > allowed:
-            ask = _increase(need.quota, need.replacing_vcpus, region)
+            ask = _increase(SERVICE_CODE, need.quota.code, need.replacing_vcpus, region)
             refusals.append(
                 f"the stack needs {need.vcpus} vCPUs of '{need.quota.name}' ({need.quota.code}) in {region}: "
                 f"{'; '.join(need.counted)}, and the account's quota there is {allowed}. EC2 would refuse the "
@@ -147,7 +149,7 @@ def judge(needs_: list[Need], limits: dict[str, float], region: str) -> tuple[li
                 f"'{need.quota.name}' ({need.quota.code}) in {region} is {allowed} vCPUs: the stack needs "
                 f"{need.vcpus}, but {need.replacing_vcpus} while its GPU nodes are replaced (the new ones start "
                 f"before the old ones go), so a replacement would fail with VcpuLimitExceeded. Fix: "
-                f"{_increase(need.quota, need.replacing_vcpus, region)}"
+                f"{_increase(SERVICE_CODE, need.quota.code, need.replacing_vcpus, region)}"
             )
     return refusals, warnings
 
@@ -198,7 +200,6 @@ def count_warnings(
             warnings.append(
                 f"'{quota.name}' ({quota.code}) {where.get(quota.code, '')}: the account holds {held} outside this "
                 f"stack and the stack adds {count}, past the quota of {limit}: AWS would refuse the stack's. Fix: "
-                f"aws service-quotas request-service-quota-increase --service-code {quota.service_code} "
-                f"--quota-code {quota.code} --desired-value {held + count}, or free some"
+                f"{_increase(quota.service_code, quota.code, held + count)}, or free some"
             )
     return warnings
