@@ -29,8 +29,6 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-# Reading stack files is pure and lives in cli/stack_file.py; these names are
-# re-exported because the tests reach the harness through this module.
 from cli.stack_file import (  # noqa: F401
     PROJECT,
     ROOT,
@@ -42,6 +40,10 @@ from cli.stack_file import (  # noqa: F401
     stack_config,
     stack_names,
 )
+
+# Reading stack files is pure and lives in cli/stack_file.py; these names are
+# re-exported because the tests reach the harness through this module.
+from components.quotas import ELASTIC_IPS, NAT_GATEWAYS, VPCS
 
 PROGRAM = ROOT / "__main__.py"
 
@@ -141,7 +143,7 @@ STDOUT_REFERENCE = re.compile(r"@@stdout-of:([A-Za-z0-9._-]+)@@")
 # resources (Elastic IPs, VPCs, NAT gateways per zone) have AWS's defaults, 5 each
 # (components/quotas.py), which an account holding nothing else is far from.
 MOCK_QUOTA_VALUE = 100_000.0
-MOCK_COUNT_QUOTAS = {"L-0263D0A3": 5.0, "L-F678F1CE": 5.0, "L-FE5A380F": 5.0}
+MOCK_COUNT_QUOTAS = {quota.code: float(quota.default) for quota in (ELASTIC_IPS, VPCS, NAT_GATEWAYS)}
 
 
 class MockCloud(pulumi.runtime.Mocks):
