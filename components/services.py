@@ -50,7 +50,7 @@ from components import bootstrap, image, metrics, ports
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
-from components.topology import gang_name, gang_prefix, node_name
+from components.topology import gang_name, gang_prefix, node_name, writes_model_tree
 
 # The default user of the Deep Learning AMI and of Ubuntu's own images.
 SSH_USER = image.DEFAULT_USER
@@ -759,7 +759,9 @@ class ClusterServices(pulumi.ComponentResource):
             after=[model, ray.cluster_ready, preflight],
             triggers=vllm_restarts,
         )
-        for index in range(len(gang.node_ips)):
+        # Only the nodes that may write the warm-up cache publish to it (gang 0's,
+        # topology.writes_model_tree); the other gangs seed from what they compiled.
+        for index in range(len(gang.node_ips) if writes_model_tree(gang.index) else 0):
             self._run(
                 f"warmup-{gang.node(index)}",
                 self._on_node(gang, index),
@@ -810,9 +812,10 @@ class ClusterServices(pulumi.ComponentResource):
         ray: RayCommands,
         vllm_restarts: list,
     ) -> command.remote.Command:
-        """Every node's facts onto the shared cache (once it is prepared to serve), then
-        the gang's head compares them, so a broken node fails `pulumi up` with a
-        diagnosis before vLLM starts."""
+        """Every node's facts (once it is prepared to serve), then the gang's head
+        compares them, so a broken node fails `pulumi up` with a diagnosis before vLLM
+        starts. The facts travel as each node's output into the head's input, not over
+        the shared cache, which only gang 0's nodes may write (topology.writes_model_tree)."""
         node_count = len(gang.node_ips)
         model_dir = bootstrap.model_directory(args.model, args.model_revision)
         facts = [
@@ -833,6 +836,12 @@ class ClusterServices(pulumi.ComponentResource):
             f"sudo {NODE_COMMAND} preflight --nodes {','.join(gang.node(i) for i in range(node_count))}"
             f" --gpus {boot.gpus} --gpu-memory-gib {args.gpu_memory_gib:g}{efa_flag}"
             f" --ray {boot.ray_version} --vllm {boot.vllm_version}",
+            # One line per node: its name and its facts (one line of JSON).
+            stdin=pulumi.Output.all(*[fact.stdout for fact in facts]).apply(
+                lambda outputs: "".join(
+                    f"{gang.node(index)} {(output or '').strip()}\n" for index, output in enumerate(outputs)
+                )
+            ),
             # Compare again whenever the facts were gathered again.
             after=facts,
             triggers=[*vllm_restarts, model_dir],
