@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components import image
+from components import api_routes, image
 from components.topology import gang_name, node_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,12 +235,15 @@ class Cluster:
         context.load_verify_locations(cadata=self.outputs["tlsCertificate"])
         return context
 
-    def completion(self, model: str, timeout: float = 60) -> tuple[int, float, str]:
-        """(HTTP status, seconds, error) of one small completion through the endpoint."""
-        body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1}).encode()
+    def probe(self, probe: api_routes.Probe, timeout: float = 60) -> tuple[int, float, str]:
+        """(HTTP status, seconds, error) of the stack's probe (bootstrap.stack_probe: a
+        small completion for a generation model) through the endpoint."""
+        # The endpoint output names the API's /v1; the probe's route is the whole path
+        # (a classifier's is /classify, outside /v1).
+        base = self.outputs["endpoint"].rstrip("/").removesuffix("/v1")
         request = urllib.request.Request(
-            self.outputs["endpoint"].rstrip("/") + "/completions",
-            data=body,
+            base + probe.route,
+            data=probe.body_json().encode(),
             method="POST",
             headers={
                 "Content-Type": "application/json",

@@ -1,9 +1,12 @@
 """`vllm-cluster status --stack NAME`: gang health, not process health, for each gang
 and for the pool the gateway balances over. Per gang, from its head: Ray's live nodes
-and GPUs against the gang's nodes, vLLM's unit and /health, a real small completion
-against that head's own vLLM (the gateway would pick any gang), and vLLM's metrics.
-For the pool: a real small completion through the endpoint with its latency, and the
-gateway's view of which gangs it sends requests to (a drained gang is out of it).
+and GPUs against the gang's nodes, vLLM's unit and /health, the stack's probe against
+that head's own vLLM (the gateway would pick any gang), and vLLM's metrics. For the
+pool: the probe through the endpoint with its latency, and the gateway's view of which
+gangs it sends requests to (a drained gang is out of it). The probe is a real small
+request of the model's task (components/api_routes.py stack_probe): a 1-token
+completion for a generation model, an embedding or a classification for a pooling one;
+"completion" below is that probe.
 
 A gang serves when its own completion succeeds: it is serving, degraded (serving
 but a node or GPU is missing, or so saturated that its completion waited out the
@@ -134,7 +137,7 @@ def snapshot(cluster: Cluster, spec, trends: bool = False) -> dict:
             None if asleep[gang.name] else pool.submit(cluster.ssh, gang.head, facts_command, FACTS_TIMEOUT)
             for gang in cluster.gangs
         ]
-        endpoint = None if all_asleep else pool.submit(cluster.completion, bootstrap.served_model_name(spec))
+        endpoint = None if all_asleep else pool.submit(cluster.probe, bootstrap.stack_probe(spec))
         gateway = pool.submit(cluster.ssh_gateway, f"sudo {bootstrap.GATEWAY_COMMAND} pool")
         prometheus = pool.submit(cluster.ssh_gateway, prometheus_view.gateway_command(trends), PROMETHEUS_TIMEOUT)
         if endpoint is None:
@@ -207,6 +210,8 @@ def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None, power_e
     if answer.get("power"):
         return _asleep_gang(gang, spec, answer["power"], power_entry, pool_entry)
     facts = answer["facts"]
+    # What the head's probe was, for the messages ("a completion" on a generation model).
+    what = bootstrap.stack_probe(spec).what
     seen = facts is not None and "ray_error" not in facts  # did we see Ray's membership at all?
     alive = (facts or {}).get("alive", {})
     gpus_expected = len(gang.nodes) * spec.gpus_per_node
@@ -235,7 +240,7 @@ def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None, power_e
             metrics = (facts or {}).get("metrics") or {}
             problems.insert(
                 0,
-                f"vLLM is saturated: a completion on {gang.head.name} got no answer within "
+                f"vLLM is saturated: {what} on {gang.head.name} got no answer within "
                 f"{completion['seconds']:.0f} s while the engine made {completion['tokens_while_waiting']:g} tokens "
                 f"for other requests ({metrics.get('running', 0):g} running, {metrics.get('waiting', 0):g} waiting)",
             )
@@ -243,7 +248,7 @@ def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None, power_e
             not_serving = f"unit {vllm['unit'] or 'unknown'}, /health {vllm['health'] or 'no answer'}"
             if completion:
                 error = f" ({completion['error']})" if completion["error"] else ""
-                not_serving += f", a completion on {gang.head.name} got {_http(completion['status'])}{error}"
+                not_serving += f", {what} on {gang.head.name} got {_http(completion['status'])}{error}"
             problems.insert(0, f"vLLM is not serving ({not_serving})")
     if facts is None:
         verdict = GANG_UNKNOWN
@@ -315,7 +320,7 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
             problems.append(f"{gang['name']} is not in the gateway's pool: the gateway sends it no request")
     if completion["status"] is not None and completion["status"] != 200:
         problems.append(
-            f"a completion through the endpoint got {_http(completion['status'])}"
+            f"{bootstrap.stack_probe(spec).what} through the endpoint got {_http(completion['status'])}"
             + (f" ({completion['error']})" if completion["error"] else "")
         )
     serving_in_pool = [g for g in gangs if g["serving"] and g["name"] not in drained]

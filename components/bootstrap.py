@@ -15,10 +15,11 @@ import hashlib
 import ipaddress
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from components import image, metrics, ports, sizing, versions
+from components import api_routes, image, metrics, ports, sizing, versions
 from components.api_routes import DEFAULT_GENERATION_ROUTES, KNOWN_ROUTES, WORK_ROUTES
 from components.spec import (
     DEFAULT_API_RATE_LIMIT_PER_SECOND,
@@ -195,7 +196,7 @@ def port_env() -> dict[str, str]:
         # ray-head.service, as Ray's DASHBOARD_METRIC_PORT and AUTOSCALER_METRIC_PORT.
         "PORT_RAY_DASHBOARD_METRICS": str(ports.RAY_DASHBOARD_METRICS),
         "PORT_RAY_AUTOSCALER_METRICS": str(ports.RAY_AUTOSCALER_METRICS),
-        # vllm-cluster-node readiness: a completion through the gateway, as clients send it.
+        # vllm-cluster-node readiness: the stack's probe through the gateway, as clients send it.
         "PORT_API_HTTPS": str(ports.API_HTTPS),
     }
 
@@ -619,6 +620,21 @@ def warmup_key(spec: ClusterSpec) -> str:
 
 def served_model_name(spec: ClusterSpec) -> str:
     return spec.served_model_name or spec.model
+
+
+def stack_probe(spec: ClusterSpec) -> api_routes.Probe:
+    """The request the stack sends to see that the model serves (readiness, start-vllm,
+    the watchdog, `status`): its task's, for the name vLLM serves it under."""
+    return api_routes.stack_probe(spec.vllm_extra_args, served_model_name(spec))
+
+
+def start_vllm_command(probe: api_routes.Probe) -> str:
+    """The head's start-vllm, handed the stack's probe: the head keeps it in probe.env
+    for every check that sends it (scripts/node/vllm-cluster-node keep_probe)."""
+    return (
+        f"sudo {NODE_COMMAND} start-vllm --probe-route {shlex.quote(probe.route)} "
+        f"--probe-body {shlex.quote(probe.body_json())}"
+    )
 
 
 def _number(value: float) -> str:

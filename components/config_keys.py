@@ -127,7 +127,9 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("servedModelName", "string",
               "Model name clients send. Empty: the model id.", default="", auto=True),
     ConfigKey("vllmExtraArgs", "array",
-              "Further vllm serve arguments, one array item per word.", default=[]),
+              "Further vllm serve arguments, one array item per word. A pooling model says its task: "
+              "--runner pooling --pooler-config.task embed, classify or token_embed, or --convert embed or "
+              "classify (vllm serve has no --task).", default=[]),
     ConfigKey("availabilityZone", "string",
               "Zone for every node. Empty: the first zone of the region that offers instanceType.",
               default="", auto=True),
@@ -185,8 +187,10 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("apiRoutes", "array",
               "The API routes the gateway forwards, each behind the API key; every other path gets 404. Any of "
               f"{', '.join(api_routes.KNOWN_ROUTES)}. Empty: the model's routes "
-              f"({', '.join(api_routes.DEFAULT_GENERATION_ROUTES)}; with --runner pooling in vllmExtraArgs "
-              f"{', '.join(api_routes.DEFAULT_POOLING_ROUTES)}).",
+              f"({', '.join(api_routes.DEFAULT_GENERATION_ROUTES)}; for a pooling model, whose task vllmExtraArgs "
+              f"say: embed or token_embed {', '.join(api_routes.TASK_ROUTES[api_routes.EMBED])}, classify "
+              f"{', '.join(api_routes.TASK_ROUTES[api_routes.CLASSIFY])}). Must keep the route of the stack's own "
+              "probe: /v1/completions, /v1/embeddings, /classify or, for token_embed, /v1/score.",
               default=[]),
     ConfigKey("apiRateLimitPerSecond", "integer",
               "API requests per second per client address at the gateway (burst: twice as many), "

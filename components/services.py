@@ -5,15 +5,15 @@
     -> secrets into root-only files -> Ray head -> every Ray worker, in parallel
     -> cluster ready (every node and GPU) -> model staged on the cache
     -> preflight (every node's facts, compared on the head) -> vLLM started
-    -> the gang's head into the gateway's pool -> readiness: a real completion
-    through the gateway.
+    -> the gang's head into the gateway's pool -> readiness: the stack's probe (a real
+    request of the model's task, components/api_routes.py) through the gateway.
   The gateway: setup -> login probe key -> (waits for the nodes); certificate and
   key -> nginx site (the gang pool).
 
 Replacing nodes is blue/green. A launch-template change replaces every GPU node, and
 Pulumi creates the new instances first and deletes the old ones at the end of `pulumi
 up`: the old heads serve meanwhile. The pool keeps a gang at its old head until the new
-one has passed start-vllm's completion: with one gang the nginx site and pool are
+one has passed start-vllm's probe: with one gang the nginx site and pool are
 configured after vLLM started; with replicas the site is configured first (the drains
 need it) and keeps a replaced gang's old head (vllm-cluster-gateway configure), the
 gang's drain names its new head and takes nothing out, and its return after its vLLM
@@ -147,6 +147,9 @@ class ServicesArgs:
 
     # Serving: the model, what preflight expects, and how long a gang's restart may take.
     model: str
+    # The head's start-vllm with the stack's probe (bootstrap.start_vllm_command): the
+    # request of the model's task that readiness, the watchdog and status send.
+    start_vllm_command: str
     model_revision: str
     hf_endpoint: str | None
     gpu_memory_gib: float
@@ -273,7 +276,7 @@ class ClusterServices(pulumi.ComponentResource):
     serving. Each step takes what it waits for from the one before and returns what
     the next waits for."""
 
-    # The readiness commands' report: a real completion went through the gateway.
+    # The readiness commands' report: the stack's probe went through the gateway.
     readiness: pulumi.Output[str]
 
     def __init__(self, name: str, args: ServicesArgs, opts: pulumi.ResourceOptions | None = None):
@@ -741,10 +744,10 @@ class ClusterServices(pulumi.ComponentResource):
         model: command.remote.Command,
         gateway: GatewayCommands,
     ) -> command.remote.Command:
-        """Preflight, vLLM (start-vllm returns once a completion on the gang's head
-        succeeded), the gang's head into the pool (its return with replicas, the pool's
-        configure with one gang: the switch to a replaced head), then a real completion
-        through the gateway: returns that last command, the readiness check."""
+        """Preflight, vLLM (start-vllm keeps the stack's probe and returns once it
+        succeeded on the gang's head), the gang's head into the pool (its return with
+        replicas, the pool's configure with one gang: the switch to a replaced head), then
+        the probe through the gateway: returns that last command, the readiness check."""
         on_head = self._on_node(gang, 0)
         # Restarted Ray nodes take vLLM's workers with them, and a new vLLM version
         # needs a restart: then check (and if need be restart) vLLM again.
@@ -758,7 +761,7 @@ class ClusterServices(pulumi.ComponentResource):
         serve = self._run(
             gang.command("vllm"),
             on_head,
-            f"sudo {NODE_COMMAND} start-vllm",
+            args.start_vllm_command,
             stdin=gang.vllm_settings,
             after=[model, ray.cluster_ready, preflight],
             triggers=vllm_restarts,
@@ -788,7 +791,7 @@ class ClusterServices(pulumi.ComponentResource):
             )
         else:
             # The only gang: nothing drains, and the pool's configure runs once its vLLM
-            # served a completion (on the first `pulumi up` nothing serves anyway).
+            # answered the probe (on the first `pulumi up` nothing serves anyway).
             served = gateway.proxy = self._pool(args, [gateway.tls, gateway.api_keys, gateway.metrics, serve])
         proxy = gateway.proxy if args.rolling else served
         return self._run(

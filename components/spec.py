@@ -655,7 +655,62 @@ def _check_extra_args(reader: _Reader) -> tuple[str, ...]:
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_VLLM_FLAGS:
             reader.fail("vllmExtraArgs", f"item {arg} is managed by the program; use {MANAGED_VLLM_FLAGS[flag]}")
+    _check_model_task(reader, extra_args)
     return _with_vllm_dtype(reader, extra_args)
+
+
+# How to say a pooling model's task, for the messages below.
+_TASK_FIX = (
+    'Fix: say the task as vLLM takes it, e.g. ["--runner", "pooling", "--pooler-config.task", "embed"] for an '
+    "embedding model (/v1/embeddings), classify for a classifier or cross-encoder reranker (/classify, "
+    '/v1/score, /v1/rerank), token_embed for late interaction (/v1/score, /v1/rerank); or ["--convert", "embed"] '
+    "(or classify) to adapt a generative model"
+)
+
+
+def _check_model_task(reader: _Reader, extra_args: list[str]) -> None:
+    """vllmExtraArgs must say what the model serves, as vLLM takes it: its routes and the
+    stack's probe follow the task (components/api_routes.py, with the vLLM sources), and
+    a pooling model serves no completion."""
+    if api_routes.names_the_removed_task_flag(extra_args):
+        reader.fail(
+            "vllmExtraArgs",
+            "holds --task, which is no vllm serve option: vLLM 0.22 to 0.33 exit with 'unrecognized arguments: "
+            f"--task' (vllm/engine/arg_utils.py has none). {_TASK_FIX}",
+        )
+        return
+    convert = api_routes.flag_values(extra_args).get("--convert")
+    if convert is not None and convert not in api_routes.VLLM_CONVERTS:
+        reader.fail(
+            "vllmExtraArgs",
+            f"--convert {convert!r} is not one vLLM takes: {', '.join(api_routes.VLLM_CONVERTS)} "
+            "(vllm/config/model.py ConvertOption; a reward model is a pooling model of its own, no conversion). "
+            f"{_TASK_FIX}",
+        )
+        return
+    task = api_routes.model_task(extra_args)
+    if task is None:
+        reader.fail(
+            "vllmExtraArgs",
+            "do not say both that the model is a pooling one (--runner pooling, or --convert) and its task "
+            "(--pooler-config.task, or --convert), which decide its routes and the request the stack sends to see "
+            "that it serves; vLLM would take what is missing from the model's own config, which the stack cannot "
+            f"read before the model is there. {_TASK_FIX}",
+        )
+    elif task not in api_routes.SERVED_TASKS:
+        known = task in api_routes.VLLM_POOLING_TASKS
+        reader.fail(
+            "vllmExtraArgs",
+            (
+                f"--pooler-config.task {task}: vLLM serves that task only at /pooling "
+                "(vllm/entrypoints/pooling/factories.py), a route the gateway does not forward (it takes any "
+                "pooling task in the request). "
+                if known
+                else f"--pooler-config.task {task!r} is not a pooling task vLLM takes "
+                f"({', '.join(api_routes.VLLM_POOLING_TASKS)}; vllm/tasks.py). "
+            )
+            + f"The gateway serves the tasks {', '.join(api_routes.SERVED_POOLING_TASKS)}. {_TASK_FIX}",
+        )
 
 
 def _vllm_dtype_spelling(reader: _Reader, value: str) -> str:
@@ -1094,7 +1149,7 @@ def _check_exposure(reader: _Reader) -> Exposure:
 
 
 # The gateway's inbound rules that name the nodes' group (components/security.py
-# _gateway_rules): the readiness completion on the API port, and Prometheus.
+# _gateway_rules): the readiness probe on the API port, and Prometheus.
 GATEWAY_RULES_FROM_NODES = 2
 
 
@@ -1102,7 +1157,7 @@ def _check_gateway_rule_quota(
     reader: _Reader, api_allowed_cidrs: tuple[str, ...], admin_cidrs: tuple[str, ...]
 ) -> None:
     """The gateway's group takes one inbound rule per API CIDR, two per admin CIDR (SSH
-    and the dashboard) and two from the nodes' group (the readiness completion, Ray's
+    and the dashboard) and two from the nodes' group (the readiness probe, Ray's
     dashboards reading Prometheus; components/security.py).
     EC2 refuses a group's 61st inbound rule of a family (the default quota, IPv4 and IPv6
     counted apart) in the middle of `pulumi up`; refuse such lists here instead. A rule
@@ -1440,8 +1495,9 @@ def _check_api_rate_limit(reader: _Reader) -> int:
 
 
 def _check_api_routes(reader: _Reader, engine: EngineSettings) -> tuple[str, ...]:
-    """apiRoutes, each a route the gateway knows, once; or the model's routes. A generation
-    model keeps /v1/completions: the stack's readiness and status probes use it."""
+    """apiRoutes, each a route the gateway knows, once; or the model's routes. Every model
+    keeps its probe's route (components/api_routes.py stack_probe): the stack's readiness
+    check and vllm-cluster status send it through the gateway."""
     configured = reader.string_list("apiRoutes")
     if not configured:
         return api_routes.default_routes(engine.vllm_extra_args)
@@ -1457,13 +1513,15 @@ def _check_api_routes(reader: _Reader, engine: EngineSettings) -> tuple[str, ...
     if repeated:
         reader.fail("apiRoutes", f"names {', '.join(repeated)} more than once. Fix: list each route once")
     pooling = api_routes.is_pooling(engine.vllm_extra_args)
-    if not pooling and api_routes.STACK_PROBE_ROUTE not in configured:
-        reader.fail(
-            "apiRoutes",
-            f"leaves out {api_routes.STACK_PROBE_ROUTE}, which the stack's readiness check and vllm-cluster status "
-            f"send through the gateway. Fix: add it (pulumi config set --path "
-            f"'{NAMESPACE}:apiRoutes[{len(configured)}]' {api_routes.STACK_PROBE_ROUTE})",
-        )
+    if api_routes.model_task(engine.vllm_extra_args) in api_routes.SERVED_TASKS:  # the others: refused above
+        probe = api_routes.stack_probe(engine.vllm_extra_args, "")
+        if probe.route not in configured:
+            reader.fail(
+                "apiRoutes",
+                f"leaves out {probe.route}, where the stack's readiness check and vllm-cluster status send "
+                f"{probe.what} through the gateway to see that the model serves. Fix: add it (pulumi config set "
+                f"--path '{NAMESPACE}:apiRoutes[{len(configured)}]' {probe.route})",
+            )
     wrong_task = [
         route
         for route in configured

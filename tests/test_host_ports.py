@@ -221,10 +221,16 @@ def test_no_rendered_host_file_holds_a_port_that_moved(moved):
 # --- the node script and the checks, run against the node.env the setup wrote ----------
 
 
+def probe_env(spec=None) -> str:
+    """probe.env as start-vllm keeps it (vllm-cluster-node keep_probe) for the stack's probe."""
+    probe = bootstrap.stack_probe(spec or spec_of())
+    return f"PROBE_ROUTE={probe.route}\nPROBE_BODY='{probe.body_json()}'\n"
+
+
 def node_host(tmp_path: Path, index: int) -> tuple[Path, dict[str, str]]:
     """vllm-cluster-node under a scratch root, with node.env as setup wrote it, vllm.env,
-    the API key, and stand-ins: the virtualenv's python and curl log their arguments,
-    systemctl says vLLM runs, id says root."""
+    the stack's probe, the API key, and stand-ins: the virtualenv's python and curl log
+    their arguments, systemctl says vLLM runs, id says root."""
     written_node_env(tmp_path, index)
     root = tmp_path / "root"
     config, install = root / "etc/vllm-cluster", root / "opt/vllm-cluster"
@@ -232,6 +238,7 @@ def node_host(tmp_path: Path, index: int) -> tuple[Path, dict[str, str]]:
         folder.mkdir(parents=True)
     (config / "node.env").write_text((tmp_path / f"node-{index}" / "node.env").read_text())
     (config / "vllm.env").write_text(bootstrap.vllm_env(spec_of(), HEAD_IP, [HEAD_IP, WORKER_IP]))
+    (config / "probe.env").write_text(probe_env())
     (config / "secrets/vllm-api.env").write_text("VLLM_API_KEY=test-key\n")
     (install / "lib/vllm-cluster-lib.sh").write_text(LIBRARY.read_text())
     script = NODE_SCRIPT.read_text()

@@ -698,3 +698,51 @@ def test_with_reserved_capacity_the_old_node_goes_first_and_the_preview_says_the
     nodes = [r for r in plain_run.of_type("aws:ec2/instance:Instance") if r.name != "vllm-gateway-host"]
     assert not any(node.delete_before_replace for node in nodes)
     assert not any("service is down" in warning for warning in plain_run.warnings)
+
+
+# --- the stack's probe of its model (components/api_routes.py stack_probe) ------------------
+
+
+@pytest.mark.parametrize(
+    "extra_args, route, fields, off",
+    [
+        (["--runner", "pooling", "--pooler-config.task", "embed"], "/v1/embeddings", {"input": "Hello"}, "/classify"),
+        (["--convert", "classify"], "/classify", {"input": "Hello"}, "/v1/embeddings"),
+    ],
+)
+def test_a_pooling_stack_hands_its_head_a_probe_of_its_task_and_its_gateway_the_probes_route(
+    extra_args, route, fields, off
+):
+    """vLLM serves a pooling model no /v1/completions: start-vllm is handed the probe of
+    the model's task (which it keeps for readiness, the watchdog and status-facts), and
+    the gateway forwards that route, not the completions."""
+    import json
+    import shlex
+
+    result = run_stack("dev", {"vllmExtraArgs": extra_args, "servedModelName": "pooled"})
+    assert result.error is None, result.error
+    named = commands(result)
+    words = shlex.split(plain(named["vllm-vllm"].inputs["create"]))
+    after = words[words.index("start-vllm") + 1 :]
+    sent = dict(zip(after[::2], after[1::2], strict=True))
+    assert sent["--probe-route"] == route
+    assert json.loads(sent["--probe-body"]) == {"model": "pooled", **fields}
+    site = plain(named["vllm-gateway-proxy"].inputs["stdin"])
+    assert f"location = {route} {{" in site and f"location = {off} {{" not in site
+    assert "location = /v1/completions {" not in site
+    # Readiness reads the probe start-vllm kept: it runs after it, and again with its settings.
+    assert "vllm-vllm" in depends_on(result, "vllm-readiness")
+
+
+def test_a_generation_stack_probes_with_one_token_completion(run):
+    import shlex
+
+    words = shlex.split(plain(commands(run)["vllm-vllm"].inputs["create"]))
+    assert words[-4:] == [
+        "--probe-route",
+        "/v1/completions",
+        "--probe-body",
+        '{"model":"'
+        + (run.config.get("vllm-cluster:servedModelName") or run.config["vllm-cluster:model"])
+        + '","prompt":"Hello","max_tokens":1}',
+    ]

@@ -184,6 +184,51 @@ BAD_CONFIGS = [
         "apiRoutes",
         "does not serve",
     ),
+    (
+        "an embedding model's routes without its probe's",
+        {"vllmExtraArgs": ["--convert", "embed"], "apiRoutes": ["/v1/models", "/v1/score"]},
+        "apiRoutes",
+        "leaves out /v1/embeddings",
+    ),
+    (
+        "a classifier's routes without its probe's",
+        {"vllmExtraArgs": ["--convert", "classify"], "apiRoutes": ["/v1/score", "/v1/rerank"]},
+        "apiRoutes",
+        "leaves out /classify",
+    ),
+    # vllm serve refuses these: the stack says so before anything exists (components/api_routes.py).
+    (
+        "the --task vllm serve does not have",
+        {"vllmExtraArgs": ["--task", "embed"]},
+        "vllmExtraArgs",
+        "--pooler-config.task",
+    ),
+    ("--task=", {"vllmExtraArgs": ["--task=classify"]}, "vllmExtraArgs", "unrecognized arguments"),
+    ("a --convert vLLM does not take", {"vllmExtraArgs": ["--convert", "reward"]}, "vllmExtraArgs", "'reward'"),
+    (
+        "a pooling model without its task",
+        {"vllmExtraArgs": ["--runner", "pooling"]},
+        "vllmExtraArgs",
+        '["--runner", "pooling", "--pooler-config.task", "embed"]',
+    ),
+    (
+        "a pooling task without --runner pooling",
+        {"vllmExtraArgs": ["--pooler-config.task", "embed"]},
+        "vllmExtraArgs",
+        "do not say both",
+    ),
+    (
+        "a reward model, served only at /pooling",
+        {"vllmExtraArgs": ["--runner", "pooling", "--pooler-config.task", "token_classify"]},
+        "vllmExtraArgs",
+        "only at /pooling",
+    ),
+    (
+        "a pooling task vLLM removed",
+        {"vllmExtraArgs": ["--runner", "pooling", "--pooler-config.task=score"]},
+        "vllmExtraArgs",
+        "not a pooling task vLLM takes",
+    ),
     ("vLLM below its security floor", {"vllmVersion": "0.21.3"}, "vllmVersion", "security floor 0.22.0"),
     ("Ray below its security floor", {"rayVersion": "2.53.9"}, "rayVersion", "security floor 2.54.0"),
     ("version that is not a release", {"rayVersion": "2.60.0rc1"}, "rayVersion", "MAJOR.MINOR.PATCH"),
@@ -282,11 +327,55 @@ def test_the_routes_follow_the_models_task_unless_api_routes_names_them():
 
     assert spec_of().api_routes == api_routes.DEFAULT_GENERATION_ROUTES
     assert "/v1/responses" in spec_of().api_routes and "/tokenize" not in spec_of().api_routes
-    for pooling in (["--runner", "pooling"], ["--runner=pooling"], ["--convert", "embed"], ["--task", "embed"]):
-        assert spec_of(vllmExtraArgs=pooling).api_routes == api_routes.DEFAULT_POOLING_ROUTES, pooling
+    embed = ("/v1/models", "/v1/embeddings", "/v1/score", "/v1/rerank", "/health")
+    for pooling in (
+        ["--runner", "pooling", "--pooler-config.task", "embed"],
+        ["--runner=pooling", "--pooler-config.task=embed"],
+        ["--convert", "embed"],
+        ["--runner", "pooling", "--pooler-config.task", "token_embed"],
+    ):
+        assert spec_of(vllmExtraArgs=pooling).api_routes == embed, pooling
+    # A classifier's own route is /classify; a cross-encoder (one label) also scores and reranks.
+    classify = ("/v1/models", "/classify", "/v1/score", "/v1/rerank", "/health")
+    for pooling in (["--convert", "classify"], ["--runner", "pooling", "--pooler-config.task", "classify"]):
+        assert spec_of(vllmExtraArgs=pooling).api_routes == classify, pooling
+    assert spec_of(vllmExtraArgs=["--runner", "generate"]).api_routes == api_routes.DEFAULT_GENERATION_ROUTES
     chosen = ["/v1/completions", "/v1/models", "/tokenize", "/detokenize"]
     assert spec_of(apiRoutes=chosen).api_routes == tuple(chosen)
     assert spec_of(apiRoutes=json.dumps(chosen)).api_routes == tuple(chosen)
+
+
+def test_the_vllm_facts_of_the_routes_and_probes_were_read_in_the_pinned_release():
+    """components/api_routes.py's facts (flags, routes, request schemas by task) were read
+    in the wheels of vLLM 0.33.0 and 0.22.0. A new pin or floor needs them read again in
+    its source (vllm/entrypoints/pooling/factories.py, vllm/config/model.py, the
+    protocols): then update the versions here."""
+    assert (versions.VLLM_VERSION, versions.VLLM_MIN_VERSION) == ("0.33.0", "0.22.0")
+
+
+@pytest.mark.parametrize(
+    "extra_args, route, body",
+    [
+        ([], "/v1/completions", {"model": "served", "prompt": "Hello", "max_tokens": 1}),
+        (["--convert", "embed"], "/v1/embeddings", {"model": "served", "input": "Hello"}),
+        (["--runner", "pooling", "--pooler-config.task=classify"], "/classify", {"model": "served", "input": "Hello"}),
+        (
+            ["--runner", "pooling", "--pooler-config.task", "token_embed"],
+            "/v1/score",
+            {"model": "served", "text_1": "Hello", "text_2": "Hello"},
+        ),
+    ],
+)
+def test_the_stacks_probe_is_a_request_of_the_models_task_on_a_route_the_gateway_forwards(extra_args, route, body):
+    """vLLM serves no completion for a pooling model: the stack's probe follows the task,
+    and its route is one the gateway forwards (the spec refuses apiRoutes without it)."""
+    from components import api_routes
+
+    spec = spec_of(vllmExtraArgs=extra_args, servedModelName="served")
+    probe = api_routes.stack_probe(spec.vllm_extra_args, spec.served_model_name)
+    assert (probe.route, json.loads(probe.body_json())) == (route, body)
+    assert probe.route in spec.api_routes
+    assert problems_of(vllmExtraArgs=extra_args, apiRoutes=["/v1/models", "/health"]).keys == ["apiRoutes"]
 
 
 def test_a_previous_key_beside_the_new_one_is_kept_secret():

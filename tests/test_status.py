@@ -389,7 +389,8 @@ class AskedCluster(FakeCluster):
     def close(self):
         pass  # nothing to clean up: the real one removes its key file
 
-    def completion(self, model, timeout=60):
+    def probe(self, probe, timeout=60):
+        self.probes = [*getattr(self, "probes", []), probe]
         return 200, 0.1, ""
 
 
@@ -651,7 +652,14 @@ def load_ray_cluster_check():
     return module
 
 
-def test_the_heads_completion_is_one_token_with_the_key_from_the_environment(monkeypatch):
+@pytest.mark.parametrize(
+    "extra_args, route, body",
+    [
+        ([], "/v1/completions", {"model": "served-name", "prompt": "Hello", "max_tokens": 1}),
+        (["--convert", "embed"], "/v1/embeddings", {"model": "served-name", "input": "Hello"}),
+    ],
+)
+def test_the_heads_probe_is_the_stacks_with_the_key_from_the_environment(monkeypatch, extra_args, route, body):
     seen = []
 
     class VLLM(http.server.BaseHTTPRequestHandler):
@@ -670,24 +678,23 @@ def test_the_heads_completion_is_one_token_with_the_key_from_the_environment(mon
     url = f"http://127.0.0.1:{server.server_address[1]}"
     check = load_ray_cluster_check()
     try:
+        sent = bootstrap.stack_probe(
+            dataclasses.replace(SPEC, served_model_name="served-name", vllm_extra_args=tuple(extra_args))
+        )
         monkeypatch.setenv("VLLM_API_KEY", "test-key")
-        answer = check.complete(url, "served-name", 5)
+        answer = check.probe(url, sent.route, sent.body_json(), 5)
         monkeypatch.delenv("VLLM_API_KEY")
-        refused = check.complete(url, "served-name", 5)
+        refused = check.probe(url, sent.route, sent.body_json(), 5)
     finally:
         server.shutdown()
         server.server_close()
     assert answer["status"] == 200 and answer["error"] == "" and 0 <= answer["seconds"] < 5
     assert refused["status"] == 401
-    assert seen[0] == (
-        "/v1/completions",
-        "Bearer test-key",
-        {"model": "served-name", "prompt": "Hello", "max_tokens": 1},
-    )
-    assert check.complete(url, "served-name", 5)["status"] == 0  # nothing listens any more
+    assert seen[0] == (route, "Bearer test-key", body)
+    assert check.probe(url, sent.route, sent.body_json(), 5)["status"] == 0  # nothing listens any more
 
 
-def test_status_facts_asks_for_a_bounded_completion_of_the_served_model_key_not_in_argv(tmp_path):
+def test_status_facts_sends_the_stacks_probe_bounded_the_key_not_in_argv(tmp_path):
     from tests.test_bootstrap import parse_env
     from tests.test_host_ports import node_host, run_node
 
@@ -698,9 +705,18 @@ def test_status_facts_asks_for_a_bounded_completion_of_the_served_model_key_not_
     result = run_node(tmp_path, env, "status-facts")
     assert result.returncode == 0, result.stderr
     argv, key = calls.read_text().splitlines()
-    served = parse_env((tmp_path / "root/etc/vllm-cluster/vllm.env").read_text())["SERVED_MODEL_NAME"]
-    assert f"--completion-model {served} --completion-timeout 30" in argv and "--status-json " in argv
+    probe = parse_env((tmp_path / "root/etc/vllm-cluster/probe.env").read_text())
+    assert probe["PROBE_ROUTE"] == "/v1/completions", probe
+    body = probe["PROBE_BODY"].strip("'")  # single-quoted in the file, one word in argv
+    sent = f"--probe-route {probe['PROBE_ROUTE']} --probe-body {body} --probe-timeout 30"
+    assert sent in argv and "--status-json " in argv
     assert "test-key" not in argv and key == "key test-key"
+    # A head whose start-vllm has not kept a probe yet (updated mid-way) sends none:
+    # status judges it by /health.
+    (tmp_path / "root/etc/vllm-cluster/probe.env").unlink()
+    calls.unlink()
+    assert run_node(tmp_path, env, "status-facts").returncode == 0
+    assert "--probe-route" not in calls.read_text()
 
 
 def test_the_head_counts_the_tokens_its_engine_made_while_its_completion_waited():
@@ -743,9 +759,10 @@ def test_the_head_counts_the_tokens_its_engine_made_while_its_completion_waited(
     check = load_ray_cluster_check()
     try:
         # Ample for a server thread of this (perhaps busy) process to answer at once.
-        answered = check.status("127.0.0.1:1", {}, url, "served-name", completion_timeout=30)
+        completion = bootstrap.stack_probe(SPEC)
+        answered = check.status("127.0.0.1:1", {}, url, completion.route, completion.body_json(), probe_timeout=30)
         hold.set()
-        busy = check.status("127.0.0.1:1", {}, url, "served-name", completion_timeout=1)
+        busy = check.status("127.0.0.1:1", {}, url, completion.route, completion.body_json(), probe_timeout=1)
     finally:
         release.set()
         server.shutdown()
@@ -774,9 +791,9 @@ class PoweredCluster(AskedCluster):
             return subprocess.CompletedProcess([], 0, self.power_lines, "")
         return super().ssh_gateway(command, timeout)
 
-    def completion(self, model, timeout=60):
+    def probe(self, probe, timeout=60):
         self.completions += 1
-        return super().completion(model, timeout)
+        return super().probe(probe, timeout)
 
 
 def test_a_gang_stopped_for_idleness_is_stopped_since_its_last_request_not_down_and_not_asked():
@@ -847,5 +864,51 @@ def test_status_marks_its_completion_through_the_endpoint_as_a_probe_the_waker_d
     real = cluster_module.Cluster.__new__(cluster_module.Cluster)
     real.outputs = {**BASE_OUTPUTS, "tlsCertificate": None}
     monkeypatch.setattr(real, "tls_context", lambda: None)
-    assert real.completion("m")[0] == 200
+    assert real.probe(bootstrap.stack_probe(SPEC))[0] == 200
     assert sent[0].get("X-vllm-cluster-probe") == "status", sent
+
+
+@pytest.mark.parametrize(
+    "extra_args, path, body",
+    [
+        ([], "/v1/completions", {"model": "Qwen/Qwen2.5-0.5B-Instruct", "prompt": "Hello", "max_tokens": 1}),
+        (["--convert", "embed"], "/v1/embeddings", {"model": "Qwen/Qwen2.5-0.5B-Instruct", "input": "Hello"}),
+        (["--convert", "classify"], "/classify", {"model": "Qwen/Qwen2.5-0.5B-Instruct", "input": "Hello"}),
+    ],
+)
+def test_status_sends_the_stacks_probe_through_the_endpoint_not_a_completion_to_a_pooling_model(
+    monkeypatch, extra_args, path, body
+):
+    """What reaches the endpoint is the request of the model's task, at its route (a
+    classifier's /classify lies outside the endpoint's /v1): a pooling model's vLLM
+    serves no /v1/completions, so a completion would call a serving stack degraded."""
+    from cli import cluster as cluster_module
+
+    sent = []
+
+    class Answer:
+        status = 200
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return b"{}"
+
+    def urlopen(request, context=None, timeout=None):
+        sent.append((request.full_url, json.loads(request.data)))
+        return Answer()
+
+    monkeypatch.setattr(cluster_module.urllib.request, "urlopen", urlopen)
+    spec = dataclasses.replace(SPEC, vllm_extra_args=tuple(extra_args))
+    cluster = AskedCluster(BASE_OUTPUTS, {IPS[0]: head(IPS)["facts"]})
+    status.snapshot(cluster, spec)
+    real = cluster_module.Cluster.__new__(cluster_module.Cluster)
+    real.outputs = {**BASE_OUTPUTS, "tlsCertificate": None}
+    monkeypatch.setattr(real, "tls_context", lambda: None)
+    assert real.probe(cluster.probes[0])[0] == 200
+    endpoint = BASE_OUTPUTS["endpoint"].removesuffix("/v1")
+    assert sent == [(endpoint + path, body)]

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from components import api_routes
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECK_PATH = ROOT / "scripts" / "node" / "vllm-watchdog-check"
 DOUBLE = ROOT / "tests" / "doubles" / "vllm_double"
@@ -172,8 +174,9 @@ def free_port() -> int:
 class Double:
     """The vLLM test double serving on this machine (no Ray: a single-GPU server)."""
 
-    def __init__(self, workdir: Path, keep_alive: int = 5):
-        (workdir / "model").mkdir()
+    def __init__(self, workdir: Path, keep_alive: int = 5, extra_args: tuple[str, ...] = (), api_key: str = "test-key"):
+        self.extra_args = extra_args
+        (workdir / "model").mkdir(parents=True)
         (workdir / "model" / "config.json").write_text("{}")
         self.model = str(workdir / "model")
         self.control = workdir / "mode"
@@ -183,7 +186,7 @@ class Double:
         env = {
             **os.environ,
             "PYTHONPATH": str(DOUBLE),
-            "VLLM_API_KEY": "test-key",
+            "VLLM_API_KEY": api_key,
             "VLLM_DOUBLE_CONTROL": str(self.control),
             "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(keep_alive),
         }
@@ -199,6 +202,7 @@ class Double:
                     "127.0.0.1",
                     "--port",
                     str(self.port),
+                    *extra_args,
                 ],
                 env=env,
                 stdout=log,
@@ -234,6 +238,13 @@ class Double:
             assert time.monotonic() < deadline, self.log.read_text()
             time.sleep(0.1)
 
+    def probe(self) -> api_routes.Probe:
+        """The stack's probe of this model (its task's request), as the head keeps it."""
+        return api_routes.stack_probe(self.extra_args, self.model)
+
+    def post(self, route: str, body: dict) -> str:
+        return CHECK.fetch(f"{self.url}{route}", 5, {"model": self.model, **body})[0]
+
     def completion(self, timeout: float) -> str:
         return CHECK.fetch(
             f"{self.url}/v1/completions", timeout, {"model": self.model, "prompt": "Hi", "max_tokens": 2}
@@ -254,13 +265,14 @@ def run_check(double: Double, state: Path, window: float | None = None) -> str:
     """One watchdog run as the node makes it (the file's main), with a 3 s probe instead
     of 60 (and, given `window`, that many seconds instead of WINDOW's 15)."""
     out = StringIO()
-    original = CHECK.COMPLETION_TIMEOUT, CHECK.WINDOW
-    CHECK.COMPLETION_TIMEOUT, CHECK.WINDOW = 3, window or CHECK.WINDOW
+    original = CHECK.PROBE_TIMEOUT, CHECK.WINDOW
+    CHECK.PROBE_TIMEOUT, CHECK.WINDOW = 3, window or CHECK.WINDOW
+    probe = double.probe()
     try:
         with redirect_stdout(out):
-            CHECK.main(double.url, double.model, "4242", str(state))
+            CHECK.main(double.url, probe.route, probe.body_json(), "4242", str(state))
     finally:
-        CHECK.COMPLETION_TIMEOUT, CHECK.WINDOW = original
+        CHECK.PROBE_TIMEOUT, CHECK.WINDOW = original
     return out.getvalue().strip()
 
 
@@ -307,6 +319,58 @@ def test_the_check_judges_the_double_healthy_busy_and_dead(double, tmp_path):
     while double.metrics()["waiting"] != 0:
         assert time.monotonic() < deadline, "the double kept a request whose client went away"
         time.sleep(0.1)
+
+    double.switch("hung")
+    age_sample(state, 20)
+    run_check(double, state)  # tokens came between the last sample and the hang
+    age_sample(state, 20)
+    hung = run_check(double, state)
+    assert kind(hung) == "dead" and "8 running" in hung and "no token" in hung, hung
+
+    double.switch("normal")
+    assert run_check(double, state) == "healthy"
+
+
+# A pooling model: vLLM serves it no /v1/completions. The watchdog sends the stack's probe
+# of its task; with a completion it saw only 404s, "healthy" whatever the engine did.
+POOLING_MODELS = {
+    "embed": ("--runner", "pooling", "--pooler-config.task", "embed"),
+    "classify": ("--convert", "classify"),
+}
+
+
+@pytest.fixture(params=sorted(POOLING_MODELS))
+def pooling_double(request, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "test-key")
+    running = Double(tmp_path, extra_args=POOLING_MODELS[request.param])
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_the_pooling_double_serves_its_tasks_routes_and_no_completion(pooling_double):
+    assert pooling_double.completion(5) == "404"
+    assert pooling_double.post("/v1/chat/completions", {"messages": []}) == "404"
+    assert pooling_double.post("/pooling", {"input": "Hello"}) == "200"
+    embeds = "--pooler-config.task" in pooling_double.extra_args
+    assert pooling_double.post("/v1/embeddings", {"input": "Hello"}) == ("200" if embeds else "404")
+    assert pooling_double.post("/classify", {"input": "Hello"}) == ("404" if embeds else "200")
+    # A classifier with two labels has no scoring routes (vLLM's enable_scoring_api).
+    assert pooling_double.post("/v1/score", {"text_1": "a", "text_2": "b"}) == ("200" if embeds else "404")
+    assert pooling_double.post(pooling_double.probe().route, {}) == "400"  # its input is missing
+
+
+def test_the_check_judges_a_pooling_engine_healthy_busy_and_dead_by_its_own_probe(pooling_double, tmp_path):
+    double, state = pooling_double, tmp_path / "watchdog.json"
+    assert run_check(double, state) == "healthy"
+
+    double.switch("saturated")
+    assert kind(run_check(double, state)) == "busy"
+    age_sample(state, 20)
+    saturated = run_check(double, state)
+    # The batch reads prompts and generates nothing: progress is still progress.
+    assert kind(saturated) == "busy" and "tokens in" in saturated, saturated
 
     double.switch("hung")
     age_sample(state, 20)

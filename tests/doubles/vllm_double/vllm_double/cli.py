@@ -10,6 +10,16 @@ It imitates what the cluster depends on, not the model:
   worker (vLLM hangs otherwise, vllm #7815);
 - the OpenAI-compatible server: /health, /v1/models, /v1/completions,
   /v1/chat/completions, /metrics, with VLLM_API_KEY guarding the /v1 routes only;
+- a pooling model (`--runner pooling`, `--convert embed|classify`,
+  `--pooler-config.task`; no `--task`, which vLLM refuses): the routes vLLM 0.33.0
+  serves for its task and nothing else (vllm/entrypoints/pooling/factories.py
+  register_pooling_api_routers): /pooling for every task; embed /v1/embeddings and
+  the scoring routes; classify /classify (the double's classifier has two labels, so
+  no scoring routes, as vLLM's enable_scoring_api); token_embed /v1/embeddings and the
+  scoring routes; token_classify /pooling only. No /v1/completions: 404, as vLLM. A
+  pooled request counts its prompt token, no generated one, and finishes with reason
+  stop (vllm/v1/core/sched/scheduler.py: pooling stops as soon as there is output);
+  vLLM records no max_tokens for it (vllm/v1/metrics/loggers.py);
 - failure: a completion calls every worker; when a worker's node is gone the
   completion fails with HTTP 500 while /health keeps answering 200 (vllm #16259);
 - metrics as vLLM's Prometheus logger exposes them (vllm/v1/metrics/loggers.py):
@@ -62,6 +72,8 @@ STEP_SECONDS = 0.25
 # Requests of other clients in a saturated engine's batch (vLLM's --max-num-seqs is larger;
 # what matters is that they run and produce a token each per step).
 SATURATED_BATCH = 8
+# vLLM's pooling tasks (vllm/tasks.py PoolingTask).
+POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify", "plugin")
 
 
 def log(message: str) -> None:
@@ -94,7 +106,41 @@ def serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--download-dir")
     parser.add_argument("--tokenizer")
     parser.add_argument("--revision")
+    # vllm/config/model.py RunnerOption and ConvertOption; vllm/config/pooler.py's task,
+    # set through vLLM's dotted JSON arguments (vllm/utils/argparse_utils.py).
+    parser.add_argument("--runner", choices=["auto", "generate", "pooling", "draft"], default="auto")
+    parser.add_argument("--convert", choices=["auto", "none", "embed", "classify"], default="auto")
+    parser.add_argument("--pooler-config.task", dest="pooler_task", choices=POOLING_TASKS)
     return parser
+
+
+def pooling_task(args: argparse.Namespace) -> str | None:
+    """The pooling task vLLM would serve, None for a generation model. The double's
+    model is a generative one that a pooling runner serves as an embedding model, as
+    vLLM's _get_default_convert_type does for a *ForCausalLM architecture."""
+    if args.runner == "generate":
+        return None
+    if args.pooler_task:
+        return args.pooler_task
+    if args.convert in ("embed", "classify"):
+        return args.convert
+    return "embed" if args.runner == "pooling" else None
+
+
+def pooling_routes(task: str) -> dict[str, tuple[str, ...]]:
+    """The POST routes vLLM 0.33.0 serves for a pooling task, each with the body fields
+    (any one group of them) its request takes (vllm/entrypoints/pooling/*/protocol.py)."""
+    scoring = {
+        route: (("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2"))
+        for route in ("/score", "/v1/score")
+    }
+    scoring |= {route: (("query", "documents"),) for route in ("/rerank", "/v1/rerank", "/v2/rerank")}
+    routes: dict[str, tuple[tuple[str, ...], ...]] = {"/pooling": (("input",),)}
+    if task in ("embed", "token_embed"):
+        routes |= {"/v1/embeddings": (("input",),)} | scoring
+    if task == "classify":
+        routes["/classify"] = (("input",),)
+    return routes
 
 
 class Engine:
@@ -205,6 +251,9 @@ class Server:
     def __init__(self, args: argparse.Namespace, engine: Engine | None):
         self.engine = engine
         self.model_names = args.served_model_name or [args.model_tag]
+        self.task = pooling_task(args)
+        self.pooling_routes = pooling_routes(self.task) if self.task else {}
+        self.pooled_total = 0  # pooled requests finished (reason stop)
         self.api_key = os.environ.get("VLLM_API_KEY") or args.api_key
         self.changed = threading.Condition()
         self.running = 0  # clients' requests in the engine's batch
@@ -259,7 +308,11 @@ class Server:
                     if self.engine is not None:
                         self.engine.step(SATURATED_BATCH)  # through every worker, as a real step
                     with self.changed:
-                        self.generation_tokens += self.others
+                        # A pooling batch makes no token but reads its prompts'.
+                        if self.task:
+                            self.prompt_tokens += self.others
+                        else:
+                            self.generation_tokens += self.others
                     failing = False
                 except Exception as error:  # a lost worker: the batch makes no progress
                     if not failing:
@@ -276,6 +329,7 @@ class Server:
                 "generation_tokens": self.generation_tokens,
             }
             finished = self.requests_total
+            pooled = self.pooled_total
             histogram = list(zip(self.max_tokens_buckets, self.max_tokens_counts, strict=True))
             max_tokens_sum = self.max_tokens_sum
         lines = []
@@ -315,7 +369,7 @@ class Server:
         help_text = "Count of successfully processed requests."
         lines += [f"# HELP vllm:request_success_total {help_text}", "# TYPE vllm:request_success_total counter"]
         for reason in ("stop", "length", "abort", "error", "repetition"):
-            count = finished if reason == "length" else 0
+            count = {"length": finished, "stop": pooled}.get(reason, 0)
             lines.append(f"vllm:request_success_total{reasons.format(reason)} {go_float(count)}")
         lines += [f"# HELP vllm:request_success_created {help_text}", "# TYPE vllm:request_success_created gauge"]
         for reason in ("stop", "length", "abort", "error", "repetition"):
@@ -339,17 +393,22 @@ class Server:
         ]
         return "\n".join(lines) + "\n"
 
-    def complete(self, body: dict, chat: bool, gone) -> tuple[int, dict] | None:
-        """(status, answer) of a completion; None when its client went away first."""
-        if body.get("model") not in self.model_names:
-            return 404, {
-                "error": {
-                    "message": f"The model `{body.get('model')}` does not exist.",
-                    "type": "NotFoundError",
-                    "code": 404,
-                }
+    def unknown_model(self, body: dict) -> tuple[int, dict] | None:
+        """vLLM's 404 for a model name it does not serve."""
+        if body.get("model") in self.model_names:
+            return None
+        return 404, {
+            "error": {
+                "message": f"The model `{body.get('model')}` does not exist.",
+                "type": "NotFoundError",
+                "code": 404,
             }
-        tokens = max(1, int(body.get("max_tokens") or 16))
+        }
+
+    def run_in_engine(self, tokens: int, gone) -> tuple[int, dict] | bool:
+        """One request through the engine: waits while it is saturated or hung, then one
+        step through every worker. True when it ran, False when its client went away
+        first, (500, error) when a worker is lost."""
         with self.changed:
             self.waiting += 1
             try:
@@ -357,7 +416,7 @@ class Server:
                 while self.mode != "normal":
                     if gone():
                         log("request aborted: its client disconnected while it waited")
-                        return None
+                        return False
                     self.changed.wait(0.5)
             finally:
                 self.waiting -= 1
@@ -376,6 +435,41 @@ class Server:
         finally:
             with self.changed:
                 self.running -= 1
+        return True
+
+    def pool(self, route: str, body: dict, gone) -> tuple[int, dict] | None:
+        """(status, answer) of a pooling request; None when its client went away first."""
+        unknown = self.unknown_model(body)
+        if unknown:
+            return unknown
+        if not any(all(field in body for field in group) for group in self.pooling_routes[route]):
+            wanted = " or ".join("+".join(group) for group in self.pooling_routes[route])
+            return 400, {"error": {"message": f"{route} needs {wanted}", "type": "BadRequestError", "code": 400}}
+        ran = self.run_in_engine(1, gone)
+        if ran is not True:
+            return ran or None
+        with self.changed:
+            self.pooled_total += 1
+            self.prompt_tokens += 1
+        created = int(time.time())
+        return 200, {
+            "id": f"pool-{created}",
+            "object": "list",
+            "created": created,
+            "model": body["model"],
+            "data": [{"index": 0, "object": "pooling", "data": [0.0]}],
+            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        }
+
+    def complete(self, body: dict, chat: bool, gone) -> tuple[int, dict] | None:
+        """(status, answer) of a completion; None when its client went away first."""
+        unknown = self.unknown_model(body)
+        if unknown:
+            return unknown
+        tokens = max(1, int(body.get("max_tokens") or 16))
+        ran = self.run_in_engine(tokens, gone)
+        if ran is not True:
+            return ran or None
         with self.changed:
             self.requests_total += 1
             self.prompt_tokens += 1
@@ -475,15 +569,22 @@ def handler_for(server: Server):
             raw = self.rfile.read(length) if length else b""
             if not self.authorized():
                 return self.reply(401, {"error": "Unauthorized"})
-            if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            # A pooling model serves its task's routes and no generation one.
+            served = server.pooling_routes or ("/v1/completions", "/v1/chat/completions")
+            if self.path not in served:
                 return self.reply(404, {"detail": "Not Found"})
             try:
                 body = json.loads(raw or b"{}")
             except json.JSONDecodeError:
                 return self.reply(400, {"error": {"message": "invalid JSON", "code": 400}})
-            answer = server.complete(
-                body, chat=self.path.endswith("chat/completions"), gone=lambda: client_gone(self.connection)
-            )
+
+            def gone() -> bool:
+                return client_gone(self.connection)
+
+            if server.pooling_routes:
+                answer = server.pool(self.path, body, gone)
+            else:
+                answer = server.complete(body, chat=self.path.endswith("chat/completions"), gone=gone)
             if answer is None:  # nobody to answer
                 self.close_connection = True
                 return None
