@@ -113,6 +113,55 @@ def test_the_stacks_own_one_token_probes_are_not_requests():
     assert kind(verdict) == "stop"
 
 
+def test_a_probe_caught_running_by_a_check_does_not_restart_the_idle_clock():
+    # The watchdog's 1-token probe every 20 s is in vLLM's running gauge while it runs;
+    # a check every 15 s catches one now and then. Once it has finished as a 1-token
+    # request and nothing else happened, the node is idle since before that reading:
+    # it stops after exactly N minutes, as if the probe had never been seen.
+    state = armed_at(0)  # finished 10, of which 6 were 1-token requests
+    state, verdict = quiet(150, state, metrics(running=1, finished=10, requests=4))
+    assert kind(verdict) == "active", verdict
+    state, verdict = quiet(165, state, metrics(finished=11, requests=4))
+    assert verdict.startswith(f"idle: since {CHECK.utc(WALL + 0)}"), verdict
+    assert kind(quiet(299, state)[1]) == "idle"
+    assert kind(quiet(300, state)[1]) == "stop"
+
+
+def test_probes_caught_at_every_other_check_never_keep_the_node_up():
+    # However often a probe is seen in flight, the node stops after N quiet minutes.
+    state = armed_at(0)
+    finished = 10
+    for check in range(1, 21):
+        running = check % 2  # every other check sees a probe running
+        state, verdict = quiet(check * 15, state, metrics(running=running, finished=finished, requests=4))
+        finished += running  # it finishes (a 1-token request) before the next check
+    assert kind(verdict) == "stop", verdict
+
+
+def test_a_request_seen_running_that_finishes_asking_for_more_than_a_token_is_use():
+    state = armed_at(0)
+    state, verdict = quiet(150, state, metrics(running=1, finished=10, requests=4))
+    state, verdict = quiet(165, state, metrics(finished=11, requests=5))
+    assert kind(verdict) == "active" and "1 new request" in verdict, verdict
+    assert kind(quiet(165 + 299, state)[1]) == "idle"
+    assert kind(quiet(165 + 300, state)[1]) == "stop"
+
+
+def test_a_request_still_running_at_the_next_check_is_use_and_a_login_beside_a_probe_too():
+    state = armed_at(0)
+    state, _ = quiet(150, state, metrics(running=1, finished=10, requests=4))
+    state, verdict = quiet(165, state, metrics(running=1, finished=10, requests=4))
+    assert kind(verdict) == "active", verdict
+    # It ran on (a long generation): at least until 165, whatever it finishes as.
+    state, verdict = quiet(180, state, metrics(finished=11, requests=4))
+    assert verdict.startswith(f"idle: since {CHECK.utc(WALL + 165)}"), verdict
+    login = ["ubuntu (pts/0 from 198.51.100.7, logind session 3)"]
+    state = armed_at(0)
+    state, _ = quiet(150, state, metrics(running=1, finished=10, requests=4), sessions=login)
+    state, verdict = quiet(165, state, metrics(finished=11, requests=4))
+    assert verdict.startswith(f"idle: since {CHECK.utc(WALL + 150)}"), verdict
+
+
 def test_a_counter_reset_is_a_restarted_engine_and_counts_as_activity():
     state = armed_at(0, finished=500, requests=300)
     state, verdict = quiet(200, state, metrics(finished=0, requests=0))
