@@ -166,6 +166,27 @@ def expected_wake_seconds(model_name: str, instance: InstanceType, nodes: int, p
     return round(sum(term.seconds for term in wake_terms(model_name, instance, nodes, pp)))
 
 
+def short_idle_warning(
+    minutes: int, wake_seconds: int, nodes: int, price_per_hour_usd: float, key: str = "idleStopMinutes"
+) -> str | None:
+    """A warning when the idle time is shorter than a wake of the stack (expected_wake_seconds):
+    then every quiet spell longer than the idle time costs a stop and a wake, with clients
+    answered 503 for the whole wake and the GPU nodes billed through it while they serve
+    nobody. None when the idle time is at least the wake."""
+    if minutes * 60 >= wake_seconds:
+        return None
+    wake_minutes = wake_seconds / 60
+    billed = nodes * price_per_hour_usd * wake_seconds / 3600
+    return (
+        f"{key} is {minutes} min, shorter than a wake of this stack (about {wake_minutes:.1f} min: instance "
+        f"start, Ray, stage copy, model load, engine start; `scripts/vllm-cluster plan` shows each term). Every "
+        f"quiet spell longer than {minutes} min then costs a stop and a wake: the next request and every retry "
+        f"get 503 for about {wake_minutes:.0f} min, and the {nodes} GPU node{'s' if nodes != 1 else ''} run "
+        f"that long before serving (about ${billed:.2f} a wake). Fix: pulumi config set vllm-cluster:{key} "
+        f"{max(minutes + 1, round(wake_minutes + 0.5))} or more"
+    )
+
+
 def waker_config(
     *,
     region: str,

@@ -11,6 +11,7 @@ components/config_keys.py (namespace `vllm-cluster`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 import json
@@ -18,7 +19,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import api_routes, aws_contract, catalog, host_keys, node_env, sizing, versions
+from components import api_routes, aws_contract, catalog, host_keys, idle_stop, node_env, sizing, versions
 from components.catalog import InstanceType
 
 # CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
@@ -1838,7 +1839,7 @@ def load_spec(
     if reader.problems:
         raise SpecError(reader.problems)
     pieces = (source, engine, shape, exposure, secrets, software, network, capacity, storage, gateway)
-    return ClusterSpec(
+    spec = ClusterSpec(
         stack=stack,
         **{name: value for piece in pieces for name, value in _fields(piece).items()},
         tls=tls,
@@ -1846,6 +1847,13 @@ def load_spec(
         own_hosts=own,
         idle_stop_minutes=idle_stop_minutes,
     )
+    if idle_stop_minutes:
+        # The wake the planner prints and the waker is told (components/idle_stop.py).
+        wake = idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+        warning = idle_stop.short_idle_warning(idle_stop_minutes, wake, spec.nodes, spec.instance.price_per_hour_usd)
+        if warning:
+            spec = dataclasses.replace(spec, warnings=(*spec.warnings, warning))
+    return spec
 
 
 # The EFS page that states it: mounting by the file system's DNS name needs the Amazon

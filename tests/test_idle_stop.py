@@ -51,6 +51,23 @@ def by_urn(run):
     return {r.urn: r for r in run.resources}
 
 
+def test_an_idle_time_shorter_than_a_wake_is_warned_at_deploy_saying_what_it_costs():
+    """idleStopMinutes 1 on prod (2 x p4d.24xlarge, a 70B model) is accepted, but a wake
+    takes longer than that: `pulumi up` warns, naming the key, the wake and its price."""
+    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+    assert wake > 60
+    short = run_stack("prod", {"idleStopMinutes": 1})
+    assert short.error is None, short.error
+    warned = [w for w in short.warnings if "idleStopMinutes is 1 min" in w]
+    assert len(warned) == 1, short.warnings
+    billed = 2 * CATALOG["p4d.24xlarge"].price_per_hour_usd * wake / 3600
+    for words in (f"about {wake / 60:.1f} min", "a stop and a wake", "503", f"${billed:.2f} a wake"):
+        assert words in warned[0], warned[0]
+    # At the wake's length or more: no warning.
+    enough = run_stack("prod", {"idleStopMinutes": -(-wake // 60)})
+    assert enough.error is None and not [w for w in enough.warnings if "idleStopMinutes" in w], enough.warnings
+
+
 # --- what the key declares, and what it leaves alone without it ---------------------------------
 
 
