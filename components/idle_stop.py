@@ -24,8 +24,8 @@ from components.catalog import InstanceType
 SHUTDOWN_BEHAVIOR_DOC = (
     "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
 )
-# The Service Authorization Reference's table of EC2 actions: StartInstances takes the
-# instance resource type and the aws:ResourceTag/${TagKey} condition key; DescribeInstances
+# The Service Authorization Reference's table of EC2 actions: StartInstances and
+# StopInstances take the instance resource type and the aws:ResourceTag/${TagKey} condition key; DescribeInstances
 # lists no resource type, so it is granted on "*" only.
 EC2_ACTIONS_DOC = "https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html"
 # IAM quotas: a role's inline policies at most 10,240 characters, whitespace not counted
@@ -61,10 +61,11 @@ def ec2_endpoint(region: str, dns_suffix: str) -> str:
 
 
 def gateway_wake_policy(partition: str, region: str, account: str, project: str, stack: str, stack_id: str) -> dict:
-    """The gateway role's one inline policy: start this stack's instances, and see which are
-    stopped. StartInstances only on instances of this account and region that carry the
-    stack's, the project's and the stack's random id's tag, and only in requests to this
-    region (aws:RequestedRegion), so the gateway can start no other machine; DescribeInstances
+    """The gateway role's one inline policy: start (and stop again) this stack's instances,
+    and see which are stopped. StartInstances and StopInstances only on instances of this
+    account and region that carry the stack's, the project's and the stack's random id's
+    tag, and only in requests to this region (aws:RequestedRegion), so the gateway can start
+    or stop no other machine (and terminate none); DescribeInstances
     supports no resource-level permission (EC2_ACTIONS_DOC), so it is granted on "*", in this
     region: it reads, and the waker filters by the same tags. The stack's VPC is no condition:
     EC2's instance resource has no ec2:Vpc key (EC2_ACTIONS_DOC, the instance resource type's
@@ -75,7 +76,9 @@ def gateway_wake_policy(partition: str, region: str, account: str, project: str,
             {
                 "Sid": "StartThisStacksInstances",
                 "Effect": "Allow",
-                "Action": ["ec2:StartInstances"],
+                # StopInstances: a wake that never serves (EC2 started the head and refused
+                # a worker, say) is given up and what it started stopped, not left billed.
+                "Action": ["ec2:StartInstances", "ec2:StopInstances"],
                 "Resource": f"arn:{partition}:ec2:{region}:{account}:instance/*",
                 "Condition": {
                     "StringEquals": {
@@ -187,6 +190,28 @@ def short_idle_warning(
     )
 
 
+# How long a wake may take before the waker gives up, stops what it started and says why:
+# three expected wakes (a cold page cache on EFS or a slow compile can double a term), and
+# at least 15 minutes, for a shortage of capacity often clears within minutes and the
+# waker's retries (30 s doubling to 5 min) get several tries in.
+GIVE_UP_WAKES = 3
+GIVE_UP_MIN_SECONDS = 900
+# A node's own guard comes this much later than the waker's bound (vllm-idle-check): the
+# waker, which sees the whole gang and says why, stops it first; the node powers itself off
+# when the waker cannot (it is down, or the role may not stop instances).
+NODE_GUARD_MARGIN_SECONDS = 600
+
+
+def wake_give_up_seconds(expected_wake: int) -> int:
+    return max(GIVE_UP_WAKES * expected_wake, GIVE_UP_MIN_SECONDS)
+
+
+def never_served_grace_seconds(expected_wake: int) -> int:
+    """How long a node stays up after a boot whose engine never answered (no request, no
+    login, no stack command): the waker's bound and a margin."""
+    return wake_give_up_seconds(expected_wake) + NODE_GUARD_MARGIN_SECONDS
+
+
 def waker_config(
     *,
     region: str,
@@ -211,6 +236,7 @@ def waker_config(
                 "idle_stop_minutes": idle_stop_minutes,
                 "retry_after_seconds": retry_after_seconds,
                 "expected_wake_seconds": expected_wake_seconds,
+                "give_up_seconds": wake_give_up_seconds(expected_wake_seconds),
             },
             indent=2,
         )

@@ -147,10 +147,12 @@ def stack_id_of(run) -> str:
     return node.inputs["tags"][idle_stop.STACK_ID_TAG]
 
 
-def test_the_gateway_may_start_only_instances_of_its_own_stack_in_its_own_region(idle):
+@pytest.mark.parametrize("action", ["ec2:StartInstances", "ec2:StopInstances"])
+def test_the_gateway_may_start_and_stop_only_instances_of_its_own_stack_in_its_own_region(idle, action):
     """Issue 33 point 5: the stack's and project's tags are readable and repeatable (another
     user's stack named prod carries the same): the role also needs the stack's random id,
-    and a request to this region."""
+    and a request to this region. Issue 34: it may stop them too (a wake that never served
+    is given up and what it started stopped), under the same conditions."""
     _, policy = wake_policy(idle)
     arn = "arn:aws:ec2:us-east-1:123456789012:instance/i-0123456789abcdef0"
     own = {
@@ -158,21 +160,21 @@ def test_the_gateway_may_start_only_instances_of_its_own_stack_in_its_own_region
         idle_stop.PROJECT_TAG: "vllm-cluster",
         idle_stop.STACK_ID_TAG: stack_id_of(idle),
     }
-    assert allows(policy, "ec2:StartInstances", arn, own)
-    assert not allows(policy, "ec2:StartInstances", arn, {**own, idle_stop.STACK_TAG: "dev"})
-    assert not allows(policy, "ec2:StartInstances", arn, {idle_stop.STACK_TAG: "prod"})
+    assert allows(policy, action, arn, own)
+    assert not allows(policy, action, arn, {**own, idle_stop.STACK_TAG: "dev"})
+    assert not allows(policy, action, arn, {idle_stop.STACK_TAG: "prod"})
     same_names = {idle_stop.STACK_TAG: "prod", idle_stop.PROJECT_TAG: "vllm-cluster"}
-    assert not allows(policy, "ec2:StartInstances", arn, same_names), "another stack named prod"
-    assert not allows(policy, "ec2:StartInstances", arn, {**own, idle_stop.STACK_ID_TAG: "0" * 32})
-    assert not allows(policy, "ec2:StartInstances", arn, own, region="eu-west-1")
-    assert not allows(policy, "ec2:StartInstances", arn.replace("123456789012", "210987654321"), own)
-    assert not allows(policy, "ec2:StopInstances", arn, own)
+    assert not allows(policy, action, arn, same_names), "another stack named prod"
+    assert not allows(policy, action, arn, {**own, idle_stop.STACK_ID_TAG: "0" * 32})
+    assert not allows(policy, action, arn, own, region="eu-west-1")
+    assert not allows(policy, action, arn.replace("123456789012", "210987654321"), own)
     assert not allows(policy, "ec2:TerminateInstances", arn, own)
+    assert not allows(policy, "ec2:RunInstances", arn, own)
     # DescribeInstances has no resource-level permission: "*", and it only reads, here.
     assert allows(policy, "ec2:DescribeInstances", "*", {})
     assert not allows(policy, "ec2:DescribeInstances", "*", {}, region="eu-west-1")
     actions = {a for s in policy["Statement"] for a in s["Action"]}
-    assert actions == {"ec2:StartInstances", "ec2:DescribeInstances"}
+    assert actions == {"ec2:StartInstances", "ec2:StopInstances", "ec2:DescribeInstances"}
 
 
 def test_the_stack_id_is_128_random_bits_of_the_stacks_own(idle):
@@ -240,6 +242,7 @@ def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
     assert {"vllm-gateway-setup", "vllm-head", "vllm-worker-1"} <= waits_for
     config = fed_waker_config(unsecret(waker.inputs["stdin"]))
     head, worker = idle.named("vllm-head", INSTANCE), idle.named("vllm-worker-1", INSTANCE)
+    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
     assert config == {
         "region": "us-east-1",
         "endpoint": "https://ec2.us-east-1.amazonaws.com",
@@ -248,10 +251,11 @@ def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
         "gangs": {"gang0": [idle.id_of(head), idle.id_of(worker)]},
         "idle_stop_minutes": 30,
         "retry_after_seconds": idle_stop.RETRY_AFTER_SECONDS,
-        "expected_wake_seconds": idle_stop.expected_wake_seconds(
-            "meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2
-        ),
+        "expected_wake_seconds": wake,
+        # Three expected wakes (590 s), past the 15-minute floor.
+        "give_up_seconds": 3 * wake,
     }
+    assert config["give_up_seconds"] > idle_stop.GIVE_UP_MIN_SECONDS
 
 
 def test_with_replicas_each_gang_has_its_instances_in_gang_order():
@@ -342,6 +346,8 @@ def test_the_waker_json_has_the_contracts_fields():
         "idle_stop_minutes": 30,
         "retry_after_seconds": 30,
         "expected_wake_seconds": 300,
+        # A short wake still gets 15 minutes before the waker gives up.
+        "give_up_seconds": 900,
     }
 
 
