@@ -408,6 +408,9 @@ services = ClusterServices(
         # that vanished would leave a node's timer on); a stack of hosts none (refused there).
         idle_stop_minutes=(spec.idle_stop_minutes or 0) if spec.own_hosts is None else None,
         waker_config=machines.waker_config,
+        never_served_grace_seconds=idle_stop.never_served_grace_seconds(
+            idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+        ),
     ),
 )
 

@@ -221,7 +221,11 @@ def test_each_node_turns_idle_stop_on_after_its_setup_and_destroy_never_needs_it
     urns = by_urn(idle)
     for node in ("head", "worker-1"):
         command = named[f"vllm-idle-stop-{node}"]
-        assert command.inputs["create"] == f"{NODE} idle-stop-config --minutes 30"
+        # And a boot whose gang never serves ends past the waker's bound (issue 34).
+        wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+        grace = idle_stop.never_served_grace_seconds(wake)
+        assert grace > idle_stop.wake_give_up_seconds(wake)
+        assert command.inputs["create"] == f"{NODE} idle-stop-config --minutes 30 --grace-seconds {grace}"
         assert not command.inputs.get("delete")
         waits_for = {urns[d].name for d in command.dependencies if d in urns}
         assert f"vllm-setup-{node}" in waits_for
