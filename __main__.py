@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, host_keys, idle_stop, metrics, node_env, ports, sizing
+from components import bootstrap, host_keys, idle_stop, metrics, node_env, ports, quotas, sizing
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
 from components.credentials import Credentials, CredentialsArgs
@@ -28,8 +28,10 @@ from components.spec import (
     existing_vpc_problems,
     load_spec,
     model_cache_problems,
+    model_cache_sharing_problems,
 )
 from components.storage import ExistingFileSystem, ModelStorage, ModelStorageArgs
+from components.tagging import stack_tags
 from components.topology import efa_interface_count, interface_layout, node_name, topology_summary
 
 
@@ -85,6 +87,39 @@ if spec.own_hosts is None:
     check_existing_vpc()
 
 
+def check_vcpu_quotas() -> None:
+    """The account's On-Demand vCPU quotas in the region (Service Quotas) against what the
+    stack runs, before any resource is declared: a stack its quota cannot hold is refused
+    as a bad config is, instead of failing at the instances once the network, the cache and
+    the gateway exist (components/quotas.py). A quota that cannot be read (the deployer may
+    lack servicequotas:GetServiceQuota) is said, and the stack goes on without the check."""
+    region = pulumi.Config("aws").get("region") or "the stack's region"
+    needs, uncounted = quotas.needs(spec.instance_type, spec.total_nodes, spec.gateway_instance_type)
+    for what in uncounted:
+        pulumi.log.warn(f"vCPU quotas: {what}: not checked before the instances are created")
+    limits = {}
+    for need in needs:
+        try:
+            found = aws.servicequotas.get_service_quota(service_code=quotas.SERVICE_CODE, quota_code=need.quota.code)
+        except Exception as error:  # an invoke's failure comes as a bare Exception; said, not hidden
+            pulumi.log.warn(
+                f"vCPU quotas: could not read '{need.quota.name}' ({need.quota.code}): {error}. The stack needs "
+                f"{need.vcpus} vCPUs of it; EC2 refuses instances beyond it with VcpuLimitExceeded. Fix: let the "
+                "deployer call servicequotas:GetServiceQuota, or check the quota in the Service Quotas console"
+            )
+            continue
+        limits[need.quota.code] = found.value
+    refusals, warnings = quotas.judge(needs, limits, region)
+    for warning in warnings:
+        pulumi.log.warn(warning)
+    if refusals:
+        raise pulumi.RunError("vCPU quotas: " + "\n".join(refusals))
+
+
+if spec.own_hosts is None:
+    check_vcpu_quotas()
+
+
 def stack_vpc_and_zone() -> tuple[str | None, str]:
     """The VPC (None: the one the stack creates) and zone the nodes run in, as plain values:
     the private subnet's, else availabilityZone, else the first zone that offers the type
@@ -138,12 +173,69 @@ def check_model_cache() -> ExistingFileSystem | None:
     problems = model_cache_problems(
         file_system_id, file_system.availability_zone_name or None, mount_targets, vpc_id, zone
     )
+    # Access points of others on it: the stack's policy would lock their clients out. The
+    # stack's own (from its first `pulumi up`) carry its tags (components/tagging.py).
+    own_tags = stack_tags()
+    foreign = [
+        point_id
+        for point_id in aws.efs.get_access_points(file_system_id=file_system_id).ids
+        if any((aws.efs.get_access_point(access_point_id=point_id).tags or {}).get(k) != v for k, v in own_tags.items())
+    ]
+    problems += model_cache_sharing_problems(file_system_id, foreign)
     if problems:
         raise pulumi.RunError(str(SpecError(problems)))
     return ExistingFileSystem(file_system_id, file_system.arn, file_system.dns_name)
 
 
 existing_model_cache = check_model_cache() if spec.own_hosts is None else None
+
+
+def check_account_counts() -> None:
+    """What the stack adds to the account's Elastic IPs, VPCs and NAT gateways against their
+    quotas (components/quotas.py), counting what the account holds outside this stack: the
+    stack's own (found by its tags, on a later `pulumi up`) are not counted twice. A warning,
+    not a refusal: the account may free some before the resources are created."""
+    adds = quotas.stack_adds(creates_network=spec.existing_network is None)
+    region = pulumi.Config("aws").get("region") or "the stack's region"
+    own = stack_tags()
+    others, where = {}, {}
+    if quotas.ELASTIC_IPS in adds:
+        others[quotas.ELASTIC_IPS.code] = len(aws.ec2.get_eips().allocation_ids) - len(
+            aws.ec2.get_eips(tags=own).allocation_ids
+        )
+        where[quotas.ELASTIC_IPS.code] = f"in {region}"
+    if quotas.VPCS in adds:
+        others[quotas.VPCS.code] = len(aws.ec2.get_vpcs().ids) - len(aws.ec2.get_vpcs(tags=own).ids)
+        where[quotas.VPCS.code] = f"in {region}"
+    if quotas.NAT_GATEWAYS in adds:
+        _, zone = stack_vpc_and_zone()
+        where[quotas.NAT_GATEWAYS.code] = f"in {zone}"
+        subnets = aws.ec2.get_subnets(filters=[{"name": "availability-zone", "values": [zone]}]).ids
+        # Pending and deleting NAT gateways count against the quota too.
+        in_zone = [
+            {"name": "subnet-id", "values": sorted(subnets)},
+            {"name": "state", "values": ["pending", "available", "deleting"]},
+        ]
+        others[quotas.NAT_GATEWAYS.code] = (
+            len(aws.ec2.get_nat_gateways(filters=in_zone).ids)
+            - len(aws.ec2.get_nat_gateways(filters=in_zone, tags=own).ids)
+            if subnets
+            else 0
+        )
+    limits = {}
+    for quota in adds:
+        try:
+            limits[quota.code] = aws.servicequotas.get_service_quota(
+                service_code=quota.service_code, quota_code=quota.code
+            ).value
+        except Exception:  # noqa: BLE001 unreadable (no servicequotas permission): the default is judged, as said
+            limits[quota.code] = quota.default
+    for warning in quotas.count_warnings(adds, others, limits, where):
+        pulumi.log.warn(warning)
+
+
+if spec.own_hosts is None:
+    check_account_counts()
 
 for warning in spec.warnings:
     pulumi.log.warn(warning)

@@ -14,6 +14,7 @@ import base64
 import hashlib
 import ipaddress
 import json
+import re
 import runpy
 import secrets
 import string
@@ -28,8 +29,6 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-# Reading stack files is pure and lives in cli/stack_file.py; these names are
-# re-exported because the tests reach the harness through this module.
 from cli.stack_file import (  # noqa: F401
     PROJECT,
     ROOT,
@@ -41,6 +40,10 @@ from cli.stack_file import (  # noqa: F401
     stack_config,
     stack_names,
 )
+
+# Reading stack files is pure and lives in cli/stack_file.py; these names are
+# re-exported because the tests reach the harness through this module.
+from components.quotas import ELASTIC_IPS, NAT_GATEWAYS, VPCS
 
 PROGRAM = ROOT / "__main__.py"
 
@@ -125,6 +128,24 @@ class ProgramRun:
         return MockCloud.resource_id(resource.type, resource.name)
 
 
+def stdout_reference(command_name: str) -> str:
+    """What a remote command's stdout reads as under a MockCloud with stdout_references:
+    a marker no command prints, which localhosts/replay.py replaces by what the command
+    printed."""
+    return f"@@stdout-of:{command_name}@@"
+
+
+STDOUT_REFERENCE = re.compile(r"@@stdout-of:([A-Za-z0-9._-]+)@@")
+
+
+# What the mock's Service Quotas answers for a quota a test does not name: room for any
+# stack file's instances, so only a test that sets a vCPU quota meets one; counts of
+# resources (Elastic IPs, VPCs, NAT gateways per zone) have AWS's defaults, 5 each
+# (components/quotas.py), which an account holding nothing else is far from.
+MOCK_QUOTA_VALUE = 100_000.0
+MOCK_COUNT_QUOTAS = {quota.code: float(quota.default) for quota in (ELASTIC_IPS, VPCS, NAT_GATEWAYS)}
+
+
 class MockCloud(pulumi.runtime.Mocks):
     """Answers resource registrations and invokes as AWS, TLS and Random would,
     with deterministic values. `instance_ips` maps an instance's resource name to
@@ -141,8 +162,25 @@ class MockCloud(pulumi.runtime.Mocks):
         key_store: dict | None = None,
         existing_vpc: Mapping[str, Any] | None = None,
         model_cache: Mapping[str, Any] | None = None,
+        stdout_references: bool = False,
+        quotas: Mapping[str, Any] | None = None,
+        account: Mapping[str, int] | None = None,
+        ebs_key_manager: str = "AWS",
     ):
         self.instance_ips = dict(instance_ips or {})
+        # A remote command's stdout as a reference to it (stdout_reference) instead of "":
+        # the local fleet's replay puts the command's real stdout in its place wherever
+        # another command's input uses it, as `pulumi up` does once the command ran.
+        self.stdout_references = stdout_references
+        # Who manages the account's default EBS key: "AWS" (aws/ebs, a new account's) or
+        # "CUSTOMER" (a key the account made its default).
+        self.ebs_key_manager = ebs_key_manager
+        # What the account holds already, by kind ("eips", "vpcs", "natGateways"): others'
+        # count, and "own" + kind the stack's own (found by its tags). None by default.
+        self.account = dict(account or {})
+        # Service Quotas' answers: quota code -> the account's value, or an exception whose
+        # text the lookup fails with (AccessDenied, say). A quota not named has MOCK_QUOTA_VALUE.
+        self.quotas = dict(quotas or {})
         self.existing_vpc = dict(existing_vpc or {})
         # What the lookups of an existing model cache (modelCacheFileSystemId) answer: by default
         # a Regional file system with no mount target (a cache kept by a destroyed stack); a test
@@ -262,6 +300,8 @@ class MockCloud(pulumi.runtime.Mocks):
         elif args.typ == "random:index/randomPassword:RandomPassword":
             length = int(args.inputs.get("length", 32))
             state["result"] = (_digest("password", args.name, length=64) * 4)[:length]
+        elif args.typ == "command:remote:Command" and self.stdout_references:
+            state["stdout"] = stdout_reference(args.name)
         return resource_id, state
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -332,6 +372,58 @@ class MockCloud(pulumi.runtime.Mocks):
                 "subnetId": target.get("subnetId", "subnet-mounttarget"),
                 "securityGroups": target.get("securityGroups", []),
             }
+        if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":
+            code = args.args["quotaCode"]
+            value = self.quotas.get(code, MOCK_COUNT_QUOTAS.get(code, MOCK_QUOTA_VALUE))
+            if isinstance(value, Exception):
+                # As the provider's error reaches the program: the invoke fails with its reason
+                # (pulumi/runtime/invoke.py raises it where the program called), not the run.
+                return {}, [("quotaCode", str(value))]
+            return {
+                "id": f"{args.args['serviceCode']}/{code}",
+                "quotaCode": code,
+                "serviceCode": args.args["serviceCode"],
+                "value": float(value),
+                "defaultValue": 5.0,
+                "adjustable": True,
+                "globalQuota": False,
+            }
+        held = {
+            "aws:ec2/getEips:getEips": "eips",
+            "aws:ec2/getVpcs:getVpcs": "vpcs",
+            "aws:ec2/getNatGateways:getNatGateways": "natGateways",
+        }
+        if args.token in held:
+            kind = held[args.token]
+            own = self.account.get("own" + kind[0].upper() + kind[1:], 0)
+            count = own if args.args.get("tags") else own + self.account.get(kind, 0)
+            ids = [f"{kind}-{i:08x}" for i in range(count)]
+            return {"id": "us-east-1", "ids": ids, "allocationIds": ids, "publicIps": []}
+        if args.token == "aws:efs/getAccessPoints:getAccessPoints":
+            # model_cache "accessPoints": [{"id", "tags"}] already on the file system.
+            points = self.model_cache.get("accessPoints", [])
+            return {
+                "id": args.args["fileSystemId"],
+                "fileSystemId": args.args["fileSystemId"],
+                "ids": [point["id"] for point in points],
+                "arns": [f"arn:aws:elasticfilesystem:us-east-1:123456789012:access-point/{p['id']}" for p in points],
+            }
+        if args.token == "aws:efs/getAccessPoint:getAccessPoint":
+            point = next(p for p in self.model_cache.get("accessPoints", []) if p["id"] == args.args["accessPointId"])
+            return {"id": point["id"], "accessPointId": point["id"], "tags": dict(point.get("tags", {}))}
+        if args.token == "aws:ebs/getDefaultKmsKey:getDefaultKmsKey":
+            alias = "alias/aws/ebs" if self.ebs_key_manager == "AWS" else "key/mock-customer-key"
+            return {"id": "us-east-1", "keyArn": f"arn:aws:kms:us-east-1:123456789012:{alias}"}
+        if args.token == "aws:kms/getKey:getKey":
+            key_id = "mock-aws-ebs-key" if self.ebs_key_manager == "AWS" else "mock-customer-key"
+            return {
+                "id": key_id,
+                "keyId": key_id,
+                "arn": f"arn:aws:kms:us-east-1:123456789012:key/{key_id}",
+                "keyManager": self.ebs_key_manager,
+            }
+        if args.token == "aws:ec2/getSubnets:getSubnets":
+            return {"id": "us-east-1", "ids": ["subnet-other-1"]}
         if args.token == "aws:ec2/getSecurityGroups:getSecurityGroups":
             # The stack's own efs group, found by its tags once a first `pulumi up` made it.
             groups = self.model_cache.get("stackEfsGroups", [])
@@ -455,6 +547,10 @@ def run_program(
     key_store: dict | None = None,
     existing_vpc: Mapping[str, Any] | None = None,
     model_cache: Mapping[str, Any] | None = None,
+    stdout_references: bool = False,
+    quotas: Mapping[str, Any] | None = None,
+    account: Mapping[str, int] | None = None,
+    ebs_key_manager: str = "AWS",
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -469,6 +565,10 @@ def run_program(
         key_store=key_store,
         existing_vpc=existing_vpc,
         model_cache=model_cache,
+        stdout_references=stdout_references,
+        quotas=quotas,
+        account=account,
+        ebs_key_manager=ebs_key_manager,
     )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from cli.stack_file import read_stack
-from components import aws_contract, bootstrap, idle_stop, image, metrics, models, prometheus_sizing, sizing
+from components import aws_contract, bootstrap, idle_stop, image, metrics, models, prometheus_sizing, quotas, sizing
 from components.catalog import InstanceType
 from components.topology import node_name, topology_summary
 
@@ -157,6 +157,7 @@ def build_plan(
         "costPerHourUsd": round(the_cost.per_hour, 4) if spec.own_hosts is None else 0.0,
         "costPerDayUsd": round(the_cost.per_day, 2) if spec.own_hosts is None else 0.0,
         "cost": _cost(the_cost, instance),
+        "vcpuQuotas": _vcpu_quotas(spec) if spec.own_hosts is None else None,
         "idleStop": _idle_stop(spec, the_fit.weights_gb) if spec.own_hosts is None else None,
         "prometheus": prometheus,
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
@@ -176,6 +177,12 @@ def build_plan(
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
         "secretsNotRead": secret_keys,
     }
+
+
+def _vcpu_quotas(spec) -> dict[str, Any]:
+    """What the stack needs of EC2's On-Demand vCPU quotas (components/quotas.py)."""
+    needs, uncounted = quotas.needs(spec.instance_type, spec.total_nodes, spec.gateway_instance_type)
+    return {"needs": [need.as_dict() for need in needs], "uncounted": uncounted}
 
 
 def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
@@ -503,6 +510,25 @@ def _cost_lines(plan: dict[str, Any]) -> list[str]:
     ]
 
 
+def _vcpu_quota_lines(plan: dict[str, Any]) -> list[str]:
+    if plan["vcpuQuotas"] is None:
+        return ["vCPU quotas  none apply: the stack runs no EC2 instance"]
+    out = [
+        "vCPU quotas (EC2 On-Demand, per region; `pulumi up` reads the account's first "
+        "and refuses a stack they cannot hold)"
+    ]
+    for need in plan["vcpuQuotas"]["needs"]:
+        replacing = (
+            f", {need['replacingVcpus']} while the GPU nodes are replaced"
+            if need["replacingVcpus"] != need["vcpus"]
+            else ""
+        )
+        counted = "; ".join(need["counted"])
+        out.append(f"  {need['quotaName']} ({need['quotaCode']}): {need['vcpus']} vCPUs{replacing}: {counted}")
+    out += [f"  not counted: {what}" for what in plan["vcpuQuotas"]["uncounted"]]
+    return out
+
+
 def _idle_stop_lines(plan: dict[str, Any]) -> list[str]:
     """What an idle hour costs with and without idleStopMinutes, and the wake time."""
     i = plan["idleStop"]
@@ -685,6 +711,7 @@ def render(plan: dict[str, Any]) -> str:
         _topology_lines,
         _fit_lines,
         _cost_lines,
+        _vcpu_quota_lines,
         _idle_stop_lines,
         _prometheus_lines,
         _model_bytes_lines,

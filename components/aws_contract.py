@@ -100,7 +100,7 @@ EIP_SOURCE = (
 )
 EIPS_PER_REGION = 5
 # IAM quotas: a role's inline policies hold at most 10,240 characters together, whitespace
-# not counted (the stack gives each role one).
+# not counted ("Role policy size ... 10,240 characters"; role_policy_findings sums them per role).
 IAM_QUOTAS_SOURCE = "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html"
 INLINE_ROLE_POLICY_MAX_CHARS = 10240
 
@@ -168,22 +168,30 @@ def inline_policy_size(text: str) -> int:
     return len("".join(text.split()))
 
 
-def role_policy_findings(resource: Declared, inputs: Mapping[str, Any]) -> list[Finding]:
-    if resource.type != ROLE_POLICY or not isinstance(inputs.get("policy"), str):
-        return []
-    size = inline_policy_size(inputs["policy"])
-    if size <= INLINE_ROLE_POLICY_MAX_CHARS:
-        return []
-    return [
-        _finding(
-            "inline-policy-size",
-            resource,
-            "policy",
-            f"{size} characters (whitespace not counted)",
-            f"at most {INLINE_ROLE_POLICY_MAX_CHARS} in a role's inline policies",
-            IAM_QUOTAS_SOURCE,
+def role_policy_findings(resources: list[tuple[Declared, dict]]) -> list[Finding]:
+    """IAM counts a role's inline policies together against its quota (IAM_QUOTAS_SOURCE):
+    the sum per role (its `role` input), reported on the role's largest policy."""
+    by_role: dict[str, list[tuple[int, Declared]]] = defaultdict(list)
+    for resource, inputs in resources:
+        if resource.type == ROLE_POLICY and isinstance(inputs.get("policy"), str):
+            by_role[str(inputs.get("role"))].append((inline_policy_size(inputs["policy"]), resource))
+    found = []
+    for _, policies in sorted(by_role.items()):
+        size = sum(s for s, _ in policies)
+        if size <= INLINE_ROLE_POLICY_MAX_CHARS:
+            continue
+        largest = max(policies, key=lambda p: p[0])[1]
+        found.append(
+            _finding(
+                "inline-policy-size",
+                largest,
+                "policy",
+                f"{size} characters in the role's {len(policies)} inline policies (whitespace not counted)",
+                f"at most {INLINE_ROLE_POLICY_MAX_CHARS} in a role's inline policies",
+                IAM_QUOTAS_SOURCE,
+            )
         )
-    ]
+    return found
 
 
 # --- User data ---------------------------------------------------------------------
@@ -699,7 +707,7 @@ def check(
         contract.errors += name_findings(resource, inputs)
         contract.errors += volume_findings(resource, inputs)
         contract.errors += interface_findings(resource, inputs, catalog)
-        contract.errors += role_policy_findings(resource, inputs)
+    contract.errors += role_policy_findings(declared)
     contract.errors += security_group_findings(declared, id_of)
     contract.warnings += eip_warnings(declared)
     return contract

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -589,6 +590,7 @@ def nginx_site(
     waker: bool = False,
     api_routes: tuple[str, ...] = DEFAULT_GENERATION_ROUTES,
     api_keys_file: str = API_KEYS_FILE,
+    nodes_prometheus_ip: str | None = None,
 ) -> str:
     """The gateway's nginx site (an http-context file for conf.d): TLS on the API
     port, where a request needs one of the stack's API keys (api_keys_conf, in
@@ -600,7 +602,8 @@ def nginx_site(
     `waker` (a stack with idleStopMinutes), a request to a route that does the model's
     work (WORK_ROUTES) that no gang could take goes to the gateway's waker, which starts
     the stopped gangs and answers 503 with Retry-After; the other routes get a 503 and
-    wake nothing."""
+    wake nothing. With `nodes_prometheus_ip` (the gateway's private address), Prometheus's
+    query API for the heads' Ray dashboards on that address (_nginx_nodes_prometheus_server)."""
     unknown = sorted(set(api_routes) - set(KNOWN_ROUTES))
     if unknown:
         raise ValueError(f"not a route the gateway knows: {', '.join(unknown)}")
@@ -624,6 +627,7 @@ def nginx_site(
         f"{rate_zone}{_nginx_upstreams(dashboard_head_ip, upstream_include)}\n"
         f"{_nginx_api_server(tls, read_timeout_seconds, rate_limit_per_second, waker, api_routes)}\n"
         f"{_nginx_dashboard_server(tls, admin_cidrs)}"
+        + (f"\n{_nginx_nodes_prometheus_server(nodes_prometheus_ip)}" if nodes_prometheus_ip is not None else "")
     )
 
 
@@ -856,7 +860,7 @@ server {{
     location {metrics.ROUTE_PREFIX}/ {{
         auth_basic "vllm-cluster metrics";
         auth_basic_user_file {metrics.HTPASSWD_FILE};
-        proxy_pass http://127.0.0.1:{ports.PROMETHEUS};
+        proxy_pass http://{metrics.listen_address()};
         proxy_read_timeout 120s;
     }}
 
@@ -866,6 +870,37 @@ server {{
         proxy_set_header Upgrade $http_upgrade;
         proxy_set_header Connection "upgrade";
         proxy_read_timeout 300s;
+    }}
+}}
+"""
+
+
+def _nginx_nodes_prometheus_server(gateway_private_ip: str) -> str:
+    """Prometheus listens on loopback only (metrics.listen_address()); the heads' Ray
+    dashboards reach its query API here, on the gateway's private address and Prometheus's
+    port (metrics.ray_prometheus_host), which the security group opens to the nodes alone.
+    Ray asks that one path with GET (metrics.NODES_QUERY_PATH); everything else of
+    Prometheus (its UI, /federate, the other APIs) is 404 to the nodes."""
+    ip = ipaddress.ip_address(gateway_private_ip)
+    listen = f"[{ip}]:{ports.PROMETHEUS}" if ip.version == 6 else f"{ip}:{ports.PROMETHEUS}"
+    return f"""# Prometheus's query API for the heads' Ray dashboards (RAY_PROMETHEUS_HOST), and
+# nothing else of it: the nodes only, by the security group; no TLS inside the VPC, as
+# before, and Prometheus itself on loopback.
+server {{
+    listen {listen};
+    server_name _;
+    server_tokens off;
+
+    location = {metrics.NODES_QUERY_PATH} {{
+        limit_except GET {{
+            deny all;
+        }}
+        proxy_pass http://{metrics.listen_address()};
+        proxy_read_timeout 120s;
+    }}
+
+    location / {{
+        return 404;
     }}
 }}
 """

@@ -28,7 +28,15 @@ import pulumi_tls as tls
 from components import bootstrap, host_keys, idle_stop, image
 from components.bootstrap import compress_user_data
 from components.tagging import renamed_from, tags
-from components.topology import InterfaceSlot, gang_name, gang_prefix, node_name, node_role, writes_wheelhouse
+from components.topology import (
+    InterfaceSlot,
+    gang_name,
+    gang_prefix,
+    node_name,
+    node_role,
+    writes_model_tree,
+    writes_wheelhouse,
+)
 
 
 @dataclass
@@ -129,8 +137,9 @@ class GpuNodesArgs:
     nodes_group_id: pulumi.Input[str]
     key_pair_name: pulumi.Input[str]
     model_cache_arn: pulumi.Input[str]
-    # The model tree's and the wheelhouse's access points (components/storage.py): every
-    # node writes the first; only gang 0's head, the wheelhouse writer, the second.
+    # The model tree's and the wheelhouse's access points (components/storage.py): gang
+    # 0's nodes write the first (topology.writes_model_tree); only gang 0's head, the
+    # wheelhouse writer, the second. The other gangs' nodes write neither.
     model_cache_access_point_arn: pulumi.Input[str]
     wheelhouse_access_point_arn: pulumi.Input[str]
     boot: NodeBootArgs
@@ -188,33 +197,31 @@ SESSION_MANAGER_POLICY = {
 
 def efs_client_policy(file_system_arn: str, writable_access_point_arns: Sequence[str]) -> str:
     """Mount this one file system (read), and write it through these access points
-    only: a node's role writes the model tree, the wheelhouse writer's role the
-    wheelhouse too. EFS checks the access point a client mounted through against
-    elasticfilesystem:AccessPointArn
-    (https://docs.aws.amazon.com/efs/latest/ug/access-points-iam-policy.html)."""
-    return json.dumps(
+    only: gang 0's nodes' role writes the model tree, the wheelhouse writer's role the
+    wheelhouse too, the other gangs' role (no access points) nothing. EFS checks the
+    access point a client mounted through against elasticfilesystem:AccessPointArn
+    (https://docs.aws.amazon.com/efs/latest/ug/access-points-iam-policy.html); without
+    ClientWrite a client may only read (ClientMount is read-only access,
+    https://docs.aws.amazon.com/efs/latest/ug/iam-access-control-nfs-efs.html)."""
+    statements = [
         {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Sid": "ModelCacheMount",
-                    "Effect": "Allow",
-                    "Action": ["elasticfilesystem:ClientMount"],
-                    "Resource": file_system_arn,
-                },
-                {
-                    "Sid": "ModelCacheWrite",
-                    "Effect": "Allow",
-                    "Action": ["elasticfilesystem:ClientWrite"],
-                    "Resource": file_system_arn,
-                    "Condition": {
-                        "StringEquals": {"elasticfilesystem:AccessPointArn": sorted(writable_access_point_arns)}
-                    },
-                },
-            ],
-        },
-        sort_keys=True,
-    )
+            "Sid": "ModelCacheMount",
+            "Effect": "Allow",
+            "Action": ["elasticfilesystem:ClientMount"],
+            "Resource": file_system_arn,
+        }
+    ]
+    if writable_access_point_arns:
+        statements.append(
+            {
+                "Sid": "ModelCacheWrite",
+                "Effect": "Allow",
+                "Action": ["elasticfilesystem:ClientWrite"],
+                "Resource": file_system_arn,
+                "Condition": {"StringEquals": {"elasticfilesystem:AccessPointArn": sorted(writable_access_point_arns)}},
+            }
+        )
+    return json.dumps({"Version": "2012-10-17", "Statement": statements}, sort_keys=True)
 
 
 def replacement_notice(reservation_id: str) -> str:
@@ -274,6 +281,9 @@ class GpuNodes(pulumi.ComponentResource):
         writer_profile = self._instance_profile(
             name, "wheelhouse-writer", args, [args.model_cache_access_point_arn, args.wheelhouse_access_point_arn]
         )
+        # The other gangs' nodes read the model tree and write nothing on the cache: what
+        # they could write there, gang 0's next node would load (topology.writes_model_tree).
+        reader_profile = self._instance_profile(name, "reader", args, []) if args.replicas > 1 else None
         if args.capacity_reservation_id is not None:
             pulumi.log.warn(replacement_notice(args.capacity_reservation_id), resource=self)
         templates = []
@@ -281,7 +291,8 @@ class GpuNodes(pulumi.ComponentResource):
         for gang in range(args.replicas):
             # Per gang: the placement group is part of the launch template.
             placement_group_name = self._placement_group(name, gang, args)
-            template = self._launch_template(name, gang, args, profile, placement_group_name)
+            gang_profile = profile if writes_model_tree(gang) else reader_profile
+            template = self._launch_template(name, gang, args, gang_profile, placement_group_name)
             head, head_key = self._node(
                 name, gang, 0, template, args, None, writer_profile if writes_wheelhouse(0, gang) else None
             )
@@ -330,7 +341,8 @@ class GpuNodes(pulumi.ComponentResource):
         """A role and its instance profile: SSM core, mounting the model cache, and
         writing it through `writable_access_points` only. `kind` "node" is every node's
         (its resources keep the names they had before the renaming of issue 12);
-        "wheelhouse-writer" is gang 0's head's, which may also write the wheelhouse."""
+        "wheelhouse-writer" is gang 0's head's, which may also write the wheelhouse;
+        "reader" the other gangs' nodes', which write nothing."""
         is_node = kind == "node"
 
         def options(old_name: str) -> pulumi.ResourceOptions:
@@ -350,11 +362,13 @@ class GpuNodes(pulumi.ComponentResource):
                     ],
                 }
             ),
-            description=(
-                "vllm-cluster GPU nodes: SSM Session Manager and the model cache, nothing else"
-                if is_node
-                else "vllm-cluster gang 0 head: SSM Session Manager, the model cache and writing its wheelhouse"
-            ),
+            description={
+                "node": "vllm-cluster GPU nodes: SSM Session Manager and the model cache, nothing else",
+                "wheelhouse-writer": (
+                    "vllm-cluster gang 0 head: SSM Session Manager, the model cache and writing its wheelhouse"
+                ),
+                "reader": "vllm-cluster GPU nodes of other gangs: SSM Session Manager, reading the model cache",
+            }[kind],
             tags=tags(f"{name}-{kind}-role"),
             opts=options(f"{name}-role"),
         )

@@ -165,12 +165,19 @@ class Gateway(pulumi.ComponentResource):
         region = aws.get_region_output(opts=invoke).region
         account = aws.get_caller_identity_output(opts=invoke).account_id
         project, stack = pulumi.get_project(), pulumi.get_stack()
+        # The stack's volumes are encrypted under the account's default EBS key (no key is
+        # named): a customer managed one needs the waker's role on it to start them.
+        default_key = aws.ebs.get_default_kms_key_output(opts=invoke)
+        ebs_key = aws.kms.get_key_output(key_id=default_key.key_arn, opts=invoke)
+        customer_key = pulumi.Output.all(ebs_key.key_manager, ebs_key.arn).apply(
+            lambda values: values[1] if values[0] == "CUSTOMER" else None
+        )
         aws.iam.RolePolicy(
             f"{name}-gateway-role-wake",
             role=role.id,
-            policy=pulumi.Output.all(partition, region, account, stack_id).apply(
+            policy=pulumi.Output.all(partition, region, account, stack_id, customer_key).apply(
                 lambda values: idle_stop.policy_text(
-                    idle_stop.gateway_wake_policy(values[0], values[1], values[2], project, stack, values[3])
+                    idle_stop.gateway_wake_policy(values[0], values[1], values[2], project, stack, values[3], values[4])
                 )
             ),
             opts=pulumi.ResourceOptions(parent=self),

@@ -60,7 +60,30 @@ def ec2_endpoint(region: str, dns_suffix: str) -> str:
     return f"https://ec2.{region}.{dns_suffix}"
 
 
-def gateway_wake_policy(partition: str, region: str, account: str, project: str, stack: str, stack_id: str) -> dict:
+# To start an instance whose EBS volumes are encrypted under a customer managed KMS key,
+# the caller needs these on the key ("Permissions for IAM users", Amazon EBS encryption
+# requirements, https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html):
+# without them StartInstances is accepted and the instance falls back to stopped with
+# Client.InternalError. AWS managed keys (aws/ebs) need none of the caller's.
+EBS_ENCRYPTION_DOC = "https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html"
+EBS_KEY_ACTIONS = [
+    "kms:CreateGrant",
+    "kms:Decrypt",
+    "kms:DescribeKey",
+    "kms:GenerateDataKeyWithoutPlaintext",
+    "kms:ReEncrypt*",
+]
+
+
+def gateway_wake_policy(
+    partition: str,
+    region: str,
+    account: str,
+    project: str,
+    stack: str,
+    stack_id: str,
+    ebs_customer_key_arn: str | None = None,
+) -> dict:
     """The gateway role's one inline policy: start (and stop again) this stack's instances,
     and see which are stopped. StartInstances and StopInstances only on instances of this
     account and region that carry the stack's, the project's and the stack's random id's
@@ -69,7 +92,24 @@ def gateway_wake_policy(partition: str, region: str, account: str, project: str,
     supports no resource-level permission (EC2_ACTIONS_DOC), so it is granted on "*", in this
     region: it reads, and the waker filters by the same tags. The stack's VPC is no condition:
     EC2's instance resource has no ec2:Vpc key (EC2_ACTIONS_DOC, the instance resource type's
-    condition keys), and a condition on a key the request lacks never holds."""
+    condition keys), and a condition on a key the request lacks never holds.
+
+    `ebs_customer_key_arn`: the account's default EBS key when it is a customer managed key
+    (the stack's encrypted volumes use it): the role may use it, only through EC2 in this
+    region (kms:ViaService), as starting those volumes needs (EBS_KEY_ACTIONS)."""
+    key_statements = (
+        [
+            {
+                "Sid": "UseTheEbsKeyOfTheStacksVolumes",
+                "Effect": "Allow",
+                "Action": EBS_KEY_ACTIONS,
+                "Resource": ebs_customer_key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": f"ec2.{region}.amazonaws.com"}},
+            }
+        ]
+        if ebs_customer_key_arn
+        else []
+    )
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -96,6 +136,7 @@ def gateway_wake_policy(partition: str, region: str, account: str, project: str,
                 "Resource": "*",
                 "Condition": {"StringEquals": {"aws:RequestedRegion": region}},
             },
+            *key_statements,
         ],
     }
 

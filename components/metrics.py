@@ -467,6 +467,18 @@ def rule_files(directory: str = CLUSTER_DIR, waker: bool = False) -> dict[str, s
 # --- command line -----------------------------------------------------------------------
 
 
+def listen_address() -> str:
+    """Where Prometheus listens (prometheus_flags): the gateway's loopback only. A function,
+    not a constant: the local hosts move ports.PROMETHEUS (tests/test_host_ports.py)."""
+    return f"127.0.0.1:{ports.PROMETHEUS}"
+
+
+# What the heads' Ray dashboards ask (RAY_PROMETHEUS_HOST + /api/v1/query, its health
+# check and every query: ray/dashboard/modules/metrics/metrics_head.py, GET only), the one
+# path nginx on the gateway's private address passes to Prometheus.
+NODES_QUERY_PATH = f"{ROUTE_PREFIX}/api/v1/query"
+
+
 def retention_size_mib(disk_gib: int) -> int:
     """The size limit for a gateway whose root volume is `disk_gib`: the share the
     storage docs advise (RETENTION_SHARE_OF_DISK) of what the system leaves."""
@@ -492,10 +504,13 @@ def prometheus_flags(gateway_host: str, disk_gib: int, config_file: str = CONFIG
         # "A unit is required, supported units: B, KB, MB, GB, TB, PB, EB. Ex: "512MB".
         # Based on powers-of-2, so 1KB is 1024B" (`prometheus --help`): MB is MiB.
         f"--storage.tsdb.retention.size={retention_size_mib(disk_gib)}MB",
-        # Every interface: nginx on the admin port reaches it on loopback (behind the
-        # metrics login) and Ray's dashboard on each head through the private network;
-        # the security groups admit only the nodes (components/ports.py PROMETHEUS).
-        f"--web.listen-address=0.0.0.0:{ports.PROMETHEUS}",
+        # Loopback only: nothing but the gateway itself talks to Prometheus. nginx on the
+        # admin port passes users to it (behind adminCidrs and the metrics login), and
+        # nginx on the gateway's private address passes the heads' Ray dashboards its
+        # query API and nothing else (bootstrap.nginx_site, nodes_prometheus_ip). On every
+        # interface its whole API, UI and /federate were open to anything that reached the
+        # port: on EC2 the security group, on hosts the user has no group at all.
+        f"--web.listen-address={listen_address()}",
         f"--web.external-url=https://{gateway_host}:{ports.DASHBOARD_HTTPS}{ROUTE_PREFIX}/",
         f"--web.route-prefix={ROUTE_PREFIX}",
     ]
@@ -559,7 +574,7 @@ def gateway_files(
 def loopback_url() -> str:
     """Prometheus as the gateway itself reaches it (loopback, no login), under its route
     prefix: the metrics command's readiness wait and `status`'s questions."""
-    return f"http://127.0.0.1:{ports.PROMETHEUS}{ROUTE_PREFIX}"
+    return f"http://{listen_address()}{ROUTE_PREFIX}"
 
 
 def ready_url() -> str:
@@ -575,5 +590,6 @@ def api_url() -> str:
 def ray_prometheus_host(gateway_private_ip: str) -> str:
     """RAY_PROMETHEUS_HOST for the head's dashboard: Ray appends /api/v1/query to it
     (ray/dashboard/modules/metrics/metrics_head.py), so it carries the route prefix and
-    no trailing slash. Over the private network, to the port only the nodes may reach."""
+    no trailing slash. Over the private network, to the port only the nodes may reach,
+    where nginx passes that one path to Prometheus on loopback (NODES_QUERY_PATH)."""
     return f"http://{_address(gateway_private_ip, ports.PROMETHEUS)}{ROUTE_PREFIX}"

@@ -37,11 +37,13 @@ NFS = 2049
 RAY_METRICS = 8080
 # Prometheus on the gateway: Prometheus's own default port (`--web.listen-address`
 # 0.0.0.0:9090) and where Ray's dashboard looks first (RAY_PROMETHEUS_HOST
-# http://localhost:9090). It has no login: users reach it through nginx on
-# DASHBOARD_HTTPS under /prometheus/ behind the stack's metrics login, and only the GPU
-# nodes may reach this port (Ray's dashboard on each head reads it), by a security
-# group rule from the nodes' group. Its admin and lifecycle APIs stay off (Prometheus's
-# --web.enable-admin-api and --web.enable-lifecycle are off by default).
+# http://localhost:9090). It has no login, so it listens on the gateway's loopback:
+# users reach it through nginx on DASHBOARD_HTTPS under /prometheus/ behind the stack's
+# metrics login, and the GPU nodes (Ray's dashboard on each head reads it) reach nginx on
+# this port of the gateway's private address, which passes them its query API alone
+# (bootstrap.nginx_site); a security group rule admits the nodes' group only. Its admin
+# and lifecycle APIs stay off (Prometheus's --web.enable-admin-api and
+# --web.enable-lifecycle are off by default).
 PROMETHEUS = 9090
 # The gateway's waker (scripts/gateway/vllm-cluster-waker), on the gateway's loopback only:
 # nginx hands it the API requests no gang could take (error_page 502 504), and it starts

@@ -50,7 +50,7 @@ from components import bootstrap, image, metrics, ports
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
-from components.topology import gang_name, gang_prefix, node_name
+from components.topology import gang_name, gang_prefix, node_name, writes_model_tree
 
 # The default user of the Deep Learning AMI and of Ubuntu's own images.
 SSH_USER = image.DEFAULT_USER
@@ -248,6 +248,9 @@ class GatewayCommands:
     tls: command.remote.Command  # the certificate and key are in place
     login_probe: command.remote.Command  # the probe key is installed: the gateway can wait for nodes
     api_keys: command.remote.Command  # the keys nginx checks are in place (the site includes them)
+    # Prometheus's files and flags: it listens on loopback, so the site's listener for the
+    # nodes may take its port on the private address (_pool waits for it).
+    metrics: command.remote.Command
     # nginx serves the API and the dashboard with TLS. With replicas, declared before the
     # gangs (their drains need the pool); with one gang, after its vLLM (see _serving).
     proxy: command.remote.Command | None = None
@@ -434,7 +437,7 @@ class ClusterServices(pulumi.ComponentResource):
             secret=True,
             triggers=self._gateway_triggers,
         )
-        self._metrics(args, [setup])
+        prometheus = self._metrics(args, [setup])
         # The keys nginx checks, before the site that names them: a new apiKey or
         # previousApiKey re-runs this command alone (a graceful reload; no vLLM restarts).
         api_keys = self._run(
@@ -446,16 +449,18 @@ class ClusterServices(pulumi.ComponentResource):
             secret=True,
             triggers=self._gateway_triggers,
         )
-        commands = GatewayCommands(setup=setup, tls=tls, login_probe=login_probe, api_keys=api_keys)
+        commands = GatewayCommands(setup=setup, tls=tls, login_probe=login_probe, api_keys=api_keys, metrics=prometheus)
         if args.rolling:
-            commands.proxy = self._pool(args, [tls, api_keys])
+            commands.proxy = self._pool(args, [tls, api_keys, prometheus])
         return commands
 
     def _metrics(self, args: ServicesArgs, after: list[command.remote.Command]) -> command.remote.Command:
         """Prometheus on the gateway (installed by its setup): its configuration, rules,
         flags and login, and the targets: every node of every gang, by private IP. New
         gangs or replaced nodes change only the targets, which Prometheus reads without a
-        restart. Nothing waits for it: the service serves without its metrics."""
+        restart. Only nginx's site waits for it: its listener for the nodes takes
+        Prometheus's port on the private address, which a Prometheus still listening on
+        every interface (as before issue 33, or as the package starts it) holds."""
         # Each gang's IPs, head first: one list a gang.
         gang_ips = [pulumi.Output.all(*gang.node_ips) for gang in args.gangs]
 
@@ -483,15 +488,17 @@ class ClusterServices(pulumi.ComponentResource):
         """nginx's site and the gangs' pool: with replicas before the gangs, with one
         gang after its vLLM."""
         # The dashboard is gang 0's; the API balances over every gang's head.
-        site = pulumi.Output.from_input(args.gangs[0].node_ips[0]).apply(
-            lambda head_ip: bootstrap.nginx_site(
-                head_ip,
+        site = pulumi.Output.all(args.gangs[0].node_ips[0], args.gateway_private_ip).apply(
+            lambda values: bootstrap.nginx_site(
+                values[0],
                 args.admin_cidrs,
                 read_timeout_seconds=args.api_read_timeout_seconds,
                 rate_limit_per_second=args.api_rate_limit_per_second,
                 # A request no gang could take goes to the waker, which starts stopped gangs.
                 waker=bool(args.idle_stop_minutes),
                 api_routes=args.api_routes,
+                # The heads' Ray dashboards read Prometheus's query API there.
+                nodes_prometheus_ip=values[1],
             )
         )
         pool = pulumi.Output.all(*[gang.node_ips[0] for gang in args.gangs]).apply(
@@ -753,7 +760,9 @@ class ClusterServices(pulumi.ComponentResource):
             after=[model, ray.cluster_ready, preflight],
             triggers=vllm_restarts,
         )
-        for index in range(len(gang.node_ips)):
+        # Only the nodes that may write the warm-up cache publish to it (gang 0's,
+        # topology.writes_model_tree); the other gangs seed from what they compiled.
+        for index in range(len(gang.node_ips) if writes_model_tree(gang.index) else 0):
             self._run(
                 f"warmup-{gang.node(index)}",
                 self._on_node(gang, index),
@@ -777,7 +786,7 @@ class ClusterServices(pulumi.ComponentResource):
         else:
             # The only gang: nothing drains, and the pool's configure runs once its vLLM
             # served a completion (on the first `pulumi up` nothing serves anyway).
-            served = gateway.proxy = self._pool(args, [gateway.tls, gateway.api_keys, serve])
+            served = gateway.proxy = self._pool(args, [gateway.tls, gateway.api_keys, gateway.metrics, serve])
         proxy = gateway.proxy if args.rolling else served
         return self._run(
             gang.command("readiness"),
@@ -804,9 +813,10 @@ class ClusterServices(pulumi.ComponentResource):
         ray: RayCommands,
         vllm_restarts: list,
     ) -> command.remote.Command:
-        """Every node's facts onto the shared cache (once it is prepared to serve), then
-        the gang's head compares them, so a broken node fails `pulumi up` with a
-        diagnosis before vLLM starts."""
+        """Every node's facts (once it is prepared to serve), then the gang's head
+        compares them, so a broken node fails `pulumi up` with a diagnosis before vLLM
+        starts. The facts travel as each node's output into the head's input, not over
+        the shared cache, which only gang 0's nodes may write (topology.writes_model_tree)."""
         node_count = len(gang.node_ips)
         model_dir = bootstrap.model_directory(args.model, args.model_revision)
         facts = [
@@ -827,6 +837,12 @@ class ClusterServices(pulumi.ComponentResource):
             f"sudo {NODE_COMMAND} preflight --nodes {','.join(gang.node(i) for i in range(node_count))}"
             f" --gpus {boot.gpus} --gpu-memory-gib {args.gpu_memory_gib:g}{efa_flag}"
             f" --ray {boot.ray_version} --vllm {boot.vllm_version}",
+            # One line per node: its name and its facts (one line of JSON).
+            stdin=pulumi.Output.all(*[fact.stdout for fact in facts]).apply(
+                lambda outputs: "".join(
+                    f"{gang.node(index)} {(output or '').strip()}\n" for index, output in enumerate(outputs)
+                )
+            ),
             # Compare again whenever the facts were gathered again.
             after=facts,
             triggers=[*vllm_restarts, model_dir],

@@ -1899,6 +1899,27 @@ class ExistingMountTarget:
     own: bool = False
 
 
+def model_cache_sharing_problems(file_system_id: str, foreign_access_points: list[str]) -> list[Problem]:
+    """An existing file system (modelCacheFileSystemId) that others reach through access
+    points of their own: the stack replaces its file system policy with one that lets
+    clients in only through the stack's access points (components/storage.py), which would
+    lock them out."""
+    if not foreign_access_points:
+        return []
+    first = sorted(foreign_access_points)[0]
+    return [
+        Problem(
+            "modelCacheFileSystemId",
+            _show("modelCacheFileSystemId", file_system_id),
+            f"has access points this stack does not own ({', '.join(sorted(foreign_access_points))}: another "
+            "stack's or user's, by their tags): the stack would replace the file system's policy with one that "
+            "admits clients only through its own access points, and lock them out. Fix: give this stack a file "
+            f"system of its own (pulumi config rm {NAMESPACE}:modelCacheFileSystemId), or remove those access "
+            f"points if nothing uses them (aws efs delete-access-point --access-point-id {first})",
+        )
+    ]
+
+
 def model_cache_problems(
     file_system_id: str,
     one_zone: str | None,

@@ -8,18 +8,20 @@ same model path on all nodes).
   not tens of minutes.
 - One mount target, in the node subnet, admitting NFS only from the cluster group.
 - An access point that pins the POSIX owner and a directory, so the nodes never
-  write as root onto the file system's root: the model tree, which every node reads
-  and writes (the model's staging, preflight's facts).
+  write as root onto the file system's root: the model tree and its warm-up cache,
+  which every node reads and only gang 0's nodes write (the model's staging, vLLM's
+  compiled pieces), through their roles' ClientWrite (components/compute.py): what
+  another node could write there, the next node would load and run as root.
 - A second access point for the wheelhouse (the nodes' locked wheels), a tree of its
   own that the model tree's clients cannot reach. Every node may read it; only the
   wheelhouse writer (gang 0's head, whose role alone may ClientWrite through it,
   components/compute.py) may write it: a node that is compromised cannot plant or
   swap the files the others install from.
 - A file-system policy that refuses any access without TLS, and lets clients in only
-  through these access points: the model tree to read and write, the wheelhouse to
-  read. EFS allows an action when either this policy or the client's role allows it
+  through these access points, to read. EFS allows an action when either this policy
+  or the client's role allows it
   (https://docs.aws.amazon.com/efs/latest/ug/iam-access-control-nfs-efs.html), so
-  the roles' own policies are the only way to write the wheelhouse.
+  the roles' own policies are the only way to write the model tree or the wheelhouse.
 - retainModelCache keeps the file system (and the models on it) on destroy.
 - modelCacheFileSystemId reuses an existing file system (a kept cache): the stack then
   declares no FileSystem, only its own mount target, access point and policy on it, so
@@ -67,8 +69,9 @@ class ModelStorageArgs:
 
 def file_system_policy(file_system_arn: str, models_access_point_arn: str, wheelhouse_access_point_arn: str) -> str:
     """Deny anything not over TLS; let clients that come through a mount target read
-    and write the model tree, and read the wheelhouse, through their access points.
-    Nothing here allows writing the wheelhouse: only the writer's role does."""
+    the model tree and the wheelhouse through their access points. Nothing here allows
+    writing either (ClientWrite): only the writers' roles do, so a client that mounts
+    without IAM, or with another role, reads and nothing more."""
     through_mount_target = {"elasticfilesystem:AccessedViaMountTarget": "true"}
     return json.dumps(
         {
@@ -83,10 +86,10 @@ def file_system_policy(file_system_arn: str, models_access_point_arn: str, wheel
                     "Condition": {"Bool": {"aws:SecureTransport": "false"}},
                 },
                 {
-                    "Sid": "AllowModelTreeThroughMountTarget",
+                    "Sid": "AllowReadingTheModelTreeThroughMountTarget",
                     "Effect": "Allow",
                     "Principal": {"AWS": "*"},
-                    "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+                    "Action": ["elasticfilesystem:ClientMount"],
                     "Resource": file_system_arn,
                     "Condition": {
                         "Bool": through_mount_target,

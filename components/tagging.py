@@ -7,13 +7,14 @@ found (and billed) by stack in the AWS console; its Name tag is its resource nam
 import pulumi
 
 
+def stack_tags() -> dict[str, str]:
+    """The tags that say a resource is this stack's: the program finds its own resources of
+    an earlier `pulumi up` by them (__main__.py's lookups before any resource)."""
+    return {"vllm-cluster:project": pulumi.get_project(), "vllm-cluster:stack": pulumi.get_stack()}
+
+
 def tags(name: str, **extra: str) -> dict[str, str]:
-    return {
-        "Name": name,
-        "vllm-cluster:project": pulumi.get_project(),
-        "vllm-cluster:stack": pulumi.get_stack(),
-        **extra,
-    }
+    return {"Name": name, **stack_tags(), **extra}
 
 
 def renamed_from(old_name: str, **options) -> pulumi.ResourceOptions:

@@ -52,6 +52,15 @@ def writes_wheelhouse(index: int, gang: int = 0) -> bool:
     return index == 0 and gang == 0
 
 
+def writes_model_tree(gang: int) -> bool:
+    """Whether a gang's nodes may write the model tree and its warm-up cache on the
+    shared cache: gang 0's, which download the model (stage-model) and compile first
+    (keep-warmup). Every other gang reads what they wrote and writes nothing there
+    (its role, components/compute.py; its mounts, scripts/node/vllm-cluster-node): a
+    node that is compromised cannot swap a file or a compiled piece another loads."""
+    return gang == 0
+
+
 def node_name(index: int, gang: int = 0) -> str:
     """head, worker-1, worker-2, ... in gang 0; gang1-head, gang1-worker-1, ... in the
     others: stable names, unique in the stack, used for resource names too."""

@@ -137,7 +137,14 @@ def machine_host_keys(names: list[str]) -> dict[str, dict[str, str]]:
 def own_hosts_program(config: dict[str, Any], key_store: dict) -> ProgramRun:
     """The program for a stack of hosts (own_hosts_config): nothing to map to the hosts,
     which the config names; secrets drawn and kept in `key_store`, as in a stack's state."""
-    run = run_program(config, stack="fleet", secret_keys=["sshPrivateKey"], real_crypto=True, key_store=key_store)
+    run = run_program(
+        config,
+        stack="fleet",
+        secret_keys=["sshPrivateKey"],
+        real_crypto=True,
+        key_store=key_store,
+        stdout_references=True,
+    )
     if run.error is not None:
         raise RuntimeError(f"the program failed under the mock runtime: {run.error}")
     return run
@@ -179,6 +186,8 @@ def fleet_program(
         secret_keys=["apiKey"],
         real_crypto=True,
         key_store=key_store,
+        # The replay hands each command's real stdout to the commands whose stdin uses it.
+        stdout_references=True,
     )
     if run.error is not None:
         raise RuntimeError(f"the program failed under the mock runtime: {run.error}")

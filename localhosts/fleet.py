@@ -41,6 +41,7 @@ import argparse
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -684,13 +685,17 @@ class Fleet:
         wheelhouse writer's role may write the wheelhouse's access point (EFS refuses the
         others' writes; components/storage.py): here a read-only bind imitates that, for
         every host but the one whose user data makes it the writer, as its instance
-        profile does on AWS."""
+        profile does on AWS. The model tree likewise: only gang 0's nodes' roles may
+        write it (topology.writes_model_tree), so another gang's node, whose name its
+        user data gives with its gang's prefix (topology.gang_prefix), binds it read-only."""
         if self.model_cache_dir is not None:
             # A shared mount the user made: every host the same, read-write.
             return [f"--bind={self.shared}:{self.model_cache_dir}"]
-        writer = "WHEELHOUSE_WRITER=true" in self.user_data.get(host.name, "")
+        user_data = self.user_data.get(host.name, "")
+        writer = "WHEELHOUSE_WRITER=true" in user_data
+        model_writer = re.search(r"^NODE_NAME=gang[0-9]+-", user_data, re.MULTILINE) is None
         return [
-            f"--bind={self.shared}:/mnt/vllm-models",
+            f"--bind{'' if model_writer else '-ro'}={self.shared}:/mnt/vllm-models",
             f"--bind{'' if writer else '-ro'}={self.wheelhouse}:/mnt/vllm-wheelhouse",
         ]
 

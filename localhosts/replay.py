@@ -20,7 +20,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from cli.mock_runtime import ProgramRun, unsecret
+from cli.mock_runtime import STDOUT_REFERENCE, ProgramRun, unsecret
 from components import host_keys
 from localhosts.ssh_dial import DialLog, Endpoint, Session
 
@@ -214,6 +214,31 @@ def destroy(
     return _run_steps(delete_steps(run, only), timeout, check)
 
 
+# Each command's last stdout by its name, as a stack's state keeps it: a replay of only
+# the changed commands hands on the unchanged ones' outputs from here, as `pulumi up`
+# hands them on from the state. (A process that brings up several fleets brings each up
+# whole first, so a name's entry is its fleet's.)
+_outputs_in_state: dict[str, str] = {}
+
+
+def with_outputs(step: Step, outcomes: dict[str, Outcome]) -> Step:
+    """The step with the stdout of every command its stdin uses in place of the
+    reference the mock run left there (cli/mock_runtime.stdout_reference), as
+    pulumi-command hands it on: the output less one trailing newline
+    (remote/commandOutputs.go, strings.TrimSuffix(stdout, "\\n")). A command this
+    replay did not run gives what it printed when it last ran."""
+
+    def output_of(match) -> str:
+        name = match.group(1)
+        if name in outcomes:
+            return outcomes[name].stdout.removesuffix("\n")
+        if name in _outputs_in_state:
+            return _outputs_in_state[name]
+        raise RuntimeError(f"{step.name}'s stdin uses the output of {name}, which has never run: replay it first")
+
+    return dataclasses.replace(step, stdin=STDOUT_REFERENCE.sub(output_of, step.stdin))
+
+
 def _run_steps(steps: dict[str, Step], timeout: float, check: bool) -> dict[str, Outcome]:
     outcomes: dict[str, Outcome] = {}
     sessions: set = set()
@@ -224,7 +249,7 @@ def _run_steps(steps: dict[str, Step], timeout: float, check: bool) -> dict[str,
             while pending or running:
                 for name, step in list(pending.items()):
                     if all(dep in outcomes for dep in step.after):
-                        running[pool.submit(run_step, step, timeout, sessions)] = name
+                        running[pool.submit(run_step, with_outputs(step, outcomes), timeout, sessions)] = name
                         del pending[name]
                 if not running:
                     raise RuntimeError(f"commands wait for each other in a cycle: {sorted(pending)}")
@@ -233,6 +258,8 @@ def _run_steps(steps: dict[str, Step], timeout: float, check: bool) -> dict[str,
                     name = running.pop(future)
                     outcome = future.result()
                     outcomes[name] = outcome
+                    if outcome.returncode == 0:
+                        _outputs_in_state[name] = outcome.stdout.removesuffix("\n")
                     if outcome.returncode != 0:
                         if check:
                             raise ReplayError(outcome)

@@ -296,6 +296,25 @@ def test_an_inline_role_policy_over_iams_10240_characters_is_caught(dev):
     assert caught([changed(policy, policy=policy.inputs["policy"] + " " * 20000)], "inline-policy-size") == []
 
 
+def test_a_roles_inline_policies_are_counted_together_against_iams_quota(dev):
+    """IAM's 10,240 characters are for all of a role's inline policies: the node role's
+    Session Manager and model cache policies, each within it, are caught together."""
+    node_policies = [p for p in dev.of_type("aws:iam/rolePolicy:RolePolicy") if p.name.startswith("vllm-node-role-")]
+    assert {p.name for p in node_policies} == {"vllm-node-role-session-manager", "vllm-node-role-model-cache"}
+    assert caught(node_policies, "inline-policy-size") == []
+    halves = []
+    for policy in node_policies:
+        document = json.loads(policy.inputs["policy"])
+        document["Statement"][0]["Sid"] = "x" * 5200
+        halves.append(changed(policy, policy=json.dumps(document)))
+    assert all(aws_contract.inline_policy_size(h.inputs["policy"]) < 10240 for h in halves)
+    [finding] = caught(halves, "inline-policy-size")
+    assert finding.source == aws_contract.IAM_QUOTAS_SOURCE and "2 inline policies" in finding.value
+    # Another role's policy of the same size is not counted with them.
+    other = changed(halves[0], role="another-role")
+    assert caught([other, halves[1]], "inline-policy-size") == []
+
+
 # Security groups
 
 

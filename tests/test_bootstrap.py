@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from components import api_routes, bootstrap, image, node_env, ports
+from components import api_routes, bootstrap, image, metrics, node_env, ports
 from components.bootstrap import NodeBoot
 from components.compute import compress_user_data
 from components.spec import MAX_API_KEY_LENGTH, load_spec
@@ -626,6 +626,27 @@ def test_dashboard_is_for_admin_cidrs_only():
     assert f":{ports.RAY_DASHBOARD}" not in api
 
 
+def nodes_prometheus_server(site: str) -> str:
+    start = site.index("# Prometheus's query API for the heads' Ray dashboards")
+    return site[start:]
+
+
+@pytest.mark.parametrize(("ip", "listen"), [("10.42.0.5", "10.42.0.5:9090"), ("fd00::5", "[fd00::5]:9090")])
+def test_the_nodes_reach_prometheus_only_on_the_gateways_private_address_and_only_its_query_api(ip, listen):
+    """Prometheus listens on loopback (metrics.listen_address()); what Ray's dashboards ask,
+    a GET of /prometheus/api/v1/query, is all nginx passes them, on the private address and
+    Prometheus's port (RAY_PROMETHEUS_HOST, metrics.ray_prometheus_host)."""
+    assert "# Prometheus's query API" not in bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    server = nodes_prometheus_server(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), nodes_prometheus_ip=ip))
+    assert re.findall(r"^\s*listen (\S+);", server, re.M) == [listen]
+    assert re.findall(r"location (.*?) \{", server) == ["= /prometheus/api/v1/query", "/"]
+    assert re.findall(r"proxy_pass (\S+);", server) == [f"http://127.0.0.1:{ports.PROMETHEUS}"]
+    query = server[server.index("location = /prometheus/api/v1/query") : server.index("location / {")]
+    assert "limit_except GET {\n            deny all;" in query
+    assert "return 404;" in server[server.index("location / {") :]
+    assert metrics.ray_prometheus_host(ip) + "/api/v1/query" == f"http://{listen}{metrics.NODES_QUERY_PATH}"
+
+
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 
 
@@ -656,6 +677,8 @@ def test_nginx_accepts_the_site(tmp_path):
             api_keys_file=str(keys),
             api_routes=api_routes.KNOWN_ROUTES,
             waker=True,
+            # nginx -t binds every listen address: one this machine has, as the gateway has its own.
+            nodes_prometheus_ip="127.0.0.2",
         )
     )
     distribution = Path("/etc/nginx/nginx.conf").read_text()

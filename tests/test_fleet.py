@@ -807,6 +807,40 @@ def test_a_new_revision_is_downloaded_once_copied_to_every_node_and_served(clust
     assert cluster.completion() == 200
 
 
+def test_a_file_planted_or_changed_on_the_model_cache_is_refused_at_a_nodes_staging(cluster):
+    """Issue 33, point 3: a node stages only the bytes the Hub listed for the model. A
+    writer of the cache that plants a file in the model's tree (code a model could load
+    with trust_remote_code), or changes one, gets the next node's staging refused naming
+    it, instead of the node serving it; once the cache holds the Hub's bytes again the
+    node stages them."""
+    saved = cluster.node_shell(1, "sudo cat /etc/vllm-cluster/prepare-serve.args").stdout.split()
+    model_dir = saved[saved.index("--model-dir") + 1]
+    local_dir = saved[saved.index("--local-dir") + 1]
+    stage_again = "sudo /opt/vllm-cluster/bin/vllm-cluster-node prepare-serve --saved"
+    planted, original = f"{model_dir}/planted_code.py", "/root/config.json.issue-33"
+    try:
+        # A writer (gang 0's head) plants a file.
+        cluster.node_shell(0, f"echo 'import os' | sudo tee {planted} >/dev/null")
+        refused = cluster.node_shell(1, stage_again, check=False)
+        assert refused.returncode != 0 and "planted_code.py" in refused.stderr, refused.stderr
+        cluster.node_shell(0, f"sudo rm {planted}")
+        # ... or changes a file's bytes (its size kept), and a node copies it again (here the
+        # node's copy of it is gone; a replaced node has no copy at all).
+        cluster.node_shell(
+            0, f"sudo cp -p {model_dir}/config.json {original} && sudo sed -i '1s/{{/[/' {model_dir}/config.json"
+        )
+        cluster.node_shell(1, f"sudo rm {local_dir}/config.json")
+        refused = cluster.node_shell(1, stage_again, check=False)
+        assert refused.returncode != 0 and "config.json" in refused.stderr, refused.stderr
+    finally:
+        cluster.node_shell(
+            0, f"sudo rm -f {planted}; if sudo test -e {original}; then sudo mv {original} {model_dir}/config.json; fi"
+        )
+    staged = cluster.node_shell(1, stage_again, check=False)
+    assert staged.returncode == 0, staged.stderr
+    assert cluster.node_shell(1, f"sudo test -s {local_dir}/config.json", check=False).returncode == 0
+
+
 def test_a_node_seeded_from_the_kept_warmup_finds_the_engines_compile_cache(cluster):
     """What the engine compiled is kept on the shared cache under its key (warmup-<node>
     published it after serving). A node whose own cache is empty (a replaced node, a

@@ -22,7 +22,7 @@ from fleet_helpers import Load, boot_log, first_timestamp
 
 from components import metrics, ports, prometheus_sizing
 from components.bootstrap import GATEWAY_COMMAND
-from components.topology import gang_name, gang_prefix, node_name
+from components.topology import gang_name, gang_prefix, node_name, writes_model_tree
 from localhosts.cluster import fleet_program, replace_nodes, serving_cluster
 from localhosts.fleet import SECOND_NETWORK, in_ci, why_no_fleet
 from localhosts.replay import COMMAND, replay
@@ -110,6 +110,19 @@ def test_efa_tools_are_where_the_image_has_them_and_preflight_found_them(gangs):
         assert row.count("1/1") == NODES_PER_GANG, report
 
 
+def test_another_gangs_node_cannot_write_the_model_tree_or_the_warmup_cache(gangs):
+    """Issue 33, point 3: gang 0's nodes alone write what every node loads (the model
+    tree, vLLM's compiled pieces); gang 1's node has them read-only, as its role's
+    missing ClientWrite makes them on AWS."""
+    probe = "/mnt/vllm-models/warmup/.issue-33-probe"
+    # Gang 0's node, a writer, makes the warm-up directory (if it published nothing yet) and writes.
+    gangs.node_shell(0, f"sudo mkdir -p /mnt/vllm-models/warmup && sudo touch {probe} && sudo rm {probe}")
+    for directory in ("/mnt/vllm-models", "/mnt/vllm-models/warmup"):
+        refused = gangs.node_shell(NODES_PER_GANG, f"sudo touch {directory}/.issue-33-probe", check=False)
+        assert refused.returncode != 0, refused
+        assert "Read-only file system" in refused.stdout + refused.stderr, refused
+
+
 def test_the_gateway_balances_over_both_gangs(gangs):
     assert {name: state[1:] for name, state in pool(gangs).items()} == {
         gang_name(g): ["in-pool", "serving"] for g in range(REPLICAS)
@@ -177,11 +190,13 @@ def test_a_rolling_change_fails_no_request_and_restarts_the_gangs_one_after_the_
         )
     } | {
         # A new max-model-len is a new key of vLLM's compile cache (engine_cache.warmup_key):
-        # each node seeds from it before and keeps it after; neither restarts anything.
+        # each node seeds from it before, and gang 0's nodes, the warm-up cache's writers
+        # (topology.writes_model_tree), keep it after; neither restarts anything.
         f"vllm-{step}-{node_name(i, g)}"
         for g in range(REPLICAS)
         for i in range(NODES_PER_GANG)
         for step in ("prepare", "warmup")
+        if step == "prepare" or writes_model_tree(g)
     }
     engines = [gangs.unit_property(g * NODES_PER_GANG, "vllm.service", "MainPID") for g in range(REPLICAS)]
     since = gateway_shell(gangs, "date +%s").stdout.strip()

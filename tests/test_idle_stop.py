@@ -177,6 +177,29 @@ def test_the_gateway_may_start_and_stop_only_instances_of_its_own_stack_in_its_o
     assert actions == {"ec2:StartInstances", "ec2:StopInstances", "ec2:DescribeInstances"}
 
 
+def test_with_a_customer_managed_default_ebs_key_the_waker_may_use_it_through_ec2_only():
+    """Issue 34, point 2: the stack's volumes are encrypted under the account's default EBS
+    key. When that is a customer managed key, StartInstances by a caller without the key's
+    permissions is accepted and the instance falls back to stopped (Client.InternalError):
+    the waker's role gets what starting needs on that key, through EC2 in the region only."""
+    run = run_stack("prod", {"idleStopMinutes": 30}, ebs_key_manager="CUSTOMER")
+    assert run.error is None, run.error
+    _, policy = wake_policy(run)
+    key = "arn:aws:kms:us-east-1:123456789012:key/mock-customer-key"
+    via_ec2 = {"kms:ViaService": "ec2.us-east-1.amazonaws.com"}
+    for action in idle_stop.EBS_KEY_ACTIONS:
+        action = action.replace("*", "Encrypt")
+        assert policy_allows(policy, action, key, via_ec2), action
+        assert not policy_allows(policy, action, key, {"kms:ViaService": "s3.us-east-1.amazonaws.com"}), action
+    assert not policy_allows(policy, "kms:Decrypt", key.replace("mock-customer-key", "another-key"), via_ec2)
+    assert not policy_allows(policy, "kms:ScheduleKeyDeletion", key, via_ec2)
+
+
+def test_with_the_aws_managed_ebs_key_the_waker_gets_no_kms_permission(idle):
+    _, policy = wake_policy(idle)
+    assert not [s for s in policy["Statement"] if any(a.startswith("kms:") for a in s["Action"])]
+
+
 def test_the_stack_id_is_128_random_bits_of_the_stacks_own(idle):
     assert idle.named("vllm-stack-id", "random:index/randomId:RandomId").inputs["byteLength"] == 16
     assert len(stack_id_of(idle)) == 32

@@ -231,10 +231,12 @@ def test_a_disk_too_small_for_prometheus_is_refused_with_what_to_do():
 
 
 def test_prometheus_serves_under_the_route_prefix_with_its_write_apis_off():
-    """It listens where Ray's dashboards on the heads reach it (the security groups admit
-    only the nodes: tests/test_program.py); none of them may delete series or stop it."""
+    """It listens on the gateway's loopback alone: nginx passes users (admin port, metrics
+    login) and the heads' Ray dashboards (the query API on the private address) to it;
+    nobody may delete series or stop it."""
     flags = metrics.prometheus_flags("gw.example.com", 20)
-    assert f"--web.listen-address=0.0.0.0:{ports.PROMETHEUS}" in flags
+    [listen] = [f.split("=", 1)[1] for f in flags if f.startswith("--web.listen-address=")]
+    assert listen == f"127.0.0.1:{ports.PROMETHEUS}"
     assert not any(f.startswith(("--web.enable-admin-api", "--web.enable-lifecycle")) for f in flags)
     assert f"--web.external-url=https://gw.example.com:{ports.DASHBOARD_HTTPS}/prometheus/" in flags
     assert "--web.route-prefix=/prometheus" in flags

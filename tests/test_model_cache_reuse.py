@@ -162,3 +162,25 @@ def test_a_kept_cache_keeps_its_tls_only_policy_when_the_stack_goes(overrides):
 def test_a_cache_the_stack_deletes_takes_its_policy_with_it():
     (policy,) = run_stack("dev", {"retainModelCache": False}).of_type(POLICY)
     assert policy.retain_on_delete is False
+
+
+def test_a_cache_others_reach_through_their_own_access_points_is_refused_naming_them():
+    """Issue 34, point 2: the stack replaces the file system's policy with one that admits
+    clients only through its own access points: another stack's would be locked out."""
+    other = {
+        "id": "fsap-0aaaaaaaaaaaaaaaa",
+        "tags": {"vllm-cluster:project": "vllm-cluster", "vllm-cluster:stack": "team-b"},
+    }
+    untagged = {"id": "fsap-0bbbbbbbbbbbbbbbb", "tags": {}}
+    error = refused("dev", {}, {"accessPoints": [other, untagged]})
+    assert "fsap-0aaaaaaaaaaaaaaaa, fsap-0bbbbbbbbbbbbbbbb" in error and "lock them out" in error
+    assert "aws efs delete-access-point --access-point-id fsap-0aaaaaaaaaaaaaaaa" in error
+
+
+def test_the_stacks_own_access_points_do_not_refuse_its_next_pulumi_up():
+    own = {
+        "id": "fsap-0cccccccccccccccc",
+        "tags": {"vllm-cluster:project": "vllm-cluster", "vllm-cluster:stack": "dev"},
+    }
+    run = run_stack("dev", {"modelCacheFileSystemId": FS}, model_cache={"accessPoints": [own]})
+    assert run.error is None, run.error

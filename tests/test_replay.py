@@ -2,11 +2,15 @@
 it depends on, also through commands that do not run again (their step still waits for
 theirs), so a replay of only the changed commands keeps the program's order."""
 
+import json
 import time
 
+import pytest
 from pulumi_mocks import run_stack
 
-from localhosts.replay import COMMAND, OutputClock, steps_of
+import localhosts.replay as replay_module
+from localhosts.replay import COMMAND, Outcome, OutputClock, replay, steps_of
+from localhosts.ssh_dial import DialLog
 
 
 def test_only_the_changed_commands_still_wait_through_the_unchanged_ones():
@@ -180,3 +184,46 @@ def test_a_destroy_runs_each_delete_after_the_deletes_of_what_depends_on_it():
     for step in steps.values():
         assert step.create == f"sudo {REMOVE_COMMAND}"
         assert step.stdin == steps_of(run)[step.name].stdin and step.target == steps_of(run)[step.name].target
+
+
+# --- a command's output as another's input (issue 33, point 3) ---------------------------
+
+
+def test_a_commands_stdin_gets_the_stdout_the_commands_it_uses_printed(monkeypatch):
+    """The gang head's preflight reads every node's facts from its stdin, made of the
+    facts commands' stdout: `pulumi up` hands it on once they ran, and so must the replay
+    (with an empty stdout every fleet preflight would find no facts)."""
+    run = run_stack("prod", stdout_references=True)
+    assert run.error is None, run.error
+    only = {"vllm-preflight-head", "vllm-preflight-worker-1", "vllm-preflight"}
+    ran = {}
+
+    def fake_run_step(step, timeout, running=None):
+        ran[step.name] = step.stdin
+        printed = json.dumps({"node": step.name}) + "\n" if step.name != "vllm-preflight" else ""
+        return Outcome(step, 0, printed, "", 0.0, 0.0, DialLog())
+
+    monkeypatch.setattr(replay_module, "run_step", fake_run_step)
+    monkeypatch.setattr(replay_module, "_outputs_in_state", {})
+    replay(run, only=only)
+    assert ran["vllm-preflight"] == (
+        'head {"node": "vllm-preflight-head"}\nworker-1 {"node": "vllm-preflight-worker-1"}\n'
+    )
+
+
+def test_a_replay_of_only_the_changed_commands_hands_on_what_the_others_printed_last(monkeypatch):
+    """As `pulumi up` hands on an unchanged command's outputs from the stack's state."""
+    run = run_stack("prod", stdout_references=True)
+    monkeypatch.setattr(replay_module, "_outputs_in_state", {})
+    stdins = {}
+
+    def fake_run_step(step, timeout, running=None):
+        stdins[step.name] = step.stdin
+        return Outcome(step, 0, f"facts of {step.name}\n", "", 0.0, 0.0, DialLog())
+
+    monkeypatch.setattr(replay_module, "run_step", fake_run_step)
+    with pytest.raises(RuntimeError, match="uses the output of vllm-preflight-head, which has never run"):
+        replay(run, only={"vllm-preflight"})
+    replay(run, only={"vllm-preflight-head", "vllm-preflight-worker-1"})
+    replay(run, only={"vllm-preflight"})
+    assert stdins["vllm-preflight"] == "head facts of vllm-preflight-head\nworker-1 facts of vllm-preflight-worker-1\n"

@@ -249,8 +249,13 @@ def test_the_gateway_site_points_at_the_head(run):
     site = plain(commands(run)["vllm-gateway-proxy"].inputs["stdin"])
     # With idle stop (dev sets it) nginx hands the waker what no gang could take.
     waker = bool(run.outputs.get("idleStopMinutes"))
+    # The gateway's private address, as the head's readiness check is told it.
+    gateway_ip = re.search(r"--gateway (\S+) ", commands(run)["vllm-readiness"].inputs["create"]).group(1)
     assert site == bootstrap.nginx_site(
-        run.outputs["headPrivateIp"], tuple(run.config["vllm-cluster:adminCidrs"]), waker=waker
+        run.outputs["headPrivateIp"],
+        tuple(run.config["vllm-cluster:adminCidrs"]),
+        waker=waker,
+        nodes_prometheus_ip=gateway_ip,
     )
 
 
@@ -439,6 +444,19 @@ def test_no_node_can_make_prometheus_store_more_than_its_share():
             assert job["sample_limit"] == metrics.SCRAPE_SAMPLE_LIMIT, name
             assert job["body_size_limit"] == metrics.SCRAPE_BODY_SIZE_LIMIT, name
     assert {"vllm", "ray"} <= {name for name, job in jobs.items() if "sample_limit" in job}
+
+
+def test_nginx_gives_the_nodes_prometheus_on_the_gateways_private_address_once_prometheus_left_it(run):
+    """The site's listener for the heads' Ray dashboards takes Prometheus's port on the
+    gateway's private address (the address RAY_PROMETHEUS_HOST names); the site waits for
+    the metrics command, which moves Prometheus to loopback, or nginx could not bind it."""
+    named = commands(run)
+    site = plain(named["vllm-gateway-proxy"].inputs["stdin"])
+    [listen] = re.findall(rf"^\s*listen (\S+):{ports.PROMETHEUS};", site, re.M)
+    head_setup = plain(named["vllm-setup-head"].inputs["stdin"])
+    told = re.search(rf"^RAY_PROMETHEUS_HOST=http://(\S+):{ports.PROMETHEUS}/prometheus$", head_setup, re.M)
+    assert told and told.group(1) == listen
+    assert "vllm-gateway-metrics" in depends_on(run, "vllm-gateway-proxy")
 
 
 def test_more_gangs_change_the_metrics_targets_and_nothing_of_the_running_gangs():

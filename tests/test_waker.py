@@ -58,27 +58,14 @@ def load_waker():
 waker = load_waker()
 
 STACK, PROJECT = "dev", "vllm-cluster"
-# The gateway role's policy as the contract states it (issue 23): DescribeInstances on
-# "*" (it has no resource-level permission), StartInstances (and, issue 34, StopInstances:
-# a wake given up) only on the stack's instances.
-POLICY = {
-    "Version": "2012-10-17",
-    "Statement": [
-        {"Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
-        {
-            "Effect": "Allow",
-            "Action": ["ec2:StartInstances", "ec2:StopInstances"],
-            "Resource": "arn:aws:ec2:us-east-1:*:instance/*",
-            "Condition": {
-                "StringEquals": {
-                    "aws:ResourceTag/vllm-cluster:stack": STACK,
-                    "aws:ResourceTag/vllm-cluster:project": PROJECT,
-                }
-            },
-        },
-    ],
-}
-STACK_TAGS = {"vllm-cluster:stack": STACK, "vllm-cluster:project": PROJECT}
+# The stack's random id (compute.GpuNodes' RandomId) as the GPU instances carry it.
+STACK_ID = "0f" * 16
+# The gateway role's policy as the program declares it (idle_stop.gateway_wake_policy):
+# DescribeInstances on "*" (it has no resource-level permission) in the stack's region,
+# StartInstances (and, issue 34, StopInstances: a wake given up) only on the stack's
+# instances there.
+POLICY = idle_stop.gateway_wake_policy("aws", "us-east-1", "123456789012", PROJECT, STACK, STACK_ID)
+STACK_TAGS = {"vllm-cluster:stack": STACK, "vllm-cluster:project": PROJECT, idle_stop.STACK_ID_TAG: STACK_ID}
 GANG0 = ["i-0a000000000000001", "i-0a000000000000002"]
 GANG1 = ["i-0b000000000000001"]
 
@@ -195,12 +182,15 @@ def test_the_configuration_is_refused_naming_each_problem():
 
 def test_the_policy_allows_starting_only_the_stacks_instances_and_describing_all():
     arn = "arn:aws:ec2:us-east-1:123456789012:instance/i-0a000000000000001"
-    tagged = {f"aws:ResourceTag/{k}": v for k, v in STACK_TAGS.items()}
+    tagged = {"aws:RequestedRegion": "us-east-1", **{f"aws:ResourceTag/{k}": v for k, v in STACK_TAGS.items()}}
     assert policy_allows(POLICY, "ec2:StartInstances", arn, tagged)
+    assert not policy_allows(POLICY, "ec2:StartInstances", arn, {**tagged, "aws:RequestedRegion": "eu-west-1"})
+    unknown_id = {**tagged, f"aws:ResourceTag/{idle_stop.STACK_ID_TAG}": "1" * 32}
+    assert not policy_allows(POLICY, "ec2:StartInstances", arn, unknown_id)
     assert not policy_allows(POLICY, "ec2:StartInstances", arn, {**tagged, "aws:ResourceTag/vllm-cluster:stack": "x"})
     assert not policy_allows(POLICY, "ec2:StartInstances", arn, {"aws:ResourceTag/vllm-cluster:stack": STACK})
     assert not policy_allows(POLICY, "ec2:TerminateInstances", arn, tagged)
-    assert policy_allows(POLICY, "ec2:DescribeInstances", "*", {})
+    assert policy_allows(POLICY, "ec2:DescribeInstances", "*", {"aws:RequestedRegion": "us-east-1"})
     denied = {"Statement": [*POLICY["Statement"], {"Effect": "Deny", "Action": "ec2:Start*", "Resource": "*"}]}
     assert not policy_allows(denied, "ec2:StartInstances", arn, tagged)
 

@@ -2,8 +2,9 @@
 node only, gang 0's head, which fills it; every other node can read it and nothing
 more. Judged as EFS would (tests/efs_authorization.py) over the policies the program
 declared for every stack and for three gangs: a node that is compromised cannot
-plant or swap the files another node installs from. The model tree stays writable
-by every node (preflight's facts, the model's staging)."""
+plant or swap the files another node installs from. The model tree (and its warm-up
+cache) has the same treatment: gang 0's nodes write it, every other gang only reads it
+(issue 33, point 3)."""
 
 import pytest
 from efs_authorization import Mount, allowed
@@ -26,6 +27,8 @@ MODELS_ACCESS_POINT = "vllm-model-cache-access-point"
 WHEELHOUSE_ACCESS_POINT = "vllm-wheelhouse-access-point"
 NODE_ROLE = "vllm-node-role"
 WRITER_ROLE = "vllm-wheelhouse-writer-role"
+# The other gangs' nodes: they read the model tree and the wheelhouse and write neither.
+READER_ROLE = "vllm-reader-role"
 
 
 def arn(run, resource) -> str:
@@ -79,11 +82,37 @@ def test_the_writer_can_write_the_wheelhouse_when_it_mounts_with_iam(run):
     assert access.may(WRITE, MODELS_ACCESS_POINT, WRITER_ROLE)
 
 
-def test_every_node_still_writes_the_model_tree(run):
+def test_gang_0s_nodes_write_the_model_tree_when_they_mount_with_iam(run):
     access = Access(run)
-    for role in (NODE_ROLE, WRITER_ROLE, None):
+    for role in (NODE_ROLE, WRITER_ROLE):
         assert access.may(READ, MODELS_ACCESS_POINT, role), role
         assert access.may(WRITE, MODELS_ACCESS_POINT, role), role
+        assert not access.may(ROOT, MODELS_ACCESS_POINT, role), role
+
+
+def test_no_other_node_can_write_the_model_tree_with_or_without_iam(run):
+    """Without the `iam` mount option a client is anonymous, and the file system policy
+    alone decides: it lets everyone read the model tree and nobody write it."""
+    access = Access(run)
+    # The reader role exists only where there is another gang (prod-3-gangs).
+    readers = [None, *([READER_ROLE] if has_role(run, READER_ROLE) else [])]
+    for role in readers:
+        assert access.may(READ, MODELS_ACCESS_POINT, role), role
+        assert not access.may(WRITE, MODELS_ACCESS_POINT, role), role
+        assert not access.may(WRITE, WHEELHOUSE_ACCESS_POINT, role), role
+        assert not access.may(ROOT, MODELS_ACCESS_POINT, role), role
+
+
+def has_role(run, name: str) -> bool:
+    return any(role.name == name for role in run.of_type(ROLE))
+
+
+def test_every_other_gang_has_a_role_that_reads_and_writes_nothing():
+    run = run_stack("prod", {"replicas": 3})
+    assert run.error is None, run.error
+    access = Access(run)
+    assert access.may(READ, MODELS_ACCESS_POINT, READER_ROLE)
+    assert not access.may(WRITE, MODELS_ACCESS_POINT, READER_ROLE)
 
 
 def test_nothing_reaches_the_cache_without_tls(run):
@@ -120,7 +149,11 @@ def test_gang_0s_head_alone_runs_as_the_writer(run):
             profile = profile_named_by(run, template.inputs["iamInstanceProfile"]["arn"])
         roles[instance.name] = profile.inputs["role"]
     assert roles.pop("vllm-head") == WRITER_ROLE
-    assert set(roles.values()) <= {NODE_ROLE}
+    # Gang 0's workers write the model tree; every other gang's node only reads it.
+    gang_0 = {name: role for name, role in roles.items() if not name.startswith("vllm-gang")}
+    others = {name: role for name, role in roles.items() if name.startswith("vllm-gang")}
+    assert set(gang_0.values()) <= {NODE_ROLE}
+    assert set(others.values()) <= {READER_ROLE}
 
 
 def test_the_writer_may_do_what_a_node_may_and_write_the_wheelhouse_nothing_more(run):
