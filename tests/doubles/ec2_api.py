@@ -70,7 +70,9 @@ What EC2 does when it has no capacity, which no other implementation here imitat
   Server.InsufficientInstanceCapacity, Client.InternalError (a KMS key the caller may not
   use) or Client.VolumeLimitExceeded
   (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StateReason.html).
-Both stay until the test removes them ("capacity is back").
+Both stay until the test removes them ("capacity is back"). NO_CAPACITY_ERROR and
+NO_CAPACITY_REASON are what EC2 says for want of capacity in each case; `start_requests`
+holds the ids each StartInstances named, whatever its outcome.
 """
 
 from __future__ import annotations
@@ -96,6 +98,15 @@ NAMESPACE = "http://ec2.amazonaws.com/doc/2016-11-15/"
 # Error codes EC2 lists as server errors (HTTP 5xx; the rest are client errors, HTTP 400)
 # (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html).
 SERVER_ERRORS = {"InsufficientInstanceCapacity", "InternalError", "Unavailable", "InsufficientCapacity"}
+# A start refused for want of capacity: StartInstances' error (errors-overview.html above:
+# "There is not enough capacity to fulfill your request"), and the StateReason of a start
+# EC2 accepted and then could not place ("There was insufficient capacity available to
+# satisfy the launch request", https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StateReason.html).
+NO_CAPACITY_ERROR = ("InsufficientInstanceCapacity", "There is not enough capacity to fulfill your request.")
+NO_CAPACITY_REASON = (
+    "Server.InsufficientInstanceCapacity",
+    "There was insufficient capacity available to satisfy the launch request.",
+)
 # EC2's instance state codes (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_InstanceState.html).
 STATE_CODES = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
 MAX_SKEW = dt.timedelta(minutes=15)
@@ -352,6 +363,8 @@ class Ec2ApiDouble(_Server):
         self.put_back: dict[str, tuple[str, str]] = {}
         # Instances accepted and put back to stopped: their StateReason.
         self.fell_back: dict[str, tuple[str, str]] = {}
+        # The ids each StartInstances named, in order, refused or not.
+        self.start_requests: list[list[str]] = []
         self.region, self.account, self.role = region, account, role
         # Instances started and not yet reported otherwise by state(): pending.
         self.starting: set[str] = set()
@@ -533,6 +546,8 @@ class Ec2ApiDouble(_Server):
         ids = self._numbered(params, "InstanceId")
         if not ids:
             raise Ec2Fault(400, "MissingParameter", "The request must contain the parameter InstanceId")
+        with self.lock:
+            self.start_requests.append(list(ids))
         self._known_ids(ids)
         for instance_id in ids:
             resource = f"arn:aws:ec2:{self.region}:{self.account}:instance/{instance_id}"
