@@ -568,6 +568,32 @@ def test_a_wake_that_never_serves_is_given_up_what_it_started_stopped_and_the_re
     assert len(starts(aws)) == before + 1 and woken.power["gang0"]["wake"] is not None
 
 
+def test_what_a_given_up_wake_started_is_stopped_even_when_ec2_cannot_stop_it_at_once(tmp_path, aws, head):
+    """Given up while its worker is still pending (booting): EC2 refuses to stop a pending
+    instance, and one such instance fails the whole StopInstances. The waker stops the head
+    that runs at once, and the worker at its first look once it runs: nothing the wake
+    started is left billed because the first stop could not take it all."""
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    woken = in_process(tmp_path, aws, head, give_up_seconds=2)
+    woken.poll()
+    answer(woken)
+    assert aws.started == GANG0
+    aws.states[HEAD_ID] = "running"  # the worker stays pending (the double: started, not yet up)
+    eventually(lambda: woken.poll() or woken.power["gang0"].get("failed"), 15, "the wake given up")
+    assert aws.stopped == [HEAD_ID], (aws.stopped, aws.ec2.calls)
+    failed = woken.power["gang0"]["failed"]
+    assert failed["stopped"] == [HEAD_ID] and WORKER_ID in failed["reason"], failed
+    # The worker comes up: the next look stops it, and the record says both were stopped.
+    aws.states[WORKER_ID] = "running"
+    woken.poll()
+    assert aws.stopped == [HEAD_ID, WORKER_ID], (aws.stopped, aws.ec2.calls)
+    failed = woken.power["gang0"]["failed"]
+    assert failed["stopped"] == GANG0 and f"stopped {HEAD_ID}, {WORKER_ID}" in failed["reason"], failed
+    woken.poll()
+    assert [c for c in aws.ec2.calls if c[0] == "StopInstances" and c[1] == 200] == [("StopInstances", 200, "")] * 2
+
+
 def test_a_gang_found_half_started_is_completed_by_the_next_request(tmp_path, aws, head):
     """A gang whose head runs and whose worker is stopped (a wake refused half-way, by an
     earlier waker): the next request starts the worker, which the waker of main took for a

@@ -18,7 +18,7 @@ They imitate what the waker depends on, each behaviour from AWS's documentation:
   MissingAuthenticationToken, UnauthorizedOperation (HTTP 403: the caller's IAM policy
   does not allow the action on the resource), InvalidInstanceID.NotFound,
   InvalidInstanceID.Malformed, IncorrectInstanceState (StartInstances on an instance
-  that is stopping), InvalidParameterValue (an unknown filter), MissingAction,
+  that is stopping, StopInstances on one still pending), InvalidParameterValue (an unknown filter), MissingAction,
   InvalidAction (same page, common and action-specific client errors);
 - Signature Version 4, verified with the secret the metadata double issued
   (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html);
@@ -593,11 +593,24 @@ class Ec2ApiDouble(_Server):
         for instance_id in ids:
             resource = f"arn:aws:ec2:{self.region}:{self.account}:instance/{instance_id}"
             self._authorize("StopInstances", resource, self.instances[instance_id])
+        states = {i: self._state_of(i) for i in ids}
+        for instance_id, state in states.items():
+            # An instance still pending cannot be stopped: EC2's lifecycle goes from pending
+            # to running only (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html),
+            # and StopInstances answers "IncorrectInstanceState: Instance '...' cannot be
+            # stopped as it has never reached the 'running' state" (as reported in
+            # https://github.com/cloud-custodian/cloud-custodian/pull/6014); one such
+            # instance fails the whole call, as for StartInstances.
+            if state == "pending":
+                raise Ec2Fault(
+                    400,
+                    "IncorrectInstanceState",
+                    f"Instance '{instance_id}' cannot be stopped as it has never reached the 'running' state.",
+                )
         items = []
-        for instance_id in ids:
-            before = self._state_of(instance_id)
+        for instance_id, before in states.items():
             after = before
-            if before in ("pending", "running"):
+            if before == "running":
                 with self.lock:
                     self.starting.discard(instance_id)
                 self.stop_instance(instance_id)
