@@ -243,14 +243,32 @@ GIVE_UP_MIN_SECONDS = 900
 NODE_GUARD_MARGIN_SECONDS = 600
 
 
-def wake_give_up_seconds(expected_wake: int) -> int:
+def wake_give_up_seconds(expected_wake: int, minutes: int | None = None) -> int:
+    """The waker's bound: wakeGiveUpMinutes when set (the user knows a wake of theirs the
+    estimate does not), else three expected wakes, at least GIVE_UP_MIN_SECONDS."""
+    if minutes:
+        return minutes * 60
     return max(GIVE_UP_WAKES * expected_wake, GIVE_UP_MIN_SECONDS)
 
 
-def never_served_grace_seconds(expected_wake: int) -> int:
+def never_served_grace_seconds(expected_wake: int, minutes: int | None = None) -> int:
     """How long a node stays up after a boot whose engine never answered (no request, no
     login, no stack command): the waker's bound and a margin."""
-    return wake_give_up_seconds(expected_wake) + NODE_GUARD_MARGIN_SECONDS
+    return wake_give_up_seconds(expected_wake, minutes) + NODE_GUARD_MARGIN_SECONDS
+
+
+def short_give_up_warning(minutes: int | None, wake_seconds: int) -> str | None:
+    """A warning when wakeGiveUpMinutes is shorter than a wake of the stack: every wake the
+    estimate is right about is then given up, and what it started stopped, before it
+    serves. Not refused: the estimate is not a measurement of the user's account."""
+    if not minutes or minutes * 60 >= wake_seconds:
+        return None
+    return (
+        f"wakeGiveUpMinutes is {minutes} min, shorter than a wake of this stack (about {wake_seconds / 60:.1f} min; "
+        "`scripts/vllm-cluster plan` shows each term): the gateway would give up a wake that is on its way and "
+        "stop its GPU instances before they serve. Fix: pulumi config set vllm-cluster:wakeGiveUpMinutes "
+        f"{-(-wake_seconds // 60)} or more, or pulumi config rm vllm-cluster:wakeGiveUpMinutes for three wakes"
+    )
 
 
 def waker_config(
@@ -262,6 +280,7 @@ def waker_config(
     gangs: Mapping[str, Sequence[str]],
     idle_stop_minutes: int,
     expected_wake_seconds: int,
+    give_up_minutes: int | None = None,
     retry_after_seconds: int = RETRY_AFTER_SECONDS,
 ) -> str:
     """The JSON `vllm-cluster-gateway waker-config` reads on stdin: where EC2 is, which tags
@@ -277,7 +296,7 @@ def waker_config(
                 "idle_stop_minutes": idle_stop_minutes,
                 "retry_after_seconds": retry_after_seconds,
                 "expected_wake_seconds": expected_wake_seconds,
-                "give_up_seconds": wake_give_up_seconds(expected_wake_seconds),
+                "give_up_seconds": wake_give_up_seconds(expected_wake_seconds, give_up_minutes),
             },
             indent=2,
         )

@@ -335,6 +335,10 @@ def test_a_powered_off_gang_is_ejected_and_named(gangs):
 # --- idle stop and wake (idleStopMinutes; EC2's API through its test double) ---------------
 
 IDLE_MINUTES = 1
+# The waker's give-up bound, as a user sets it: past the fleet's expected wake (377 s) and
+# the capacity test's own waits, and 9 minutes under the derived one (three wakes), which
+# the give-up test would otherwise sit through.
+WAKE_GIVE_UP_MINUTES = 10
 IDLE_RECORD = "var/lib/vllm-cluster/idle/last-stop.json"
 # The host test_a_powered_off_gang_is_ejected_and_named left off.
 LOST = []
@@ -409,7 +413,7 @@ def test_idle_stop_set_by_a_later_up_configures_the_nodes_and_the_waker_and_rest
     for host in LOST:
         gangs.fleet.boot(host)
     # The stack as it runs now (the rolling change's setting kept), with idle stop.
-    run = gangs.program(moved=current_ips(gangs), idleStopMinutes=IDLE_MINUTES)
+    run = gangs.program(moved=current_ips(gangs), idleStopMinutes=IDLE_MINUTES, wakeGiveUpMinutes=WAKE_GIVE_UP_MINUTES)
     old = {c.name: c.inputs for c in gangs.run.of_type(COMMAND)}
     changed = {c.name for c in run.of_type(COMMAND) if old.get(c.name) != c.inputs}
     nodes = [node["name"] for gang in run.outputs["gangs"] for node in gang["nodes"]]
@@ -421,7 +425,11 @@ def test_idle_stop_set_by_a_later_up_configures_the_nodes_and_the_waker_and_rest
     outcomes = replay(run, only=changed)
     gangs.run = run
     # The stack file the operator tools read says so too.
-    gangs.config = {**gangs.config, "idleStopMinutes": str(IDLE_MINUTES)}
+    gangs.config = {
+        **gangs.config,
+        "idleStopMinutes": str(IDLE_MINUTES),
+        "wakeGiveUpMinutes": str(WAKE_GIVE_UP_MINUTES),
+    }
     assert unit_property(gangs, heads(gangs)[0], "vllm.service", "MainPID") == engine
     for host in heads(gangs):  # every node: a gang is one node here
         assert unit_property(gangs, host, "vllm-idle-check.timer", "ActiveState") == "active"
@@ -654,8 +662,8 @@ def test_a_wake_ec2_refuses_for_capacity_says_why_in_the_503_and_serves_once_cap
 
 def test_a_wake_whose_capacity_never_comes_back_is_given_up_and_leaves_no_instance_running(gangs, ec2):
     """Gang 1 never gets capacity: the waker keeps trying with backoff (VllmWakeRefused
-    fires meanwhile) until its bound (give_up_seconds: three expected wakes, at least 15
-    minutes), then gives the wake up, says so in status and as VllmWakeGivenUp, and starts
+    fires meanwhile) until its bound (give_up_seconds: wakeGiveUpMinutes, as the stack
+    sets it), then gives the wake up, says so in status and as VllmWakeGivenUp, and starts
     it no more: its instance never ran, and none is left running."""
     from fleet_ec2 import waker_config
 
@@ -663,6 +671,7 @@ def test_a_wake_whose_capacity_never_comes_back_is_given_up_and_leaves_no_instan
     head1 = heads(gangs)[1]
     id1 = stand_in.instance_of(head1)
     give_up = waker_config(gangs.run)["give_up_seconds"]
+    assert give_up == WAKE_GIVE_UP_MINUTES * 60
     asked, booted, asked_before = (CAPACITY_WAKE[k] for k in ("asked", "booted", "asked_before"))
     gangs.wait_for_alert("VllmWakeRefused", "gang1", "firing", timeout=120)
     # Given up at the first look past the bound (the waker looks every 15 s).

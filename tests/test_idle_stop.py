@@ -285,6 +285,18 @@ def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
     assert config["give_up_seconds"] > idle_stop.GIVE_UP_MIN_SECONDS
 
 
+def test_a_give_up_bound_set_by_the_user_reaches_the_waker_and_each_nodes_guard():
+    """wakeGiveUpMinutes replaces the derived bound in what the waker is told, and the nodes'
+    never-served guard stays its margin past it."""
+    run = run_stack("prod", {"idleStopMinutes": 30, "wakeGiveUpMinutes": 45})
+    assert run.error is None, run.error
+    config = fed_waker_config(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
+    assert config["give_up_seconds"] == 45 * 60
+    grace = 45 * 60 + idle_stop.NODE_GUARD_MARGIN_SECONDS
+    idle_commands = [c.inputs["create"] for c in run.of_type(COMMAND) if "idle-stop" in c.name]
+    assert idle_commands and all(f"--grace-seconds {grace}" in c for c in idle_commands), idle_commands
+
+
 def test_with_replicas_each_gang_has_its_instances_in_gang_order():
     run = run_stack("prod", {"idleStopMinutes": 30, "replicas": 2})
     assert run.error is None, run.error
@@ -387,9 +399,11 @@ def test_the_plan_shows_the_wake_time_the_waker_is_told_and_both_idle_hours():
     told = fed_waker_config(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
     assert shown["idleStopMinutes"] == told["idle_stop_minutes"] == 30
     assert shown["wakeSeconds"] == told["expected_wake_seconds"]
+    assert shown["giveUpSeconds"] == told["give_up_seconds"]
     assert shown["idleHourWithoutUsd"] == pytest.approx(shown["idleHourWithUsd"] + shown["gpuNodes"], abs=1e-3)
     printed = plan.render(document)
     assert f"${shown['idleHourWithUsd']:.4f}/h with it" in printed and f"~{shown['wakeSeconds']} s" in printed
+    assert f"a wake not serving after {told['give_up_seconds']} s" in printed
     assert plan.build_plan("own-hosts")["idleStop"] is None
 
 
