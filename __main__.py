@@ -397,6 +397,7 @@ def waker_config(gangs) -> pulumi.Output[str]:
             gangs=dict(zip(names, values[2:], strict=True)),
             idle_stop_minutes=spec.idle_stop_minutes,
             expected_wake_seconds=wake,
+            give_up_minutes=spec.wake_give_up_minutes,
         )
     )
 
@@ -501,6 +502,10 @@ services = ClusterServices(
         # that vanished would leave a node's timer on); a stack of hosts none (refused there).
         idle_stop_minutes=(spec.idle_stop_minutes or 0) if spec.own_hosts is None else None,
         waker_config=machines.waker_config,
+        never_served_grace_seconds=idle_stop.never_served_grace_seconds(
+            idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size),
+            spec.wake_give_up_minutes,
+        ),
     ),
 )
 

@@ -210,6 +210,11 @@ def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
         "wakeSeconds": round(sum(t.seconds for t in terms)),
         "wake": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
         "retryAfterSeconds": idle_stop.RETRY_AFTER_SECONDS,
+        # What the waker is told (idle_stop.waker_config): a wake that has not served by then
+        # is given up and what it started stopped.
+        "giveUpSeconds": idle_stop.wake_give_up_seconds(
+            round(sum(t.seconds for t in terms)), spec.wake_give_up_minutes
+        ),
     }
 
 
@@ -553,6 +558,10 @@ def _idle_stop_lines(plan: dict[str, Any]) -> list[str]:
         f"serving gang; meanwhile the gateway answers 503 with Retry-After: {i['retryAfterSeconds']}",
     ]
     out += [f"    {t['term']:16s}{t['seconds']:6d} s   {t['assumes']}" for t in i["wake"]]
+    out.append(
+        f"  give up        a wake not serving after {i['giveUpSeconds']} s ({i['giveUpSeconds'] / 60:.0f} min): the "
+        "gateway stops what it started and says why (wakeGiveUpMinutes; 0: three wakes, at least 15 min)"
+    )
     return out
 
 

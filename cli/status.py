@@ -92,15 +92,17 @@ def _gateway_pool(result) -> dict:
 
 def _gateway_power(result) -> dict:
     """The waker's view as `vllm-cluster-gateway power` prints it, one gang a line
-    (`gang1 stopped 2026-12-02T12:03:00Z`, `gang0 serving -`): {view: name -> {state,
-    since (None for -)}, error}; view None when the gateway gave none."""
+    (`gang1 stopped 2026-12-02T12:03:00Z`, `gang0 serving -`, and after them what EC2
+    refused or why a wake was given up): {view: name -> {state, since (None for -),
+    trouble (None when nothing went wrong)}, error}; view None when the gateway gave none."""
     view = {}
     if result.returncode == 0:
         for line in result.stdout.splitlines():
-            fields = line.split()
+            fields = line.split(None, 3)
             if len(fields) >= 2 and fields[0].startswith("gang"):
                 since = fields[2] if len(fields) > 2 and fields[2] != "-" else None
-                view[fields[0]] = {"state": fields[1], "since": since}
+                trouble = fields[3].strip() if len(fields) > 3 else None
+                view[fields[0]] = {"state": fields[1], "since": since, "trouble": trouble}
     if view:
         return {"view": view, "error": None}
     error = " ".join(result.stderr.split()) if result.returncode else "it listed no gang"
@@ -185,6 +187,8 @@ def _asleep_gang(gang: Gang, spec, state: str, power_entry: dict | None, pool_en
         "name": gang.name,
         "verdict": state,
         "described": described,
+        # What EC2 refused during its wake, or why the waker gave the wake up (issue 34).
+        "wakeTrouble": (power_entry or {}).get("trouble"),
         "serving": False,
         "notServingReason": described,
         "pool": pool_entry,
@@ -305,7 +309,11 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
     problems = []
     for gang in gangs:
         if gang["verdict"] in POWERED_DOWN:
-            continue  # idle stop's doing, not a fault: listed with its state, not as a problem
+            # Idle stop's doing, not a fault: listed with its state, not as a problem;
+            # unless EC2 refuses to start it again, or its wake was given up.
+            if gang.get("wakeTrouble"):
+                problems.append(f"{gang['name']}: {gang['wakeTrouble']}")
+            continue
         if gang["name"] in drained:
             # Out of the pool: the pool serves with less, whether a roll is under way or
             # one failed and left it so (which only an operator notices). Say which.
@@ -325,8 +333,9 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         )
     serving_in_pool = [g for g in gangs if g["serving"] and g["name"] not in drained]
     if asleep and len(asleep) == len(gangs):
-        # Every gang stopped (or waking) by idle stop: what the stack was asked to do.
-        verdict = IDLE
+        # Every gang stopped (or waking) by idle stop: what the stack was asked to do;
+        # down when EC2 will not start one again (its wake refused, or given up).
+        verdict = DOWN if problems else IDLE
     elif all(g["verdict"] == GANG_UNKNOWN for g in gangs) and completion["status"] != 200:
         verdict = UNKNOWN  # nothing answered: we cannot tell down from unreachable
     elif not serving_in_pool and completion["status"] != 200:
@@ -405,6 +414,7 @@ def _asleep_lines(gang: dict) -> list[str]:
         f"  {gang['name']:12s}{gang['verdict'].upper()}"
         + (f" (idle since {gang['idleSince']})" if gang["idleSince"] else ""),
         f"  {'':12s}{nodes}: not asked, their instances are {doing}",
+        *([f"  {'':12s}{gang['wakeTrouble']}"] if gang.get("wakeTrouble") else []),
     ]
 
 

@@ -36,6 +36,11 @@ MAX_API_RATE_LIMIT_PER_SECOND = 10000
 # idleStopMinutes: at most a week. A longer wait saves next to nothing over never stopping,
 # and a typo of minutes for seconds (3600) is still caught as out of range.
 MAX_IDLE_STOP_MINUTES = 7 * 24 * 60
+# wakeGiveUpMinutes: from 5 minutes (no stack's wake is shorter, and the waker's retries,
+# 30 s doubling, get a few tries in) to a day (a GPU node started for nothing is not left
+# running longer unseen).
+MIN_WAKE_GIVE_UP_MINUTES = 5
+MAX_WAKE_GIVE_UP_MINUTES = 24 * 60
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,11 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "charge while stopped); the gateway starts them again on the next request and answers 503 with "
               f"Retry-After meanwhile. 1 to {MAX_IDLE_STOP_MINUTES}. Not with capacityReservationId or hosts. "
               "0: never stop.",
+              default=0, auto=True),
+    ConfigKey("wakeGiveUpMinutes", "integer",
+              "With idleStopMinutes: how long a wake may take before the gateway gives it up, stops what it "
+              f"started and says why. {MIN_WAKE_GIVE_UP_MINUTES} to {MAX_WAKE_GIVE_UP_MINUTES}. 0: three "
+              "expected wakes (`plan` shows the wake), at least 15 min.",
               default=0, auto=True),
     # Machines the user already has (components/own_hosts.py): none of the AWS resources.
     ConfigKey("hosts", "array",

@@ -24,8 +24,8 @@ from components.catalog import InstanceType
 SHUTDOWN_BEHAVIOR_DOC = (
     "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
 )
-# The Service Authorization Reference's table of EC2 actions: StartInstances takes the
-# instance resource type and the aws:ResourceTag/${TagKey} condition key; DescribeInstances
+# The Service Authorization Reference's table of EC2 actions: StartInstances and
+# StopInstances take the instance resource type and the aws:ResourceTag/${TagKey} condition key; DescribeInstances
 # lists no resource type, so it is granted on "*" only.
 EC2_ACTIONS_DOC = "https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html"
 # IAM quotas: a role's inline policies at most 10,240 characters, whitespace not counted
@@ -84,10 +84,11 @@ def gateway_wake_policy(
     stack_id: str,
     ebs_customer_key_arn: str | None = None,
 ) -> dict:
-    """The gateway role's one inline policy: start this stack's instances, and see which are
-    stopped. StartInstances only on instances of this account and region that carry the
-    stack's, the project's and the stack's random id's tag, and only in requests to this
-    region (aws:RequestedRegion), so the gateway can start no other machine; DescribeInstances
+    """The gateway role's one inline policy: start (and stop again) this stack's instances,
+    and see which are stopped. StartInstances and StopInstances only on instances of this
+    account and region that carry the stack's, the project's and the stack's random id's
+    tag, and only in requests to this region (aws:RequestedRegion), so the gateway can start
+    or stop no other machine (and terminate none); DescribeInstances
     supports no resource-level permission (EC2_ACTIONS_DOC), so it is granted on "*", in this
     region: it reads, and the waker filters by the same tags. The stack's VPC is no condition:
     EC2's instance resource has no ec2:Vpc key (EC2_ACTIONS_DOC, the instance resource type's
@@ -115,7 +116,9 @@ def gateway_wake_policy(
             {
                 "Sid": "StartThisStacksInstances",
                 "Effect": "Allow",
-                "Action": ["ec2:StartInstances"],
+                # StopInstances: a wake that never serves (EC2 started the head and refused
+                # a worker, say) is given up and what it started stopped, not left billed.
+                "Action": ["ec2:StartInstances", "ec2:StopInstances"],
                 "Resource": f"arn:{partition}:ec2:{region}:{account}:instance/*",
                 "Condition": {
                     "StringEquals": {
@@ -207,6 +210,67 @@ def expected_wake_seconds(model_name: str, instance: InstanceType, nodes: int, p
     return round(sum(term.seconds for term in wake_terms(model_name, instance, nodes, pp)))
 
 
+def short_idle_warning(
+    minutes: int, wake_seconds: int, nodes: int, price_per_hour_usd: float, key: str = "idleStopMinutes"
+) -> str | None:
+    """A warning when the idle time is shorter than a wake of the stack (expected_wake_seconds):
+    then every quiet spell longer than the idle time costs a stop and a wake, with clients
+    answered 503 for the whole wake and the GPU nodes billed through it while they serve
+    nobody. None when the idle time is at least the wake."""
+    if minutes * 60 >= wake_seconds:
+        return None
+    wake_minutes = wake_seconds / 60
+    billed = nodes * price_per_hour_usd * wake_seconds / 3600
+    return (
+        f"{key} is {minutes} min, shorter than a wake of this stack (about {wake_minutes:.1f} min: instance "
+        f"start, Ray, stage copy, model load, engine start; `scripts/vllm-cluster plan` shows each term). Every "
+        f"quiet spell longer than {minutes} min then costs a stop and a wake: the next request and every retry "
+        f"get 503 for about {wake_minutes:.0f} min, and the {nodes} GPU node{'s' if nodes != 1 else ''} run "
+        f"that long before serving (about ${billed:.2f} a wake). Fix: pulumi config set vllm-cluster:{key} "
+        f"{max(minutes + 1, round(wake_minutes + 0.5))} or more"
+    )
+
+
+# How long a wake may take before the waker gives up, stops what it started and says why:
+# three expected wakes (a cold page cache on EFS or a slow compile can double a term), and
+# at least 15 minutes, for a shortage of capacity often clears within minutes and the
+# waker's retries (30 s doubling to 5 min) get several tries in.
+GIVE_UP_WAKES = 3
+GIVE_UP_MIN_SECONDS = 900
+# A node's own guard comes this much later than the waker's bound (vllm-idle-check): the
+# waker, which sees the whole gang and says why, stops it first; the node powers itself off
+# when the waker cannot (it is down, or the role may not stop instances).
+NODE_GUARD_MARGIN_SECONDS = 600
+
+
+def wake_give_up_seconds(expected_wake: int, minutes: int | None = None) -> int:
+    """The waker's bound: wakeGiveUpMinutes when set (the user knows a wake of theirs the
+    estimate does not), else three expected wakes, at least GIVE_UP_MIN_SECONDS."""
+    if minutes:
+        return minutes * 60
+    return max(GIVE_UP_WAKES * expected_wake, GIVE_UP_MIN_SECONDS)
+
+
+def never_served_grace_seconds(expected_wake: int, minutes: int | None = None) -> int:
+    """How long a node stays up after a boot whose engine never answered (no request, no
+    login, no stack command): the waker's bound and a margin."""
+    return wake_give_up_seconds(expected_wake, minutes) + NODE_GUARD_MARGIN_SECONDS
+
+
+def short_give_up_warning(minutes: int | None, wake_seconds: int) -> str | None:
+    """A warning when wakeGiveUpMinutes is shorter than a wake of the stack: every wake the
+    estimate is right about is then given up, and what it started stopped, before it
+    serves. Not refused: the estimate is not a measurement of the user's account."""
+    if not minutes or minutes * 60 >= wake_seconds:
+        return None
+    return (
+        f"wakeGiveUpMinutes is {minutes} min, shorter than a wake of this stack (about {wake_seconds / 60:.1f} min; "
+        "`scripts/vllm-cluster plan` shows each term): the gateway would give up a wake that is on its way and "
+        "stop its GPU instances before they serve. Fix: pulumi config set vllm-cluster:wakeGiveUpMinutes "
+        f"{-(-wake_seconds // 60)} or more, or pulumi config rm vllm-cluster:wakeGiveUpMinutes for three wakes"
+    )
+
+
 def waker_config(
     *,
     region: str,
@@ -216,6 +280,7 @@ def waker_config(
     gangs: Mapping[str, Sequence[str]],
     idle_stop_minutes: int,
     expected_wake_seconds: int,
+    give_up_minutes: int | None = None,
     retry_after_seconds: int = RETRY_AFTER_SECONDS,
 ) -> str:
     """The JSON `vllm-cluster-gateway waker-config` reads on stdin: where EC2 is, which tags
@@ -231,6 +296,7 @@ def waker_config(
                 "idle_stop_minutes": idle_stop_minutes,
                 "retry_after_seconds": retry_after_seconds,
                 "expected_wake_seconds": expected_wake_seconds,
+                "give_up_seconds": wake_give_up_seconds(expected_wake_seconds, give_up_minutes),
             },
             indent=2,
         )

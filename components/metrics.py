@@ -56,6 +56,10 @@ JOB_PROMETHEUS = "prometheus"
 # stopping or waking: scripts/gateway/vllm-cluster-waker ASLEEP_METRIC).
 JOB_WAKER = "waker"
 ASLEEP = "vllm_cluster_gang_asleep"
+# And what EC2 refuses during a wake (labelled with EC2's code), and a wake it gave up
+# (scripts/gateway/vllm-cluster-waker REFUSED_METRIC, GIVEN_UP_METRIC; issue 34).
+WAKE_REFUSED = "vllm_cluster_wake_refused"
+WAKE_GIVEN_UP = "vllm_cluster_wake_given_up"
 # Every target carries these, so every series names its gang, node and role.
 TARGET_LABELS = ("gang", "node", "role")
 
@@ -344,6 +348,10 @@ KV_CACHE_FULL_ABOVE = 0.95
 QUEUE_GROWING_WINDOW = "10m"
 QUEUE_GROWING_FOR = "15m"
 RAY_METRICS_GONE_FOR = "5m"
+# A refusal seen at two scrapes (the waker retries within 30 s, so one that clears at once
+# says nothing); a wake given up is news at once.
+WAKE_REFUSED_FOR = "1m"
+WAKE_GIVEN_UP_FOR = "0m"
 
 
 @dataclass(frozen=True)
@@ -358,7 +366,8 @@ class Alert:
 def alerts(waker: bool = False) -> list[Alert]:
     """The five alerts of issue 21, each per gang (and per node for Ray). With the waker
     (idleStopMinutes), an engine or Ray node gone says nothing of a gang idle stop
-    powered off on purpose, or is starting again: those two alerts leave it alone."""
+    powered off on purpose, or is starting again: those two alerts leave it alone; and
+    two of issue 34: EC2 refusing a wake's start, and a wake given up."""
     # `unless on (gang)`: no result for a gang the waker has asleep; without the waker's
     # series nothing is removed (https://prometheus.io/docs/prometheus/latest/querying/operators/#logical-set-binary-operators).
     awake = f" unless on (gang) (max by (gang) ({ASLEEP}) == 1)" if waker else ""
@@ -406,6 +415,29 @@ def alerts(waker: bool = False) -> list[Alert]:
             RAY_METRICS_GONE_FOR,
             "warning",
             "Ray's metrics of node {{ $labels.node }} (gang {{ $labels.gang }}) are gone",
+        ),
+        *(_wake_alerts() if waker else []),
+    ]
+
+
+def _wake_alerts() -> list[Alert]:
+    return [
+        Alert(
+            "VllmWakeRefused",
+            # EC2's code is a label of the waker's gauge: the alert carries it.
+            f"max by (gang, code) ({WAKE_REFUSED}) == 1",
+            WAKE_REFUSED_FOR,
+            "warning",
+            "EC2 refuses to start gang {{ $labels.gang }}'s instances ({{ $labels.code }}); the waker retries "
+            "with backoff (vllm-cluster status says more)",
+        ),
+        Alert(
+            "VllmWakeGivenUp",
+            f"max by (gang) ({WAKE_GIVEN_UP}) == 1",
+            WAKE_GIVEN_UP_FOR,
+            "critical",
+            "gang {{ $labels.gang }}'s wake was given up: it did not serve in time and what the wake started was "
+            "stopped; requests get 503 until a new try (vllm-cluster wake tries now)",
         ),
     ]
 

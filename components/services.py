@@ -169,6 +169,9 @@ class ServicesArgs:
     # machines nothing could start again (the user's own hosts), with no idle commands.
     idle_stop_minutes: int | None = None
     waker_config: pulumi.Input[str] | None = None
+    # With minutes: how long a boot whose engine never answers keeps a node up
+    # (idle_stop.never_served_grace_seconds: past the waker's give-up bound).
+    never_served_grace_seconds: int = 0
 
     @property
     def rolling(self) -> bool:
@@ -652,7 +655,8 @@ class ClusterServices(pulumi.ComponentResource):
             self._run(
                 f"idle-stop-{gang.node(index)}",
                 self._on_node(gang, index),
-                f"sudo {NODE_COMMAND} idle-stop-config --minutes {args.idle_stop_minutes}",
+                f"sudo {NODE_COMMAND} idle-stop-config --minutes {args.idle_stop_minutes}"
+                + (f" --grace-seconds {args.never_served_grace_seconds}" if args.idle_stop_minutes else ""),
                 after=[nodes[index].setup],
                 # A replaced node is a new machine: it needs its timer turned on again.
                 triggers=[gang.instances[index].id],

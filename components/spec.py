@@ -11,6 +11,7 @@ components/config_keys.py (namespace `vllm-cluster`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 import json
@@ -18,7 +19,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import api_routes, aws_contract, catalog, host_keys, node_env, sizing, versions
+from components import api_routes, aws_contract, catalog, host_keys, idle_stop, node_env, sizing, versions
 from components.catalog import InstanceType
 
 # CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
@@ -33,6 +34,8 @@ from components.config_keys import (  # noqa: F401
     MAX_API_READ_TIMEOUT_SECONDS,
     MAX_IDLE_STOP_MINUTES,
     MAX_REPLICAS,
+    MAX_WAKE_GIVE_UP_MINUTES,
+    MIN_WAKE_GIVE_UP_MINUTES,
     NAMESPACE,
     ConfigKey,
     closest_key,
@@ -181,6 +184,9 @@ class ClusterSpec:
     # idleStopMinutes: a gang's GPU instances stop after this long without a request, and
     # the gateway starts them on the next (components/idle_stop.py); None: never.
     idle_stop_minutes: int | None = None
+    # wakeGiveUpMinutes: how long a wake may take before the waker gives it up
+    # (idle_stop.wake_give_up_seconds); None: derived from the expected wake.
+    wake_give_up_minutes: int | None = None
 
     @property
     def instance_type(self) -> str:
@@ -1860,6 +1866,34 @@ def _check_idle_stop(reader: _Reader) -> int | None:
     return None if refused else minutes
 
 
+def _check_wake_give_up(reader: _Reader, idle_stop_minutes: int | None) -> int | None:
+    """wakeGiveUpMinutes: whole minutes, 5 to a day, and only with idleStopMinutes (without
+    it nothing stops, so nothing wakes)."""
+    minutes = reader.integer("wakeGiveUpMinutes")
+    if not minutes:
+        return None
+    if not MIN_WAKE_GIVE_UP_MINUTES <= minutes <= MAX_WAKE_GIVE_UP_MINUTES:
+        reader.fail(
+            "wakeGiveUpMinutes",
+            f"must be from {MIN_WAKE_GIVE_UP_MINUTES} to {MAX_WAKE_GIVE_UP_MINUTES} minutes: how long a wake may "
+            "take before the gateway gives it up and stops what it started. Fix: pulumi config set "
+            f"{NAMESPACE}:wakeGiveUpMinutes 30, or pulumi config rm {NAMESPACE}:wakeGiveUpMinutes for three "
+            "expected wakes",
+        )
+        return None
+    # An idleStopMinutes refused already is named there; one unset or 0 means never stop.
+    refused_idle_stop = any(problem.key == "idleStopMinutes" for problem in reader.problems)
+    if not idle_stop_minutes and not refused_idle_stop:
+        reader.fail(
+            "wakeGiveUpMinutes",
+            f"is {minutes} without {NAMESPACE}:idleStopMinutes: nothing stops, so nothing wakes and the bound would "
+            f"be ignored. Fix: pulumi config rm {NAMESPACE}:wakeGiveUpMinutes, or pulumi config set "
+            f"{NAMESPACE}:idleStopMinutes 30",
+        )
+        return None
+    return minutes
+
+
 def load_spec(
     raw: Mapping[str, Any],
     *,
@@ -1892,18 +1926,29 @@ def load_spec(
     gateway = _check_gateway(reader, engine)
     tls = _check_user_certificate(reader, secret_keys)
     idle_stop_minutes = _check_idle_stop(reader)
+    wake_give_up_minutes = _check_wake_give_up(reader, idle_stop_minutes)
     _check_engine_fit(reader, source, engine, shape)
     if reader.problems:
         raise SpecError(reader.problems)
     pieces = (source, engine, shape, exposure, secrets, software, network, capacity, storage, gateway)
-    return ClusterSpec(
+    spec = ClusterSpec(
         stack=stack,
         **{name: value for piece in pieces for name, value in _fields(piece).items()},
         tls=tls,
         warnings=tuple(reader.warnings),
         own_hosts=own,
         idle_stop_minutes=idle_stop_minutes,
+        wake_give_up_minutes=wake_give_up_minutes,
     )
+    if idle_stop_minutes:
+        # The wake the planner prints and the waker is told (components/idle_stop.py).
+        wake = idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+        warnings = [
+            idle_stop.short_idle_warning(idle_stop_minutes, wake, spec.nodes, spec.instance.price_per_hour_usd),
+            idle_stop.short_give_up_warning(wake_give_up_minutes, wake),
+        ]
+        spec = dataclasses.replace(spec, warnings=(*spec.warnings, *(w for w in warnings if w)))
+    return spec
 
 
 # The EFS page that states it: mounting by the file system's DNS name needs the Amazon

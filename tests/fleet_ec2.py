@@ -10,9 +10,14 @@ for the gateway, so the waker (scripts/gateway/vllm-cluster-waker) runs unchange
   namespace by a route on its link (EC2's metadata service is link-local too).
 - The double holds the instances the program declared (their ids as the mock runtime
   gives them, their tags as declared) and the gateway role's policy as declared; it
-  starts a stopped instance by booting its host, and reports an instance stopped when its
-  host is off, unless the test pulled the plug (`pull_plug`): to EC2 a host that crashed
-  is still running.
+  starts a stopped instance by booting its host, stops a running one by an orderly
+  poweroff of its host (StopInstances: "By default, this includes a graceful operating
+  system (OS) shutdown", https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StopInstances.html), and reports an
+  instance stopped when its host is off, unless the test pulled the plug (`pull_plug`):
+  to EC2 a host that crashed is still running.
+- Capacity: `no_capacity(id)` makes EC2 refuse to start the instance for want of it, as
+  EC2 does (StartInstances fails, or with accepted=True takes it and puts it back to
+  stopped with a StateReason), until `capacity_back(id)`.
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ import subprocess
 import threading
 from pathlib import Path
 
-from doubles.ec2_api import CredentialStore, Ec2ApiDouble, InstanceMetadataDouble, issue_test_certificate
+from doubles.ec2_api import (
+    NO_CAPACITY_ERROR,
+    NO_CAPACITY_REASON,
+    CredentialStore,
+    Ec2ApiDouble,
+    InstanceMetadataDouble,
+    issue_test_certificate,
+)
 
 from cli.mock_runtime import MockCloud
 from components import image
@@ -71,6 +83,7 @@ class FleetEc2:
         self.fleet = cluster.fleet
         self.pulled: set[str] = set()  # hosts (by name) whose plug a test pulled
         self.started: list[str] = []  # instance ids the double started, in order
+        self.stopping: set[str] = set()  # instance ids a StopInstances is powering off
         self.lock = threading.Lock()
         self.instances: dict[str, dict[str, str]] = {}
         self.names: dict[str, str] = {}
@@ -94,11 +107,18 @@ class FleetEc2:
         ip = ips.get(name)
         return next((host for host in self.fleet.hosts if host.ip == ip), None)
 
+    def instance_of(self, host: Host) -> str:
+        """The id of the instance the host is."""
+        return next(i for i in self.names if self.host_of(i) is host)
+
     def state(self, instance_id: str) -> str:
         host = self.host_of(instance_id)
         if host is None:
             return "terminated"  # replaced: deleted by `pulumi up`
         up = host.process is not None and host.process.poll() is None
+        if up and instance_id in self.stopping:
+            return "stopping"
+        self.stopping.discard(instance_id)
         return "running" if up or host.name in self.pulled else "stopped"
 
     def start(self, instance_id: str) -> None:
@@ -116,6 +136,28 @@ class FleetEc2:
                 else:
                     entry.unlink()
         self.fleet.boot(host, wait=False)
+
+    def stop(self, instance_id: str) -> None:
+        """StopInstances of a running instance: its OS shuts down in order, in the
+        background (EC2 answers "stopping" at once, as the double does)."""
+        host = self.host_of(instance_id)
+        with self.lock:
+            self.stopping.add(instance_id)
+        threading.Thread(target=self.fleet.power_off, args=(host,), daemon=True).start()
+
+    def no_capacity(self, instance_id: str, accepted: bool = False) -> None:
+        """EC2 has no capacity for the instance from now on: StartInstances naming it fails
+        with InsufficientInstanceCapacity; with `accepted`, it takes the instance (pending)
+        and puts it back to stopped with StateReason Server.InsufficientInstanceCapacity,
+        its host never booted."""
+        if accepted:
+            self.ec2.put_back[instance_id] = NO_CAPACITY_REASON
+        else:
+            self.ec2.refuse_start[instance_id] = NO_CAPACITY_ERROR
+
+    def capacity_back(self, instance_id: str) -> None:
+        self.ec2.put_back.pop(instance_id, None)
+        self.ec2.refuse_start.pop(instance_id, None)
 
     def pull_plug(self, host: Host) -> None:
         """Power the host off from outside: to EC2 a crashed instance, still running."""
@@ -152,6 +194,7 @@ class FleetEc2:
             instances=self.instances,
             state=self.state,
             start=self.start,
+            stop=self.stop,
             region=config["region"],
         ).start()
         self.refresh(self.run)

@@ -335,6 +335,10 @@ def test_a_powered_off_gang_is_ejected_and_named(gangs):
 # --- idle stop and wake (idleStopMinutes; EC2's API through its test double) ---------------
 
 IDLE_MINUTES = 1
+# The waker's give-up bound, as a user sets it: past the fleet's expected wake (377 s) and
+# the capacity test's own waits, and 9 minutes under the derived one (three wakes), which
+# the give-up test would otherwise sit through.
+WAKE_GIVE_UP_MINUTES = 10
 IDLE_RECORD = "var/lib/vllm-cluster/idle/last-stop.json"
 # The host test_a_powered_off_gang_is_ejected_and_named left off.
 LOST = []
@@ -409,7 +413,7 @@ def test_idle_stop_set_by_a_later_up_configures_the_nodes_and_the_waker_and_rest
     for host in LOST:
         gangs.fleet.boot(host)
     # The stack as it runs now (the rolling change's setting kept), with idle stop.
-    run = gangs.program(moved=current_ips(gangs), idleStopMinutes=IDLE_MINUTES)
+    run = gangs.program(moved=current_ips(gangs), idleStopMinutes=IDLE_MINUTES, wakeGiveUpMinutes=WAKE_GIVE_UP_MINUTES)
     old = {c.name: c.inputs for c in gangs.run.of_type(COMMAND)}
     changed = {c.name for c in run.of_type(COMMAND) if old.get(c.name) != c.inputs}
     nodes = [node["name"] for gang in run.outputs["gangs"] for node in gang["nodes"]]
@@ -421,7 +425,11 @@ def test_idle_stop_set_by_a_later_up_configures_the_nodes_and_the_waker_and_rest
     outcomes = replay(run, only=changed)
     gangs.run = run
     # The stack file the operator tools read says so too.
-    gangs.config = {**gangs.config, "idleStopMinutes": str(IDLE_MINUTES)}
+    gangs.config = {
+        **gangs.config,
+        "idleStopMinutes": str(IDLE_MINUTES),
+        "wakeGiveUpMinutes": str(WAKE_GIVE_UP_MINUTES),
+    }
     assert unit_property(gangs, heads(gangs)[0], "vllm.service", "MainPID") == engine
     for host in heads(gangs):  # every node: a gang is one node here
         assert unit_property(gangs, host, "vllm-idle-check.timer", "ActiveState") == "active"
@@ -551,3 +559,144 @@ def test_a_stopped_service_answers_503_with_retry_after_and_the_gateway_wakes_it
     # No engine-down alert stands for either gang: asleep they were left alone, and they serve.
     for gang in ("gang0", "gang1"):
         gangs.wait_for_alert("VllmEngineDown", gang, None, timeout=90)
+
+
+# --- a wake EC2 refuses for want of capacity (issue 34) -----------------------------------------
+
+# The capacity tests' first request: when it was answered, and how many StartInstances and
+# boots the stand-in had seen before it. The waker's give-up bound for gang 1, which never
+# gets capacity, runs from that request.
+CAPACITY_WAKE: dict = {}
+
+
+def gang_troubles(report: dict) -> dict[str, str]:
+    """What status says EC2 refused, or why a wake was given up, per gang ("" for none)."""
+    return {gang["name"]: gang.get("wakeTrouble") or "" for gang in report["gangs"]}
+
+
+def test_a_wake_ec2_refuses_for_capacity_says_why_in_the_503_and_serves_once_capacity_is_back(gangs, ec2):
+    """Both gangs stopped by hand, and EC2 out of capacity for both: StartInstances of gang
+    0's instance fails (InsufficientInstanceCapacity), gang 1's is taken and put back to
+    stopped (StateReason Server.InsufficientInstanceCapacity). The client's 503 names the
+    refusal, status reports both; once EC2 has capacity for gang 0 again the waker starts it
+    by itself (no request needed), and a client retrying as Retry-After says gets served."""
+    from fleet_ec2 import waker_config
+
+    stand_in = ec2["stand_in"]
+    head0, head1 = heads(gangs)
+    id0, id1 = stand_in.instance_of(head0), stand_in.instance_of(head1)
+    stopped = gangs.operator("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    for host in (head0, head1):
+        wait_until_off(host, 60)
+    deadline = time.monotonic() + 45
+    while status(gangs)[0] != 4:
+        assert time.monotonic() < deadline, status(gangs)
+        time.sleep(5)
+    stand_in.no_capacity(id0)
+    stand_in.no_capacity(id1, accepted=True)
+    booted, asked_before = len(stand_in.started), len(stand_in.ec2.start_requests)
+    asked = time.monotonic()
+    answer, headers, body = completion_answer(gangs)
+    CAPACITY_WAKE.update(asked=asked, booted=booted, asked_before=asked_before)
+    assert answer == 503 and int(headers["Retry-After"]) > 0, (answer, headers, body)
+    error = json.loads(body)["error"]
+    assert error["code"] == "waking_from_idle_stop" and error["type"] == "service_unavailable", error
+    assert (
+        f"EC2 refused to start gang0's {id0}: InsufficientInstanceCapacity (There is not enough capacity"
+        in (error["message"])
+    ), error
+    assert "retrying with backoff" in error["message"], error
+    # The one request asked EC2 to start each gang's instance, once.
+    assert sorted(stand_in.ec2.start_requests[asked_before:]) == sorted([[id0], [id1]]), stand_in.ec2.start_requests
+    assert ("StartInstances", 500, "InsufficientInstanceCapacity") in stand_in.ec2.calls
+    # Gang 1's start was taken, then put back: the waker reads why from its StateReason at its
+    # next look (15 s), and status says both refusals, as problems: the service is down.
+    deadline = time.monotonic() + 60
+    while True:
+        code, report = status(gangs)
+        troubles = gang_troubles(report)
+        if "Server.InsufficientInstanceCapacity" in troubles["gang1"]:
+            break
+        assert time.monotonic() < deadline, report
+        time.sleep(5)
+    assert f"EC2 refused to start gang1's {id1}: Server.InsufficientInstanceCapacity" in troubles["gang1"], troubles
+    assert "InsufficientInstanceCapacity" in troubles["gang0"], troubles
+    assert code == 2 and report["verdict"] == "down", report
+    for gang in ("gang0", "gang1"):
+        assert any(p.startswith(f"{gang}: EC2 refused to start") for p in report["problems"]), report["problems"]
+    assert stand_in.started[booted:] == [] and not is_up(head0) and not is_up(head1)
+    # Capacity is back for gang 0: the waker's next try (60 s after one refusal) starts it,
+    # with no request to prompt it.
+    stand_in.capacity_back(id0)
+    deadline = time.monotonic() + 120
+    while id0 not in stand_in.started[booted:]:
+        assert time.monotonic() < deadline, (stand_in.ec2.start_requests[asked_before:], stand_in.ec2.calls[-6:])
+        time.sleep(2)
+    print(f"gang0 started again by the waker {time.monotonic() - asked:.0f} s after its refused start")
+    tries = 1
+    while answer != 200:
+        assert time.monotonic() - asked < SERVES_AGAIN_WITHIN + 120, (answer, body)
+        time.sleep(int(headers.get("Retry-After", "10")))
+        answer, headers, body = completion_answer(gangs)
+        tries += 1
+        assert answer in (200, 503), (answer, body)
+    print(f"served: the first completion {time.monotonic() - asked:.0f} s after the refused wake, {tries} tries")
+    # Gang 1 still has none: tried again with backoff, never booted, well inside its bound.
+    assert time.monotonic() - asked < waker_config(gangs.run)["give_up_seconds"]
+    assert stand_in.ec2.start_requests[asked_before:].count([id1]) >= 2, stand_in.ec2.start_requests
+    assert id1 not in stand_in.started[booted:] and not is_up(head1)
+    # Status: gang 0 serves (once the waker's next look saw it answer), gang 1 is still
+    # refused, a problem of a service that answers: degraded.
+    deadline = time.monotonic() + 60
+    while True:
+        code, report = status(gangs)
+        if report["gangs"][0]["verdict"] == "serving":
+            break
+        assert time.monotonic() < deadline, report["gangs"]
+        time.sleep(5)
+    assert report["gangs"][1]["verdict"] in ("stopped", "waking"), report["gangs"]
+    assert "Server.InsufficientInstanceCapacity" in gang_troubles(report)["gang1"], report["gangs"]
+    assert code == 1 and report["verdict"] == "degraded", report
+
+
+def test_a_wake_whose_capacity_never_comes_back_is_given_up_and_leaves_no_instance_running(gangs, ec2):
+    """Gang 1 never gets capacity: the waker keeps trying with backoff (VllmWakeRefused
+    fires meanwhile) until its bound (give_up_seconds: wakeGiveUpMinutes, as the stack
+    sets it), then gives the wake up, says so in status and as VllmWakeGivenUp, and starts
+    it no more: its instance never ran, and none is left running."""
+    from fleet_ec2 import waker_config
+
+    stand_in = ec2["stand_in"]
+    head1 = heads(gangs)[1]
+    id1 = stand_in.instance_of(head1)
+    give_up = waker_config(gangs.run)["give_up_seconds"]
+    assert give_up == WAKE_GIVE_UP_MINUTES * 60
+    asked, booted, asked_before = (CAPACITY_WAKE[k] for k in ("asked", "booted", "asked_before"))
+    gangs.wait_for_alert("VllmWakeRefused", "gang1", "firing", timeout=120)
+    # Given up at the first look past the bound (the waker looks every 15 s).
+    deadline = asked + give_up + 90
+    while True:
+        code, report = status(gangs)
+        trouble = gang_troubles(report)["gang1"]
+        if "given up" in trouble:
+            break
+        assert time.monotonic() < deadline, report["gangs"]
+        time.sleep(20)
+    took = time.monotonic() - asked
+    tries = stand_in.ec2.start_requests[asked_before:].count([id1])
+    print(f"gang1's wake given up {took:.0f} s after it was asked (bound {give_up} s), after {tries} StartInstances")
+    assert took >= give_up, (took, give_up)
+    assert f"did not serve within {give_up} s" in trouble, trouble
+    assert f"EC2 last refused {id1}: Server.InsufficientInstanceCapacity" in trouble, trouble
+    assert "nothing it started is running" in trouble, trouble
+    assert code != 0 and any("given up" in p for p in report["problems"]), report
+    gangs.wait_for_alert("VllmWakeGivenUp", "gang1", "firing", timeout=90)
+    # The wake is over: no refusal is reported any more, and no start follows.
+    gangs.wait_for_alert("VllmWakeRefused", "gang1", None, timeout=90)
+    assert stand_in.ec2.start_requests[asked_before:].count([id1]) == tries
+    # Tried again with backoff (30 s doubling to 5 min) through the bound, and never ran.
+    assert tries >= 4, stand_in.ec2.start_requests[asked_before:]
+    assert id1 not in stand_in.started[booted:]
+    assert stand_in.state(id1) == "stopped" and not is_up(head1)
+    stand_in.capacity_back(id1)

@@ -113,6 +113,55 @@ def test_the_stacks_own_one_token_probes_are_not_requests():
     assert kind(verdict) == "stop"
 
 
+def test_a_probe_caught_running_by_a_check_does_not_restart_the_idle_clock():
+    # The watchdog's 1-token probe every 20 s is in vLLM's running gauge while it runs;
+    # a check every 15 s catches one now and then. Once it has finished as a 1-token
+    # request and nothing else happened, the node is idle since before that reading:
+    # it stops after exactly N minutes, as if the probe had never been seen.
+    state = armed_at(0)  # finished 10, of which 6 were 1-token requests
+    state, verdict = quiet(150, state, metrics(running=1, finished=10, requests=4))
+    assert kind(verdict) == "active", verdict
+    state, verdict = quiet(165, state, metrics(finished=11, requests=4))
+    assert verdict.startswith(f"idle: since {CHECK.utc(WALL + 0)}"), verdict
+    assert kind(quiet(299, state)[1]) == "idle"
+    assert kind(quiet(300, state)[1]) == "stop"
+
+
+def test_probes_caught_at_every_other_check_never_keep_the_node_up():
+    # However often a probe is seen in flight, the node stops after N quiet minutes.
+    state = armed_at(0)
+    finished = 10
+    for check in range(1, 21):
+        running = check % 2  # every other check sees a probe running
+        state, verdict = quiet(check * 15, state, metrics(running=running, finished=finished, requests=4))
+        finished += running  # it finishes (a 1-token request) before the next check
+    assert kind(verdict) == "stop", verdict
+
+
+def test_a_request_seen_running_that_finishes_asking_for_more_than_a_token_is_use():
+    state = armed_at(0)
+    state, verdict = quiet(150, state, metrics(running=1, finished=10, requests=4))
+    state, verdict = quiet(165, state, metrics(finished=11, requests=5))
+    assert kind(verdict) == "active" and "1 new request" in verdict, verdict
+    assert kind(quiet(165 + 299, state)[1]) == "idle"
+    assert kind(quiet(165 + 300, state)[1]) == "stop"
+
+
+def test_a_request_still_running_at_the_next_check_is_use_and_a_login_beside_a_probe_too():
+    state = armed_at(0)
+    state, _ = quiet(150, state, metrics(running=1, finished=10, requests=4))
+    state, verdict = quiet(165, state, metrics(running=1, finished=10, requests=4))
+    assert kind(verdict) == "active", verdict
+    # It ran on (a long generation): at least until 165, whatever it finishes as.
+    state, verdict = quiet(180, state, metrics(finished=11, requests=4))
+    assert verdict.startswith(f"idle: since {CHECK.utc(WALL + 165)}"), verdict
+    login = ["ubuntu (pts/0 from 198.51.100.7, logind session 3)"]
+    state = armed_at(0)
+    state, _ = quiet(150, state, metrics(running=1, finished=10, requests=4), sessions=login)
+    state, verdict = quiet(165, state, metrics(finished=11, requests=4))
+    assert verdict.startswith(f"idle: since {CHECK.utc(WALL + 150)}"), verdict
+
+
 def test_a_counter_reset_is_a_restarted_engine_and_counts_as_activity():
     state = armed_at(0, finished=500, requests=300)
     state, verdict = quiet(200, state, metrics(finished=0, requests=0))
@@ -147,6 +196,31 @@ def test_nothing_counts_before_the_engine_answered_since_boot():
         assert kind(verdict) == "waiting" and state == {}, verdict
     state, verdict = CHECK.judge(36_000, WALL + 36_000, metrics(finished=1), state, [], None, 5)
     assert kind(verdict) == "armed" and state["active_at"] == 36_000
+
+
+def test_a_node_whose_gang_never_serves_powers_itself_off_after_the_grace_time():
+    """A wake EC2 refused half-way, or an engine that cannot load: the engine never answers
+    since boot. With a grace time the node powers off once that long passed without an
+    answer, a login or a stack command (a deploy's long first download holds the lock)."""
+    state: dict = {}
+    for check in range(1, 60):
+        state, verdict = CHECK.judge(check * 15, WALL + check * 15, None, state, [], None, 5, grace=600)
+        if kind(verdict) == "stop":
+            break
+        assert kind(verdict) == "waiting" and "powering off after 600 s" in verdict, verdict
+    # 600 s after the first check of this boot (15 s in), not a check sooner.
+    assert check * 15 == 615 and "has not served since this boot" in verdict, (check, verdict)
+    # A stack command under way (or a login) restarts the wait: a deploy is never cut short.
+    state = {}
+    state, _ = CHECK.judge(15, WALL, None, state, [], None, 5, grace=600)
+    state, verdict = CHECK.judge(500, WALL + 500, None, state, [], "/run/vllm-cluster-setup.lock", 5, grace=600)
+    assert kind(verdict) == "waiting"
+    assert kind(CHECK.judge(1099, WALL + 1099, None, state, [], None, 5, grace=600)[1]) == "waiting"
+    assert kind(CHECK.judge(1100, WALL + 1100, None, state, [], None, 5, grace=600)[1]) == "stop"
+    # Once the engine answered, the grace plays no part: the idle clock does.
+    armed, verdict = CHECK.judge(1000, WALL + 1000, metrics(finished=1), {}, [], None, 5, grace=600)
+    assert kind(verdict) == "armed"
+    assert kind(quiet(1000 + 299, armed)[1]) == "idle"
 
 
 def test_an_unreachable_head_after_arming_counts_as_no_request():
@@ -507,6 +581,26 @@ def test_idle_check_through_the_node_script_powers_the_node_off(engine, node, tm
     assert f"idle since {state['active_utc']}: no request and no login for 1 min; powering off" in stopped.stderr
     assert host.systemctl_calls()[-1] == "poweroff"
     assert json.loads(host.record.read_text())["by"] == "idle"
+
+
+def test_a_node_whose_engine_never_answers_powers_off_through_the_node_script(node, tmp_path):
+    """idle-stop-config --grace-seconds reaches the check: a boot whose engine never
+    answered powers the node off after it, recorded as never-served."""
+    host = NodeHost(tmp_path, node)  # its head's /metrics: nothing listens there
+    configured = host.run("idle-stop-config", "--minutes", "30", "--grace-seconds", "1200")
+    assert configured.returncode == 0, configured.stderr
+    assert "IDLE_STOP_GRACE_SECONDS=1200\n" in host.env_file.read_text()
+    waiting = host.run("idle-check")
+    assert waiting.returncode == 0 and "powering off after 1200 s" in waiting.stderr, waiting.stderr
+    state = json.loads(host.clock.read_text())
+    state["waiting_since"] -= 1200
+    host.clock.write_text(json.dumps(state))
+    stopped = host.run("idle-check")
+    assert "has not served since this boot" in stopped.stderr, stopped.stderr
+    assert host.systemctl_calls()[-1] == "poweroff"
+    record = json.loads(host.record.read_text())
+    assert record["by"] == "never-served" and record["grace_seconds"] == 1200
+    assert host.run("idle-stop-config", "--minutes", "30", "--grace-seconds", "soon").returncode == 1
 
 
 def test_idle_check_passes_the_node_locks_the_commands_take(engine, node, tmp_path):

@@ -51,6 +51,23 @@ def by_urn(run):
     return {r.urn: r for r in run.resources}
 
 
+def test_an_idle_time_shorter_than_a_wake_is_warned_at_deploy_saying_what_it_costs():
+    """idleStopMinutes 1 on prod (2 x p4d.24xlarge, a 70B model) is accepted, but a wake
+    takes longer than that: `pulumi up` warns, naming the key, the wake and its price."""
+    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+    assert wake > 60
+    short = run_stack("prod", {"idleStopMinutes": 1})
+    assert short.error is None, short.error
+    warned = [w for w in short.warnings if "idleStopMinutes is 1 min" in w]
+    assert len(warned) == 1, short.warnings
+    billed = 2 * CATALOG["p4d.24xlarge"].price_per_hour_usd * wake / 3600
+    for words in (f"about {wake / 60:.1f} min", "a stop and a wake", "503", f"${billed:.2f} a wake"):
+        assert words in warned[0], warned[0]
+    # At the wake's length or more: no warning.
+    enough = run_stack("prod", {"idleStopMinutes": -(-wake // 60)})
+    assert enough.error is None and not [w for w in enough.warnings if "idleStopMinutes" in w], enough.warnings
+
+
 # --- what the key declares, and what it leaves alone without it ---------------------------------
 
 
@@ -130,10 +147,12 @@ def stack_id_of(run) -> str:
     return node.inputs["tags"][idle_stop.STACK_ID_TAG]
 
 
-def test_the_gateway_may_start_only_instances_of_its_own_stack_in_its_own_region(idle):
+@pytest.mark.parametrize("action", ["ec2:StartInstances", "ec2:StopInstances"])
+def test_the_gateway_may_start_and_stop_only_instances_of_its_own_stack_in_its_own_region(idle, action):
     """Issue 33 point 5: the stack's and project's tags are readable and repeatable (another
     user's stack named prod carries the same): the role also needs the stack's random id,
-    and a request to this region."""
+    and a request to this region. Issue 34: it may stop them too (a wake that never served
+    is given up and what it started stopped), under the same conditions."""
     _, policy = wake_policy(idle)
     arn = "arn:aws:ec2:us-east-1:123456789012:instance/i-0123456789abcdef0"
     own = {
@@ -141,21 +160,21 @@ def test_the_gateway_may_start_only_instances_of_its_own_stack_in_its_own_region
         idle_stop.PROJECT_TAG: "vllm-cluster",
         idle_stop.STACK_ID_TAG: stack_id_of(idle),
     }
-    assert allows(policy, "ec2:StartInstances", arn, own)
-    assert not allows(policy, "ec2:StartInstances", arn, {**own, idle_stop.STACK_TAG: "dev"})
-    assert not allows(policy, "ec2:StartInstances", arn, {idle_stop.STACK_TAG: "prod"})
+    assert allows(policy, action, arn, own)
+    assert not allows(policy, action, arn, {**own, idle_stop.STACK_TAG: "dev"})
+    assert not allows(policy, action, arn, {idle_stop.STACK_TAG: "prod"})
     same_names = {idle_stop.STACK_TAG: "prod", idle_stop.PROJECT_TAG: "vllm-cluster"}
-    assert not allows(policy, "ec2:StartInstances", arn, same_names), "another stack named prod"
-    assert not allows(policy, "ec2:StartInstances", arn, {**own, idle_stop.STACK_ID_TAG: "0" * 32})
-    assert not allows(policy, "ec2:StartInstances", arn, own, region="eu-west-1")
-    assert not allows(policy, "ec2:StartInstances", arn.replace("123456789012", "210987654321"), own)
-    assert not allows(policy, "ec2:StopInstances", arn, own)
+    assert not allows(policy, action, arn, same_names), "another stack named prod"
+    assert not allows(policy, action, arn, {**own, idle_stop.STACK_ID_TAG: "0" * 32})
+    assert not allows(policy, action, arn, own, region="eu-west-1")
+    assert not allows(policy, action, arn.replace("123456789012", "210987654321"), own)
     assert not allows(policy, "ec2:TerminateInstances", arn, own)
+    assert not allows(policy, "ec2:RunInstances", arn, own)
     # DescribeInstances has no resource-level permission: "*", and it only reads, here.
     assert allows(policy, "ec2:DescribeInstances", "*", {})
     assert not allows(policy, "ec2:DescribeInstances", "*", {}, region="eu-west-1")
     actions = {a for s in policy["Statement"] for a in s["Action"]}
-    assert actions == {"ec2:StartInstances", "ec2:DescribeInstances"}
+    assert actions == {"ec2:StartInstances", "ec2:StopInstances", "ec2:DescribeInstances"}
 
 
 def test_with_a_customer_managed_default_ebs_key_the_waker_may_use_it_through_ec2_only():
@@ -225,7 +244,11 @@ def test_each_node_turns_idle_stop_on_after_its_setup_and_destroy_never_needs_it
     urns = by_urn(idle)
     for node in ("head", "worker-1"):
         command = named[f"vllm-idle-stop-{node}"]
-        assert command.inputs["create"] == f"{NODE} idle-stop-config --minutes 30"
+        # And a boot whose gang never serves ends past the waker's bound (issue 34).
+        wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+        grace = idle_stop.never_served_grace_seconds(wake)
+        assert grace > idle_stop.wake_give_up_seconds(wake)
+        assert command.inputs["create"] == f"{NODE} idle-stop-config --minutes 30 --grace-seconds {grace}"
         assert not command.inputs.get("delete")
         waits_for = {urns[d].name for d in command.dependencies if d in urns}
         assert f"vllm-setup-{node}" in waits_for
@@ -246,6 +269,7 @@ def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
     assert {"vllm-gateway-setup", "vllm-head", "vllm-worker-1"} <= waits_for
     config = fed_waker_config(unsecret(waker.inputs["stdin"]))
     head, worker = idle.named("vllm-head", INSTANCE), idle.named("vllm-worker-1", INSTANCE)
+    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
     assert config == {
         "region": "us-east-1",
         "endpoint": "https://ec2.us-east-1.amazonaws.com",
@@ -254,10 +278,23 @@ def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
         "gangs": {"gang0": [idle.id_of(head), idle.id_of(worker)]},
         "idle_stop_minutes": 30,
         "retry_after_seconds": idle_stop.RETRY_AFTER_SECONDS,
-        "expected_wake_seconds": idle_stop.expected_wake_seconds(
-            "meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2
-        ),
+        "expected_wake_seconds": wake,
+        # Three expected wakes (590 s), past the 15-minute floor.
+        "give_up_seconds": 3 * wake,
     }
+    assert config["give_up_seconds"] > idle_stop.GIVE_UP_MIN_SECONDS
+
+
+def test_a_give_up_bound_set_by_the_user_reaches_the_waker_and_each_nodes_guard():
+    """wakeGiveUpMinutes replaces the derived bound in what the waker is told, and the nodes'
+    never-served guard stays its margin past it."""
+    run = run_stack("prod", {"idleStopMinutes": 30, "wakeGiveUpMinutes": 45})
+    assert run.error is None, run.error
+    config = fed_waker_config(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
+    assert config["give_up_seconds"] == 45 * 60
+    grace = 45 * 60 + idle_stop.NODE_GUARD_MARGIN_SECONDS
+    idle_commands = [c.inputs["create"] for c in run.of_type(COMMAND) if "idle-stop" in c.name]
+    assert idle_commands and all(f"--grace-seconds {grace}" in c for c in idle_commands), idle_commands
 
 
 def test_with_replicas_each_gang_has_its_instances_in_gang_order():
@@ -348,6 +385,8 @@ def test_the_waker_json_has_the_contracts_fields():
         "idle_stop_minutes": 30,
         "retry_after_seconds": 30,
         "expected_wake_seconds": 300,
+        # A short wake still gets 15 minutes before the waker gives up.
+        "give_up_seconds": 900,
     }
 
 
@@ -360,9 +399,11 @@ def test_the_plan_shows_the_wake_time_the_waker_is_told_and_both_idle_hours():
     told = fed_waker_config(unsecret(commands(run)["vllm-gateway-waker"].inputs["stdin"]))
     assert shown["idleStopMinutes"] == told["idle_stop_minutes"] == 30
     assert shown["wakeSeconds"] == told["expected_wake_seconds"]
+    assert shown["giveUpSeconds"] == told["give_up_seconds"]
     assert shown["idleHourWithoutUsd"] == pytest.approx(shown["idleHourWithUsd"] + shown["gpuNodes"], abs=1e-3)
     printed = plan.render(document)
     assert f"${shown['idleHourWithUsd']:.4f}/h with it" in printed and f"~{shown['wakeSeconds']} s" in printed
+    assert f"a wake not serving after {told['give_up_seconds']} s" in printed
     assert plan.build_plan("own-hosts")["idleStop"] is None
 
 

@@ -568,3 +568,40 @@ def test_a_gang_idle_stop_has_asleep_raises_no_alert_while_an_awake_one_still_do
     assert_promtool_sees(
         rendered_with_waker, inputs, [{"eval_time": "20m", "alertname": name, "exp_alerts": [fired_as(alert, labels)]}]
     )
+
+
+def test_with_idle_stop_a_refused_wake_and_a_wake_given_up_raise_alerts_naming_the_gang_and_ecs_code(
+    rendered_with_waker,
+):
+    """Issue 34: EC2 refusing gang1's start (its code a label) fires VllmWakeRefused after a
+    minute, not at once; a wake given up fires VllmWakeGivenUp at once; gang0 neither."""
+    refused = {
+        "series": metrics.WAKE_REFUSED
+        + '{job="waker", instance="x", gang="gang1", code="InsufficientInstanceCapacity"}',
+        "values": "_ 1x10",
+    }
+    given_up = {"series": f'{metrics.WAKE_GIVEN_UP}{{job="waker", instance="x", gang="gang1"}}', "values": "0 0 1x10"}
+    quiet = {"series": f'{metrics.WAKE_GIVEN_UP}{{job="waker", instance="x", gang="gang0"}}', "values": "0x12"}
+    by_name = {a.name: a for a in metrics.alerts(waker=True)}
+    refused_labels = {"gang": "gang1", "code": "InsufficientInstanceCapacity", "severity": "warning"}
+    given_up_labels = {"gang": "gang1", "severity": "critical"}
+    assert_promtool_sees(
+        rendered_with_waker,
+        [refused, given_up, quiet],
+        [
+            {"eval_time": "1m", "alertname": "VllmWakeRefused", "exp_alerts": []},
+            {
+                "eval_time": "3m",
+                "alertname": "VllmWakeRefused",
+                "exp_alerts": [fired_as(by_name["VllmWakeRefused"], refused_labels)],
+            },
+            {"eval_time": "1m", "alertname": "VllmWakeGivenUp", "exp_alerts": []},
+            {
+                "eval_time": "2m",
+                "alertname": "VllmWakeGivenUp",
+                "exp_alerts": [fired_as(by_name["VllmWakeGivenUp"], given_up_labels)],
+            },
+        ],
+    )
+    # Without idle stop there is no waker, and no such alert.
+    assert metrics.WAKE_REFUSED not in metrics.alert_rules() and "VllmWakeGivenUp" not in metrics.alert_rules()

@@ -349,13 +349,14 @@ def test_a_new_model_stages_it_and_restarts_only_vllm():
     before = run_stack("dev")
     after = run_stack("dev", {"model": "Qwen/Qwen2.5-7B-Instruct"})
     # dev stops when idle: the gateway's waker is told the new model's wake time (it
-    # restarts the waker alone, nothing of Ray or vLLM).
+    # restarts the waker alone, nothing of Ray or vLLM), and each node's idle stop the
+    # grace a boot whose engine never answers gets (issue 34), which follows it.
     assert changed_commands(before, after) == {
         "vllm-model",
         "vllm-vllm",
         "vllm-readiness",
         "vllm-gateway-waker",
-    } | preflight_of(after) | on_every_node(after, "prepare", "warmup")
+    } | preflight_of(after) | on_every_node(after, "prepare", "warmup", "idle-stop")
     assert "--model Qwen/Qwen2.5-7B-Instruct " in command_inputs(after)["vllm-model"]["create"]
 
 

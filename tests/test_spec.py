@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from components import image, node_env, versions
+from components import idle_stop, image, node_env, versions
 from components.config_keys import CONFIG_KEYS
 from components.spec import SpecError, existing_vpc_problems, load_spec
 
@@ -747,6 +747,43 @@ def test_idle_stop_with_a_capacity_block_alone_names_the_block_key():
     error = problems_of(idleStopMinutes=30, capacityBlock=True)
     problem = next(p for p in error.problems if p.key == "idleStopMinutes")
     assert "vllm-cluster:capacityBlock" in problem.message
+
+
+def test_the_wake_give_up_bound_is_derived_unless_set_and_takes_whole_minutes():
+    assert spec_of(idleStopMinutes=30).wake_give_up_minutes is None
+    assert spec_of(idleStopMinutes=30, wakeGiveUpMinutes=0).wake_give_up_minutes is None  # the default: derived
+    assert spec_of(idleStopMinutes=30, wakeGiveUpMinutes="45").wake_give_up_minutes == 45
+
+
+@pytest.mark.parametrize("value", [4, 1441, "soon"])
+def test_a_wake_give_up_bound_outside_5_minutes_to_a_day_is_refused_with_the_fix(value):
+    """Under 5 minutes no stack's wake can finish, nor the waker's retries (30 s doubling) get
+    a few tries in; over a day a GPU node started for nothing runs that long unseen."""
+    error = problems_of(idleStopMinutes=30, wakeGiveUpMinutes=value)
+    assert error.keys == ["wakeGiveUpMinutes"]
+    assert "pulumi config set vllm-cluster:wakeGiveUpMinutes" in str(error) or "whole number" in str(error)
+
+
+def test_a_wake_give_up_bound_without_idle_stop_is_refused_naming_both_keys():
+    """Without idleStopMinutes nothing stops, so nothing wakes: the key would be ignored."""
+    error = problems_of(wakeGiveUpMinutes=30)
+    assert error.keys == ["wakeGiveUpMinutes"]
+    message = str(error)
+    assert "vllm-cluster:idleStopMinutes" in message and "pulumi config rm vllm-cluster:wakeGiveUpMinutes" in message
+
+
+def test_a_wake_give_up_bound_shorter_than_the_stacks_wake_is_warned_with_the_fix():
+    """The user may know their wake better than the estimate; a bound under it gives up
+    every wake the estimate is right about, so it is said at deploy, not refused."""
+    spec = spec_of(idleStopMinutes=30)
+    wake = idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+    short = max(5, wake // 60 - 1)
+    assert short * 60 < wake, "the test stack's wake must be longer than 6 minutes"
+    warned = [w for w in spec_of(idleStopMinutes=30, wakeGiveUpMinutes=short).warnings if "wakeGiveUpMinutes" in w]
+    assert len(warned) == 1 and f"wakeGiveUpMinutes is {short} min" in warned[0], warned
+    assert "pulumi config set vllm-cluster:wakeGiveUpMinutes" in warned[0], warned
+    enough = spec_of(idleStopMinutes=30, wakeGiveUpMinutes=-(-wake // 60))
+    assert not [w for w in enough.warnings if "wakeGiveUpMinutes" in w], enough.warnings
 
 
 def test_idle_stop_with_your_own_hosts_is_refused_naming_both_keys():

@@ -833,6 +833,34 @@ def test_every_gang_stopped_is_its_own_verdict_and_no_request_wakes_them():
     assert "verdict     WAKING" in text and "endpoint    not sent" in text
 
 
+WAKE_REFUSED = (
+    "EC2 refused to start gang1's i-0b000000000000002: Server.InsufficientInstanceCapacity (Insufficient "
+    "capacity.); retrying with backoff for 1500 s more, then the waker gives up and stops what it started."
+)
+
+
+def test_a_wake_ec2_refuses_is_named_by_status_and_is_a_problem_not_an_idle_gang():
+    """Issue 34: the waker's `power` line carries what EC2 refused; status shows it under
+    the gang, lists it as a problem (degraded while another gang serves), and with every
+    gang asleep says down, not the idle exit 4: the service will not come back by itself."""
+    cluster = PoweredCluster(
+        {**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)},
+        {IPS[0]: head(IPS)["facts"], GANG1_IPS[0]: None},
+        f"gang0 serving -\ngang1 waking 2026-12-02T12:50:00Z {WAKE_REFUSED}\n",
+        "gang0 10.0.0.1:8000 in-pool serving\ngang1 10.0.1.1:8000 in-pool not-serving\n",
+    )
+    report = status.assess(cluster, IDLE_SPEC, status.snapshot(cluster, IDLE_SPEC))
+    assert report["exitCode"] == status.DEGRADED and report["problems"] == [f"gang1: {WAKE_REFUSED}"], report
+    assert report["gangs"][1]["wakeTrouble"] == WAKE_REFUSED
+    text = status.render("t", report, "https://x/v1")
+    assert "Server.InsufficientInstanceCapacity" in text and "gang1       WAKING" in text
+    given_up = "The last wake of gang0 was given up at 2026-12-02T13:20:00Z: it did not serve within 900 s ..."
+    cluster = PoweredCluster(BASE_OUTPUTS, {IPS[0]: None}, f"gang0 stopped 2026-12-02T13:20:00Z {given_up}\n")
+    report = status.assess(cluster, IDLE_SPEC, status.snapshot(cluster, IDLE_SPEC))
+    assert report["exitCode"] == status.DOWN and report["verdict"] == "down", report
+    assert report["problems"] == [f"gang0: {given_up}"] and cluster.completions == 0
+
+
 def test_without_idle_stop_status_never_asks_the_waker():
     cluster = PoweredCluster(BASE_OUTPUTS, {IPS[0]: head(IPS)["facts"]}, "gang0 stopped -\n")
     status.snapshot(cluster, SPEC)

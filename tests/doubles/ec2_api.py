@@ -18,7 +18,7 @@ They imitate what the waker depends on, each behaviour from AWS's documentation:
   MissingAuthenticationToken, UnauthorizedOperation (HTTP 403: the caller's IAM policy
   does not allow the action on the resource), InvalidInstanceID.NotFound,
   InvalidInstanceID.Malformed, IncorrectInstanceState (StartInstances on an instance
-  that is stopping), InvalidParameterValue (an unknown filter), MissingAction,
+  that is stopping, StopInstances on one still pending), InvalidParameterValue (an unknown filter), MissingAction,
   InvalidAction (same page, common and action-specific client errors);
 - Signature Version 4, verified with the secret the metadata double issued
   (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html);
@@ -57,7 +57,22 @@ How a test or the fleet runs them:
 
 `state(id)` says each instance's state now (pending, running, stopping, stopped, ...);
 `start(id)` is called for every stopped instance a StartInstances starts (the fleet boots
-the host; until `state` says otherwise the double reports it pending).
+the host; until `state` says otherwise the double reports it pending); `stop(id)` for
+every running or pending instance a StopInstances stops.
+
+What EC2 does when it has no capacity, which no other implementation here imitates:
+- `refuse_start[id] = (code, message)`: StartInstances naming that instance fails whole
+  with that error, as EC2 answers InsufficientInstanceCapacity ("There is not enough
+  capacity to fulfill your request", a server error, HTTP 500), InstanceLimitExceeded or
+  VcpuLimitExceeded (client errors, HTTP 400) (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html);
+- `put_back[id] = (code, message)`: StartInstances accepts the instance (pending), and
+  from the next look it is stopped again with that StateReason, as EC2 does with
+  Server.InsufficientInstanceCapacity, Client.InternalError (a KMS key the caller may not
+  use) or Client.VolumeLimitExceeded
+  (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StateReason.html).
+Both stay until the test removes them ("capacity is back"). NO_CAPACITY_ERROR and
+NO_CAPACITY_REASON are what EC2 says for want of capacity in each case; `start_requests`
+holds the ids each StartInstances named, whatever its outcome.
 """
 
 from __future__ import annotations
@@ -80,6 +95,18 @@ from xml.sax.saxutils import escape
 
 API_VERSION = "2016-11-15"
 NAMESPACE = "http://ec2.amazonaws.com/doc/2016-11-15/"
+# Error codes EC2 lists as server errors (HTTP 5xx; the rest are client errors, HTTP 400)
+# (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html).
+SERVER_ERRORS = {"InsufficientInstanceCapacity", "InternalError", "Unavailable", "InsufficientCapacity"}
+# A start refused for want of capacity: StartInstances' error (errors-overview.html above:
+# "There is not enough capacity to fulfill your request"), and the StateReason of a start
+# EC2 accepted and then could not place ("There was insufficient capacity available to
+# satisfy the launch request", https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StateReason.html).
+NO_CAPACITY_ERROR = ("InsufficientInstanceCapacity", "There is not enough capacity to fulfill your request.")
+NO_CAPACITY_REASON = (
+    "Server.InsufficientInstanceCapacity",
+    "There was insufficient capacity available to satisfy the launch request.",
+)
 # EC2's instance state codes (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_InstanceState.html).
 STATE_CODES = {"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
 MAX_SKEW = dt.timedelta(minutes=15)
@@ -323,12 +350,21 @@ class Ec2ApiDouble(_Server):
         instances: dict[str, dict[str, str]],
         state: Callable[[str], str],
         start: Callable[[str], None],
+        stop: Callable[[str], None] | None = None,
         region: str = "us-east-1",
         account: str = "123456789012",
         role: str = "vllm-gateway-role",
     ):
         self.store, self.policy, self.instances = credentials, policy, instances
         self.state, self.start_instance = state, start
+        self.stop_instance = stop or (lambda instance_id: None)
+        # What EC2 refuses for want of capacity or quota (see the module's docstring).
+        self.refuse_start: dict[str, tuple[str, str]] = {}
+        self.put_back: dict[str, tuple[str, str]] = {}
+        # Instances accepted and put back to stopped: their StateReason.
+        self.fell_back: dict[str, tuple[str, str]] = {}
+        # The ids each StartInstances named, in order, refused or not.
+        self.start_requests: list[list[str]] = []
         self.region, self.account, self.role = region, account, role
         # Instances started and not yet reported otherwise by state(): pending.
         self.starting: set[str] = set()
@@ -344,6 +380,9 @@ class Ec2ApiDouble(_Server):
     # --- state ---
 
     def _state_of(self, instance_id: str) -> str:
+        with self.lock:
+            if instance_id in self.fell_back:
+                return "stopped"
         state = self.state(instance_id)
         with self.lock:
             if state == "stopped" and instance_id in self.starting:
@@ -357,6 +396,9 @@ class Ec2ApiDouble(_Server):
 
     def _reason(self, instance_id: str, state: str) -> tuple[str, str, str]:
         """stateTransitionReason, stateReason code and message."""
+        if instance_id in self.fell_back:
+            code, message = self.fell_back[instance_id]
+            return "", code, f"{code}: {message}"
         since = self.stopped_since.get(instance_id)
         if state in ("stopping", "stopped") and since is not None:
             return (
@@ -504,6 +546,8 @@ class Ec2ApiDouble(_Server):
         ids = self._numbered(params, "InstanceId")
         if not ids:
             raise Ec2Fault(400, "MissingParameter", "The request must contain the parameter InstanceId")
+        with self.lock:
+            self.start_requests.append(list(ids))
         self._known_ids(ids)
         for instance_id in ids:
             resource = f"arn:aws:ec2:{self.region}:{self.account}:instance/{instance_id}"
@@ -516,14 +560,61 @@ class Ec2ApiDouble(_Server):
                     "IncorrectInstanceState",
                     f"The instance '{instance_id}' is not in a state from which it can be started.",
                 )
+        for instance_id in ids:
+            if instance_id in self.refuse_start:
+                code, message = self.refuse_start[instance_id]
+                raise Ec2Fault(500 if code in SERVER_ERRORS else 400, code, message)
         items = []
         for instance_id, before in states.items():
             after = before
             if before == "stopped":
                 with self.lock:
-                    self.starting.add(instance_id)
-                self.start_instance(instance_id)
+                    self.fell_back.pop(instance_id, None)
+                    if instance_id in self.put_back:
+                        # Accepted; the next look finds it stopped again, saying why.
+                        self.fell_back[instance_id] = self.put_back[instance_id]
+                    else:
+                        self.starting.add(instance_id)
+                if instance_id not in self.fell_back:
+                    self.start_instance(instance_id)
                 after = "pending"
+            items.append(
+                f"<item><instanceId>{instance_id}</instanceId>"
+                f"<currentState><code>{STATE_CODES[after]}</code><name>{after}</name></currentState>"
+                f"<previousState><code>{STATE_CODES[before]}</code><name>{before}</name></previousState></item>"
+            )
+        return f"<instancesSet>{''.join(items)}</instancesSet>"
+
+    def _stop(self, params: dict[str, str]) -> str:
+        ids = self._numbered(params, "InstanceId")
+        if not ids:
+            raise Ec2Fault(400, "MissingParameter", "The request must contain the parameter InstanceId")
+        self._known_ids(ids)
+        for instance_id in ids:
+            resource = f"arn:aws:ec2:{self.region}:{self.account}:instance/{instance_id}"
+            self._authorize("StopInstances", resource, self.instances[instance_id])
+        states = {i: self._state_of(i) for i in ids}
+        for instance_id, state in states.items():
+            # An instance still pending cannot be stopped: EC2's lifecycle goes from pending
+            # to running only (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html),
+            # and StopInstances answers "IncorrectInstanceState: Instance '...' cannot be
+            # stopped as it has never reached the 'running' state" (as reported in
+            # https://github.com/cloud-custodian/cloud-custodian/pull/6014); one such
+            # instance fails the whole call, as for StartInstances.
+            if state == "pending":
+                raise Ec2Fault(
+                    400,
+                    "IncorrectInstanceState",
+                    f"Instance '{instance_id}' cannot be stopped as it has never reached the 'running' state.",
+                )
+        items = []
+        for instance_id, before in states.items():
+            after = before
+            if before == "running":
+                with self.lock:
+                    self.starting.discard(instance_id)
+                self.stop_instance(instance_id)
+                after = "stopping"
             items.append(
                 f"<item><instanceId>{instance_id}</instanceId>"
                 f"<currentState><code>{STATE_CODES[after]}</code><name>{after}</name></currentState>"
@@ -563,6 +654,8 @@ class Ec2ApiDouble(_Server):
                         inner = double._describe(params)
                     elif action == "StartInstances":
                         inner = double._start(params)
+                    elif action == "StopInstances":
+                        inner = double._stop(params)
                     else:
                         raise Ec2Fault(400, "InvalidAction", f"The action {action} is not valid for this web service.")
                 except Ec2Fault as fault:
