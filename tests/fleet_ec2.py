@@ -27,7 +27,6 @@ from pathlib import Path
 from doubles.ec2_api import CredentialStore, Ec2ApiDouble, InstanceMetadataDouble, issue_test_certificate
 
 from cli.mock_runtime import MockCloud
-from components import image
 from localhosts.fleet import Host
 from localhosts.replay import COMMAND
 
@@ -108,13 +107,13 @@ class FleetEc2:
         host = self.host_of(instance_id)
         with self.lock:
             self.started.append(instance_id)
-        store = host.root / image.NVME_MOUNT.lstrip("/")
-        if store.is_dir():
-            for entry in store.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
+        # A blank store, as if never formatted: the image's unit formats and mounts it at boot.
+        store = self.fleet.instance_store_disk(host)
+        for entry in store.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
         self.fleet.boot(host, wait=False)
 
     def pull_plug(self, host: Host) -> None:
