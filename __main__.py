@@ -282,6 +282,7 @@ def node_boot_args(**where) -> NodeBootArgs:
         vllm_version=spec.vllm_version,
         login_probe_key=credentials.login_probe_public_key,
         node_lock=(node_env.ROOT / spec.node_lock).read_text(),
+        instance_store=spec.instance.instance_store_gb > 0,
         **where,
     )
 

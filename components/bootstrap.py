@@ -144,6 +144,9 @@ class NodeBoot:
     login_user: str = image.DEFAULT_USER
     # hosts: the shared directory bound as the model cache (modelCacheDir); "" mounts EFS.
     shared_model_dir: str = ""
+    # The instance type has an instance store (catalog.InstanceType.instance_store_gb): its
+    # stage is copied onto the store's mount (image.NVME_MOUNT) or not at all.
+    instance_store: bool = False
     # Who the node's host firewall admits on Ray's and vLLM's ports (host_firewall): its
     # gang's private IPs, head first, and the gateway's private IP. Empty in the user data:
     # they reach the node with its setup command, which writes the firewall.
@@ -230,6 +233,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "OFI_NCCL_PLUGIN_FILE": image.OFI_NCCL_PLUGIN,
         "NVIDIA_SMI": image.NVIDIA_SMI,
         "NVME_MOUNT": image.NVME_MOUNT,
+        "INSTANCE_STORE": "true" if boot.instance_store else "false",
         "SERVICE_USER": SERVICE_USER,
         "SERVICE_DEVICES": " ".join(image.SERVICE_DEVICES),
         "INSTANCE_METADATA_ADDRESSES": " ".join(image.INSTANCE_METADATA_ADDRESSES),

@@ -65,6 +65,8 @@ class NodeBootArgs:
     login_user: str = image.DEFAULT_USER
     # hosts: the shared directory bound as the model cache (modelCacheDir); "" mounts EFS.
     shared_model_dir: str = ""
+    # The instance type has an instance store (bootstrap.NodeBoot.instance_store).
+    instance_store: bool = False
 
 
 def node_boot(
@@ -106,6 +108,7 @@ def node_boot(
             gang=gang,
             login_user=boot.login_user,
             shared_model_dir=boot.shared_model_dir,
+            instance_store=boot.instance_store,
         )
     )
 

@@ -40,6 +40,26 @@ Sources:
 - [linux-uverbs] The kernel creates /dev/infiniband/uverbsN, the devices EFA's libfabric
   opens, with mode 0666 (drivers/infiniband/core/uverbs_main.c, uverbs_devnode).
   https://github.com/torvalds/linux/blob/master/drivers/infiniband/core/uverbs_main.c
+- [nvme-setup] How the image sets the instance store up at every boot. No AWS document
+  names it (the release notes say only that it is mounted at /opt/dlami/nvme); users of
+  the image report it, in public repositories that inspect or reproduce it (read
+  2026-12-05): the enabled unit `dlami-nvme.service` ("Mount Ephemeral NVME Storage to
+  DLAMI", Type=oneshot, After=network-online.target, WantedBy=multi-user.target) runs
+  /opt/aws/dlami/bin/nvme_ephemeral_drives.sh, which joins the instance store's disks into
+  one LVM volume (vg.01/lv_ephemeral), formats it ext4 when it is blank (after every start:
+  EC2 hands a stopped instance's store back empty) and mounts it with `mount`: no fstab
+  line, no mount unit file. Its script is AWS ParallelCluster's setup-ephemeral-drives.sh
+  adapted (it says so in its header), whose code reads as described:
+  https://github.com/aws/aws-parallelcluster-cookbook/blob/88ba324a292fab03b59e8832823c0b7839968156/cookbooks/aws-parallelcluster-environment/files/setup-ephemeral-drives.sh
+  The image's copy is reported to exit 0 on its errors, so the unit succeeding does not
+  prove the store is mounted. Where the unit file sits in the image is not reported; the
+  reproductions install it in /etc/systemd/system.
+- [systemd-mounts] systemd's RequiresMountsFor= adds After= only on mount units loaded when
+  the unit is, and Requires= only on those with a unit file (src/core/unit.c,
+  unit_add_mount_dependencies): a mount made by a script's `mount` has no unit until it
+  exists, so at boot it orders nothing against the store and only ordering after the
+  image's unit does.
+  https://github.com/systemd/systemd/blob/main/src/core/unit.c
 - [imds] EC2 User Guide, "Access instance metadata for an EC2 instance": the instance
   metadata service answers on 169.254.169.254 and, on Nitro instances with the IPv6
   endpoint on, on fd00:ec2::254; the node role's credentials are served there.
@@ -103,6 +123,13 @@ C_COMPILER = "/usr/bin/gcc"
 
 # [release-notes] The local NVMe instance store, formatted and mounted at boot.
 NVME_MOUNT = "/opt/dlami/nvme"
+# [nvme-setup] The image's unit that mounts it there at every boot, and its script. The
+# stage on the instance store (vllm-prepare.service) is ordered after the unit, and refuses
+# a NVME_MOUNT that is not a mount point when the type has a store (model-stage): the unit
+# may have failed quietly, and on hosts that are not the image nothing orders the mount.
+# [systemd-mounts] RequiresMountsFor=NVME_MOUNT alone would not order it.
+NVME_SETUP_UNIT = "dlami-nvme.service"
+NVME_SETUP_SCRIPT = "/opt/aws/dlami/bin/nvme_ephemeral_drives.sh"
 
 # [nvidia-reg] [linux-uverbs] The GPUs' and EFA's device files, which the unprivileged
 # service user that runs Ray and vLLM opens: world read-write on the image, so the user

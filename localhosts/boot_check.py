@@ -18,7 +18,8 @@ the stack's own waits keep their limits.
 Whose units count: the machinery's, those of the hosts' image (its root file system,
 built by debootstrap) and the doubles the fleet adds to every boot (a slow boot that
 holds /run/nologin, an apt run that holds the package lists lock: they take their time
-on purpose and count only if they fail). Not cloud-final-double, which runs the stack's
+on purpose and count only if they fail; the stand-in of the image's own unit that mounts
+the instance store, under the image's name). Not cloud-final-double, which runs the stack's
 user data, nor the units the stack installs (nginx, Ray, vLLM): their failures are the
 stack's, which its own commands and checks report.
 
@@ -32,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-# The doubles' units the fleet enables that are part of the host's own boot.
-MACHINERY_DOUBLES = frozenset({"slow-boot-double.service", "apt-lock-double.service"})
+from components import image
+
+# The doubles' units the fleet enables that are part of the host's own boot; the instance
+# store's is the stand-in of the image's own unit, under its name.
+MACHINERY_DOUBLES = frozenset({"slow-boot-double.service", "apt-lock-double.service", image.NVME_SETUP_UNIT})
 # Where the image keeps its unit files.
 IMAGE_UNIT_DIRS = ("lib/systemd/system", "usr/lib/systemd/system", "etc/systemd/system")
 # What `systemctl is-system-running` prints while the boot goes on; "offline" (or

@@ -17,8 +17,10 @@ until systemd-user-sessions runs, held back by a slow boot; the user data run by
 cloud-init's final stage after multi-user.target; on the gateway, an apt run that
 holds the package lists lock at first boot, and nginx installed from a package
 mirror (a local one on the bridge, with Debian's own packages); on the nodes,
-nvidia-smi and fi_info where the image has them, and the instance store's mount point
-(/opt/dlami/nvme, a directory of the host's own). The stand-ins are test doubles that
+nvidia-smi and fi_info where the image has them, and the instance store, mounted at
+/opt/dlami/nvme at every boot by a stand-in of the image's own unit and script (its
+"disk" a directory of this machine's, kept across a reboot and emptied by a start after
+a stop, as EC2 does). The stand-ins are test doubles that
 live in tests/doubles (the project keeps every stand-in there, named as one): this
 module copies them into the hosts, where the real tools live, as files by path, and
 never imports them.
@@ -114,6 +116,14 @@ NOLOGIN_SECONDS = {
     "node": int(os.environ.get("VLLM_CLUSTER_FLEET_NODE_NOLOGIN_SECONDS", "30")),
 }
 APT_LOCK_SECONDS = int(os.environ.get("VLLM_CLUSTER_FLEET_APT_LOCK_SECONDS", "40"))
+# How long the stand-in of the image's instance store setup takes to format a blank store
+# (after the first boot and after every start that follows a stop): the real one makes an
+# LVM volume and an ext4 file system over up to terabytes. Long enough that a unit not
+# ordered after it runs first.
+NVME_FORMAT_SECONDS = int(os.environ.get("VLLM_CLUSTER_FLEET_NVME_FORMAT_SECONDS", "8"))
+# Where a node host sees its instance store's "disk" (Fleet.instance_store_disk), which the
+# stand-in of the image's script mounts at image.NVME_MOUNT.
+INSTANCE_STORE_DISK = "/var/lib/instance-store-double"
 MIRROR_PORT = 8766
 
 PREFIX_LENGTH = 16
@@ -630,7 +640,7 @@ class Fleet:
         for host in self.hosts:
             self._prepare(host, rootfs)
             if host.role == "node":
-                host.binds = self._model_cache_binds(host)
+                host.binds = self._node_binds(host)
         with ThreadPoolExecutor(len(self.hosts)) as pool:
             list(pool.map(lambda host: self.boot(host, wait=self.wait_at_start), self.hosts))
 
@@ -678,9 +688,23 @@ class Fleet:
         self.nodes.append(host)
         self._plug(host)
         self._prepare(host, rootfs)
-        host.binds = self._model_cache_binds(host)
+        host.binds = self._node_binds(host)
         self.boot(host, wait=False)
         return host
+
+    def _node_binds(self, host: Host) -> list[str]:
+        """The model cache, and the host's instance store "disk" where the stand-in of the
+        image's script finds it."""
+        return [*self._model_cache_binds(host), f"--bind={self.instance_store_disk(host)}:{INSTANCE_STORE_DISK}"]
+
+    @staticmethod
+    def instance_store_disk(host: Host) -> Path:
+        """The node host's instance store as this machine holds it: a directory beside its
+        root file system (so never on the root volume the host writes), which the stand-in
+        of the image's script formats (if blank) and mounts at image.NVME_MOUNT at every
+        boot. A reboot keeps it; EC2 hands it back blank on a start after a stop
+        (tests/fleet_ec2.py FleetEc2.start empties it)."""
+        return host.dir / "instance-store"
 
     def _model_cache_binds(self, host: Host) -> list[str]:
         """The model cache, where the node's setup finds it mounted. On AWS only the
@@ -758,10 +782,15 @@ class Fleet:
             conf = host.root / "etc" / "systemd" / "system.conf.d" / "fleet-limits.conf"
             conf.parent.mkdir(parents=True, exist_ok=True)
             conf.write_text("[Manager]\nDefaultLimitMEMLOCK=64K\n")
-            # The image formats the instance store and mounts it at boot (components/image.py,
-            # NVME_MOUNT): here a directory on the host's own disk (its overlay's upper layer,
-            # so no other host and not the model cache sees it), root's, 0755 as the mount is.
-            self._make_nvme_mount(host)
+            # The image formats the instance store and mounts it at every boot, by a unit of
+            # its own (components/image.py NVME_MOUNT, NVME_SETUP_UNIT): here the stand-ins
+            # of its unit and script, where the image has them, mount the host's "disk"
+            # (instance_store_disk) after a while, as the real one takes its time.
+            self._make_nvme_mount_point(host)
+            self.instance_store_disk(host).mkdir(exist_ok=True)
+            self._install_double(host, "bin/nvme_ephemeral_drives.sh", image.NVME_SETUP_SCRIPT)
+            self._enable_double(host, image.NVME_SETUP_UNIT)
+            (host.root / "etc" / "instance-store-double.conf").write_text(f"FORMAT_SECONDS={NVME_FORMAT_SECONDS}\n")
         if host.name in self.user_data:
             # Where cloud-init keeps the user data EC2 handed it at launch.
             script = host.root / "var" / "lib" / "cloud" / "instance" / "scripts" / "part-001"
@@ -799,7 +828,9 @@ class Fleet:
             known.write(f"{host.ip} {key_type} {blob}\n")
 
     @staticmethod
-    def _make_nvme_mount(host: Host) -> None:
+    def _make_nvme_mount_point(host: Host) -> None:
+        """The mount point on the root volume, root's, 0755: what a stage written before the
+        mount fills, and the mount then hides (the image's script would make it too)."""
         nvme = host.root / image.NVME_MOUNT.lstrip("/")
         nvme.mkdir(parents=True, exist_ok=True)
         for path in (nvme.parent, nvme):  # /opt/dlami and the mount point (/opt is the base's)

@@ -39,7 +39,6 @@ from doubles.ec2_api import (
 )
 
 from cli.mock_runtime import MockCloud
-from components import image
 from localhosts.fleet import Host
 from localhosts.replay import COMMAND
 
@@ -128,13 +127,13 @@ class FleetEc2:
         host = self.host_of(instance_id)
         with self.lock:
             self.started.append(instance_id)
-        store = host.root / image.NVME_MOUNT.lstrip("/")
-        if store.is_dir():
-            for entry in store.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
+        # A blank store, as if never formatted: the image's unit formats and mounts it at boot.
+        store = self.fleet.instance_store_disk(host)
+        for entry in store.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
         self.fleet.boot(host, wait=False)
 
     def stop(self, instance_id: str) -> None:

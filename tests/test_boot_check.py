@@ -81,6 +81,7 @@ def test_the_machinerys_units_are_the_images_and_the_boots_doubles_not_the_stack
 
     assert machinery("systemd-user-sessions.service") and machinery("getty@tty1.service")
     assert machinery("slow-boot-double.service") and machinery("apt-lock-double.service")
+    assert machinery("dlami-nvme.service")  # the stand-in of the image's own unit
     # The stack's user data (run by the cloud-init double) and the stack's own units.
     assert not any(map(machinery, ("cloud-final-double.service", "nginx.service", "vllm.service", "ray-head.service")))
     assert not machinery("ssh@.socket")  # another kind than the template's

@@ -183,6 +183,13 @@ def test_cluster_env_carries_role_head_subnet_and_model_cache():
     assert head["NODE_ROLE"] == "head" and head["HEAD_IP"] == ""
 
 
+def test_cluster_env_says_whether_the_instance_type_has_an_instance_store():
+    """Issue 34 point 3: the node refuses to stage its copy anywhere but on the instance
+    store's mount when its type has one (the catalog's InstanceStorageInfo)."""
+    assert parse_env(bootstrap.cluster_env(boot(1, instance_store=True)))["INSTANCE_STORE"] == "true"
+    assert parse_env(bootstrap.cluster_env(boot(1, instance_store=False)))["INSTANCE_STORE"] == "false"
+
+
 def write_files_of(script: str, root: Path, last_line: str) -> None:
     """Run a rendered script's file-writing part against a scratch root."""
     assert script.endswith(last_line)
@@ -327,6 +334,33 @@ def test_ray_and_vllm_units_lift_the_locked_memory_limit_for_efa():
         service = unit(name).split("[Service]", 1)[1].split("[Install]", 1)[0]
         assert "\nLimitMEMLOCK=infinity\n" in service, name
         assert int(re.search(r"\nLimitNOFILE=(\d+)\n", service).group(1)) >= 65536, name
+
+
+def unit_settings(name: str, section: str = "Unit") -> dict[str, list[str]]:
+    """A unit file's settings in one section: each key's values, space-separated words,
+    over every line that sets it (as systemd adds up After= and RequiresMountsFor=)."""
+    settings: dict[str, list[str]] = {}
+    current = None
+    for line in unit(name).splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+        elif current == section and "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            settings.setdefault(key, []).extend(value.split())
+    return settings
+
+
+def test_the_staging_waits_for_the_images_instance_store_setup_and_requires_its_mount():
+    """Issue 34 point 3: after a stop and start the image formats and mounts the instance
+    store at boot (image.NVME_SETUP_UNIT); a staging that ran before it wrote the stage
+    onto the root volume, hidden once the store is mounted over it. The staging unit is
+    ordered after the image's unit, and requires the mount where systemd knows it."""
+    settings = unit_settings("vllm-prepare.service")
+    assert image.NVME_SETUP_UNIT in settings["After"], settings
+    assert settings["RequiresMountsFor"] == [image.NVME_MOUNT], settings
+    # Ordering only: on hosts without the image's unit (your own hosts) nothing fails for it.
+    assert image.NVME_SETUP_UNIT not in settings.get("Requires", []) + settings.get("BindsTo", [])
 
 
 def test_the_worker_waits_for_the_heads_gcs_and_joins_it():

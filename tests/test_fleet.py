@@ -1155,6 +1155,11 @@ def test_a_powered_off_worker_is_named_rejoins_its_raylet_restarts_and_a_reboote
     cluster.node_shell(0, "sudo nft delete table inet vllm_cluster")
     cluster.fleet.reboot(cluster.head)
     cluster.wait_for_completion(timeout=600)
+    # Issue 34 point 3: a reboot keeps the instance store (EC2 empties it only on a stop):
+    # the image's unit (its stand-in) mounted it again before the staging ran, which found
+    # its copy complete there and copied nothing.
+    prepared = cluster.node_shell(0, "sudo journalctl -b -o cat -u vllm-prepare.service").stdout
+    assert "nothing copied" in prepared, prepared
     # The head's GCS is a new one after the reboot: every node counted has joined it.
     assert ray_status(cluster) == (NODES, float(NODES * GPUS_PER_NODE))
     # Ray's unit loaded the firewall again before Ray listened.

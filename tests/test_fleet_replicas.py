@@ -16,16 +16,18 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from fleet_helpers import Load, boot_log, first_timestamp
 
-from components import metrics, ports, prometheus_sizing
+from components import image, metrics, ports, prometheus_sizing
 from components.bootstrap import GATEWAY_COMMAND
 from components.topology import gang_name, gang_prefix, node_name, writes_model_tree
 from localhosts.cluster import fleet_program, replace_nodes, serving_cluster
 from localhosts.fleet import SECOND_NETWORK, in_ci, why_no_fleet
 from localhosts.replay import COMMAND, replay
+from scripts.lib import model_stage
 
 NODES_PER_GANG = 1
 REPLICAS = 2
@@ -559,6 +561,21 @@ def test_a_stopped_service_answers_503_with_retry_after_and_the_gateway_wakes_it
     # No engine-down alert stands for either gang: asleep they were left alone, and they serve.
     for gang in ("gang0", "gang1"):
         gangs.wait_for_alert("VllmEngineDown", gang, None, timeout=90)
+    # Issue 34 point 3: each node came back with a blank instance store, which the image's
+    # unit (its stand-in) formatted and mounted at boot, taking its time; the staging
+    # waited for it and copied the stage onto the store, none of it onto the root volume
+    # beneath the mount point, where the mount would hide it.
+    for host in heads(gangs):  # every node: a gang is one node here
+        mounted = gangs.fleet.ssh(host, f"findmnt -n -o TARGET --mountpoint {image.NVME_MOUNT}", check=False)
+        assert mounted.stdout.strip() == image.NVME_MOUNT, (host.name, mounted.stdout, mounted.stderr)
+        saved = gangs.fleet.ssh(host, "sudo cat /etc/vllm-cluster/prepare-serve.args").stdout.split()
+        stage = Path(saved[saved.index("--local-dir") + 1]).relative_to(image.NVME_MOUNT)
+        marker = gangs.fleet.instance_store_disk(host) / stage / model_stage.MARKER_NAME
+        assert json.loads(marker.read_text())["state"] == "complete", host.name
+        # The root volume's directory under the mount point, as this machine sees the
+        # host's disk (the host's mounts are its own).
+        beneath = host.root / image.NVME_MOUNT.lstrip("/")
+        assert list(beneath.iterdir()) == [], (host.name, list(beneath.iterdir()))
 
 
 # --- a wake EC2 refuses for want of capacity (issue 34) -----------------------------------------

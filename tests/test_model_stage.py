@@ -14,6 +14,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from functools import cache
@@ -24,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 from doubles import fake_hf_hub
 
+from components import image
 from scripts.lib import model_stage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -711,6 +713,78 @@ def test_cli_refuses_with_one_line_naming_the_file_and_the_fix(tmp_path):
     assert run.returncode == 1 and run.stdout == ""
     assert len(run.stderr.splitlines()) >= 1
     assert S1 in run.stderr.splitlines()[-1] and "model command" in run.stderr.splitlines()[-1]
+
+
+def stage_on_node(source: Path, local_root: Path, target: Path, instance_store: str) -> subprocess.CompletedProcess:
+    """model-stage local as prepare-serve runs it: --local-root and --instance-store from
+    node.env's NVME_MOUNT and INSTANCE_STORE, in its environment."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PP_LAYER_PARTITION"}
+    env.update(NVME_MOUNT=str(local_root), INSTANCE_STORE=instance_store)
+    return run_cli(
+        *("local", "--source", str(source), "--target", str(target), "--node-ip", "10.0.0.1"),
+        *("--head-ip", "10.0.0.1", "--gang-ips", "10.0.0.1", "--gpus-per-node", "1", "--tp", "1", "--pp", "1"),
+        env=env,
+    )
+
+
+def test_a_node_with_an_instance_store_never_stages_onto_the_root_volume_beneath_its_mount(tmp_path):
+    """Issue 34 point 3: after a stop and start the image mounts the instance store at
+    boot; a staging that ran before the mount wrote the stage into the mount point's
+    directory on the root volume, which the mount then hid (vLLM found no weights, the
+    root volume filled). With an instance store, a local root that is not a mount point
+    is refused, naming it, why and what to do; nothing is written there."""
+    source = make_model(tmp_path / "models" / "org" / "tiny" / "main")
+    root_volume_dir = tmp_path / "opt-dlami-nvme"  # the mount point, nothing mounted on it
+    root_volume_dir.mkdir()
+    refused = stage_on_node(source, root_volume_dir, root_volume_dir / "vllm-cluster/models/org/tiny/main", "true")
+    assert refused.returncode == 1 and refused.stdout == "", (refused.stdout, refused.stderr)
+    said = refused.stderr.splitlines()[-1]
+    assert f"{root_volume_dir} is not a mount point" in said, said
+    assert "instance store" in said and "root volume" in said, said  # why
+    assert image.NVME_SETUP_UNIT in said and "prepare-serve --saved" in said, said  # what to do
+    assert list(root_volume_dir.iterdir()) == []
+
+
+def test_a_node_with_an_instance_store_stages_onto_its_mount(tmp_path):
+    """The same staging with the store mounted (here /dev/shm, a tmpfs mount point)."""
+    source = make_model(tmp_path / "models" / "org" / "tiny" / "main")
+    mount = Path("/dev/shm")
+    assert os.path.ismount(mount)
+    target = Path(tempfile.mkdtemp(dir=mount, prefix="vllm-cluster-test-")) / "org/tiny/main"
+    try:
+        staged = stage_on_node(source, mount, target, "true")
+        assert staged.returncode == 0, staged.stderr
+        assert json.loads(staged.stdout)["mode"] == "local"
+    finally:
+        shutil.rmtree(target.parents[2])
+
+
+def test_the_node_module_names_the_images_instance_store_unit_as_the_image_facts_do():
+    assert model_stage.NVME_SETUP_UNIT == image.NVME_SETUP_UNIT
+
+
+def test_a_mount_point_is_told_from_a_plain_directory_by_mountinfo_too(tmp_path):
+    assert model_stage.is_mount_point(Path("/dev/shm")) and model_stage.is_mount_point(Path("/"))
+    assert not model_stage.is_mount_point(tmp_path)
+    # A bind mount of the same file system: ismount cannot see it, mountinfo lists it.
+    spaced = tmp_path / "a mount"
+    spaced.mkdir()
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"36 35 0:1 /x {str(spaced).replace(' ', chr(92) + '040')} rw - ext4 /dev/root rw\n")
+    assert model_stage.is_mount_point(spaced, mountinfo)
+    assert not model_stage.is_mount_point(tmp_path, mountinfo)
+
+
+def test_without_an_instance_store_the_local_root_need_not_be_a_mount(tmp_path):
+    """A type without an instance store keeps what it did: a local root that exists is
+    copied to, one that does not is served through links into the cache."""
+    source = make_model(tmp_path / "models" / "org" / "tiny" / "main")
+    local_root = tmp_path / "disk"
+    local_root.mkdir()
+    copied = stage_on_node(source, local_root, local_root / "models/org/tiny/main", "false")
+    assert copied.returncode == 0 and json.loads(copied.stdout)["mode"] == "local", copied.stderr
+    linked = stage_on_node(source, tmp_path / "absent", tmp_path / "served/org/tiny/main", "false")
+    assert linked.returncode == 0 and json.loads(linked.stdout)["mode"] == "cache", linked.stderr
 
 
 def test_cli_verify_names_every_broken_file(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from pulumi_mocks import booted_script, run_stack, stack_config, stack_names, unsecret, user_data_parts
 
 from components import bootstrap, metrics, node_env, ports, versions
+from components.catalog import CATALOG
 from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
 from tests.test_host_firewall import Firewall, firewall_sent
 
@@ -172,6 +173,21 @@ def test_setup_tells_the_node_what_the_instance_booted_with(run):
             sent = sent.replace(prometheus.group(0), "RAY_PROMETHEUS_HOST=")
         assert sent == at_boot
         assert "userDataBase64" in instance.ignore_changes
+
+
+def test_setup_tells_each_node_whether_its_instance_type_has_an_instance_store(run):
+    """Issue 34 point 3: where the catalog gives the type an instance store, the node
+    stages its copy on the store's mount or not at all (model-stage, INSTANCE_STORE)."""
+    instance_type = run.config.get("vllm-cluster:instanceType")  # none on hosts described by gpusPerNode
+    has_store = instance_type is not None and CATALOG[instance_type].instance_store_gb > 0
+    sent = {
+        name: cluster_env_in(plain(command.inputs["stdin"]))
+        for name, command in commands(run).items()
+        if "/etc/vllm-cluster/cluster.env <<" in plain(command.inputs.get("stdin") or "")
+    }
+    assert sent
+    for name, env in sent.items():
+        assert re.search(r"^INSTANCE_STORE=(\w+)$", env, re.M).group(1) == str(has_store).lower(), name
 
 
 def test_every_nodes_setup_brings_a_firewall_that_admits_its_gang_and_the_gateway(run):

@@ -1112,6 +1112,50 @@ class _Copier:
         pool.shutdown(wait=True)
 
 
+# The image's unit that mounts the instance store at boot (components/image.py
+# NVME_SETUP_UNIT; this module runs on the node and imports nothing of the program's,
+# tests/test_model_stage.py holds the two equal).
+NVME_SETUP_UNIT = "dlami-nvme.service"
+
+
+def is_mount_point(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Whether something is mounted at `path`: os.path.ismount (another device than its
+    parent's), or a line of /proc/self/mountinfo (a bind mount of the same file system,
+    which ismount cannot see; its fifth field is the mount point, spaces and the like
+    written as octal escapes, proc(5))."""
+    if os.path.ismount(path):
+        return True
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return False
+    escaped = re.sub(r"[ \t\n\\]", lambda m: f"\\{ord(m.group()):03o}", str(path))
+    return any(len(fields) > 4 and fields[4] == escaped for fields in (line.split(" ") for line in lines))
+
+
+def require_mounted(local_root: str | os.PathLike | None, target_dir: str | os.PathLike) -> None:
+    """Refuse a stage for a node whose instance type has an instance store unless
+    `local_root` is a mount point and `target_dir` lies beneath it. The image mounts the
+    store there at every boot (NVME_SETUP_UNIT); before it has, or when it failed, the
+    directory is the mount point on the root volume: a copy there fills the root volume and
+    the mount then hides it, so vLLM finds no weights after a stop and start."""
+    if local_root is None:
+        raise StageError("the node's instance type has an instance store, but no --local-root (its mount) was given")
+    root = Path(os.path.abspath(local_root))
+    target = Path(os.path.abspath(target_dir))
+    if root != target and root not in target.parents:
+        raise StageError(f"--target {target} is not on the instance store's mount {root}: stage it under {root}")
+    if not is_mount_point(root):
+        raise StageError(
+            f"{root} is not a mount point: this node's instance type has an instance store, which the image "
+            f"mounts there at boot ({NVME_SETUP_UNIT}), and a stage copied now would go onto the root volume, "
+            f"hidden once the store is mounted over it. Nothing was copied. Fix: see why it is not mounted "
+            f"(systemctl status {NVME_SETUP_UNIT}; journalctl -b -u {NVME_SETUP_UNIT}) or mount the store there "
+            "(on your own hosts, your NVMe), then run: sudo /opt/vllm-cluster/bin/vllm-cluster-node "
+            "prepare-serve --saved"
+        )
+
+
 def copy_stage(
     source_dir: str | os.PathLike,
     target_dir: str | os.PathLike,
@@ -1127,6 +1171,7 @@ def copy_stage(
     range_bytes: int = RANGE_BYTES,
     progress_seconds: float = PROGRESS_SECONDS,
     cache_root: str | os.PathLike | None = None,
+    instance_store: bool = False,
 ) -> dict:
     """Make `target_dir` the directory vLLM serves this node's `stages` from: the model's
     other files, only the stages' weight files and the stages' own index, copied from the
@@ -1138,7 +1183,10 @@ def copy_stage(
     (another stage: only the missing ones are copied); any other content is removed first.
     When `local_root` (the local disk's mount) does not exist, or the target's file system
     lacks room for the bytes to copy plus 5%, nothing is copied: the target becomes links
-    to the cache's files (the same stage file set, its own index), mode "cache".
+    to the cache's files (the same stage file set, its own index), mode "cache". With
+    `instance_store` (the node's type has one, mounted at `local_root` at boot), a
+    `local_root` that is not a mount point is refused before anything is written
+    (require_mounted): the stage would land on the root volume, under the mount.
 
     Every file must be one the Hub lists in the model's manifest (MANIFEST_NAME, written
     when it was staged) and have its hash there: each copied byte is hashed (module
@@ -1151,6 +1199,8 @@ def copy_stage(
     "bytes_kept", "seconds", "mb_per_s"}. `progress(text)` hears of a long copy at least
     every `progress_seconds`.
     """
+    if instance_store:
+        require_mounted(local_root, target_dir)
     source = Path(os.path.abspath(source_dir))
     source_fd = _open_dir_nofollow(source, cache_root)
     try:
