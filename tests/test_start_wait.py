@@ -18,6 +18,7 @@ port until the test's engine ends its start."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -202,7 +203,10 @@ def timed(call) -> tuple[subprocess.CompletedProcess, float]:
 
 # --- a stuck start fails within its bound, saying why ---------------------------------------
 
-STALL = 4  # seconds; the probe and the journal are read every 0.5 s
+# Seconds. The probe and the journal are read every 0.5 s, plus what each look costs on a
+# busy machine (the stand-ins are Python): a gap of 1.5 s between two lines can look like
+# 4 s in the script's whole seconds, still short of the bound.
+STALL = 6
 
 
 @pytest.mark.parametrize(
@@ -228,11 +232,12 @@ def test_an_engine_that_stops_writing_and_never_answers_fails_within_the_bound_n
     result, seconds = timed(lambda: head.start_vllm_with(STALL))
     assert result.returncode == 1, result.stderr
     assert "vLLM's start is stuck, not slow" in result.stderr, result.stderr
-    assert f"vllm.service wrote no line for {STALL} s" in result.stderr, result.stderr
+    silent = re.search(r"vllm\.service wrote no line for (\d+) s \(the stack allows a start (\d+) s", result.stderr)
+    assert silent and int(silent.group(1)) >= STALL == int(silent.group(2)), result.stderr
     assert said in result.stderr and f"sleep {engine.process.pid}" in result.stderr, result.stderr
     assert "Loading safetensors checkpoint shards: 0% Completed" in result.stderr  # the journal's last lines
-    # Within the bound (and a poll, and whole seconds), not the start's 120 s.
-    assert STALL <= seconds < STALL + 4, seconds
+    # Within the bound (and a look, and whole seconds), not the start's 120 s.
+    assert STALL <= seconds < STALL + 6, seconds
     calls = head.systemctl.read_text().splitlines()
     assert calls[-1] == "stop vllm.service" and calls.index("start --no-block vllm.service") < len(calls) - 1, calls
 
@@ -242,8 +247,8 @@ def test_a_slow_start_that_keeps_writing_is_waited_for_longer_than_the_bound(hea
     silence shorter than the bound) is slow, not stuck: start-vllm waits for its answer."""
 
     def scene():
-        for shard in range(6):
-            head.log(f"INFO Loading safetensors checkpoint shards: {shard} of 6")
+        for shard in range(9):
+            head.log(f"INFO Loading safetensors checkpoint shards: {shard} of 9")
             time.sleep(1.5)
         engine.serve()
         head.log("INFO Starting vLLM API server on http://127.0.0.1")
