@@ -237,7 +237,7 @@ def test_an_engine_that_stops_writing_and_never_answers_fails_within_the_bound_n
     assert said in result.stderr and f"sleep {engine.process.pid}" in result.stderr, result.stderr
     assert "Loading safetensors checkpoint shards: 0% Completed" in result.stderr  # the journal's last lines
     # Within the bound (and a look, and whole seconds), not the start's 120 s.
-    assert STALL <= seconds < STALL + 6, seconds
+    assert STALL - 1 <= seconds < STALL + 6, seconds  # the script counts whole seconds
     calls = head.systemctl.read_text().splitlines()
     assert calls[-1] == "stop vllm.service" and calls.index("start --no-block vllm.service") < len(calls) - 1, calls
 
