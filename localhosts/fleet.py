@@ -97,8 +97,9 @@ BASE_PACKAGES = (
 # engine compiles its kernels against them).
 # And iptables, which the image is taken to have (components/image.py IPTABLES) and which
 # the nodes' setup installs where it is missing, as here: it keeps the service user that
-# runs Ray and vLLM from the metadata service.
-MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev", "iptables")
+# runs Ray and vLLM from the metadata service. And the AWS SDK the gateway's waker-config
+# installs with idle stop (python3-botocore).
+MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev", "iptables", "python3-botocore")
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.
