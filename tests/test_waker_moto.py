@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -86,8 +87,6 @@ class MotoServer:
             return False
 
     def post(self, path: str, body: bytes) -> None:
-        import ssl
-
         context = ssl.create_default_context(cafile=self.ca)
         # Not a form (urllib's default type): moto reads the count from the raw body.
         headers = {"Content-Type": "text/plain"}
