@@ -1040,6 +1040,35 @@ def test_waker_config_installs_checks_starts_and_turns_off_the_waker(aws, head, 
     assert no_waker.returncode != 0 and "no idle stop" in no_waker.stderr
 
 
+def test_waker_config_installs_the_distributions_aws_sdk_before_it_checks_the_configuration(aws, gateway_host):
+    """A gateway whose python3 has no botocore (idle stop turned on for the first time):
+    waker-config installs python3-botocore with apt-get first, then checks and starts the
+    waker. (Stand-ins: python3 finds botocore only once apt-get installed it.)"""
+    installed, apt_calls = gateway_host.root / "botocore-installed", gateway_host.root / "apt-get.calls"
+    stand_ins = {
+        "python3": f"""if [ "$*" = "-c import botocore" ] && [ ! -e {installed} ]; then exit 1; fi
+exec {PYTHON} "$@"
+""",
+        "apt-get": f"""echo "$*" >>{apt_calls}
+case " $* " in *" install "*) touch {installed} ;; esac
+""",
+    }
+    for name, text in stand_ins.items():
+        (gateway_host.root / "bin" / name).write_text("#!/usr/bin/env bash\n" + text)
+        (gateway_host.root / "bin" / name).chmod(0o755)
+    gateway_host.install_waker()
+    document = json.dumps(config(endpoint=aws.endpoint, imds=aws.imds.url, ca_file=aws.ca))
+    result = gateway_host.run("waker-config", stdin=document)
+    assert result.returncode == 0, result.stderr
+    assert "installing the waker's AWS SDK (python3-botocore)" in result.stderr
+    calls = apt_calls.read_text().splitlines()
+    assert [call.split()[-1] for call in calls] == ["-q", "python3-botocore"], calls
+    assert "update" in calls[0] and "install" in calls[1] and "--no-install-recommends" in calls[1]
+    # Installed once: the next waker-config finds it.
+    assert gateway_host.run("waker-config", stdin=document).returncode == 0
+    assert len(apt_calls.read_text().splitlines()) == 2
+
+
 def test_the_waker_script_carries_the_waker_its_unit_and_port_and_then_configures_it(tmp_path):
     document = idle_stop.waker_config(
         region="us-east-1",
