@@ -101,8 +101,9 @@ BASE_PACKAGES = (
 # IPTABLES, NFT) and which the nodes' setup installs where they are missing, as here: the
 # one keeps the service user that runs Ray and vLLM from the metadata service, the other
 # holds the host firewall. (Debian's iptables recommends nftables, but the mirror must not
-# depend on that.)
-MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev", "iptables", "nftables")
+# depend on that.) And the AWS SDK the gateway's waker-config installs with idle stop
+# (python3-botocore).
+MIRROR_PACKAGES = ("nginx", "prometheus", "python3.11-dev", "iptables", "nftables", "python3-botocore")
 DOUBLES = ROOT / "tests" / "doubles"
 VLLM_GPU_BUILD_DOUBLE = DOUBLES / "vllm_gpu_build"
 # Where the fleet's own plumbing (not a stand-in for any tool of the image) lives on a host.

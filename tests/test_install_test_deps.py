@@ -31,8 +31,11 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the root branch of to
 
 
 def missing_here() -> list[str]:
+    # Debian's python3-botocore it finds by importing botocore into /usr/bin/python3.
+    probe = subprocess.run(["/usr/bin/python3", "-c", "import botocore"], capture_output=True, check=False)
+    botocore = [] if probe.returncode == 0 else ["python3-botocore"]
     nginx = [] if os.access("/usr/sbin/nginx", os.X_OK) else ["nginx"]
-    return BY_COMMAND[:2] + nginx + BY_COMMAND[2:]
+    return BY_COMMAND[:2] + botocore + nginx + BY_COMMAND[2:]
 
 
 def run_script(tmp_path: Path, apt_exit: int = 0, ci: bool = False, as_nobody: bool = False):

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
@@ -261,9 +260,11 @@ class Aws:
     def endpoint(self) -> str:
         return f"https://localhost:{self.ec2.port}"
 
-    def client(self):
-        role = waker.InstanceRole(self.imds.url)
-        return waker.Ec2(self.endpoint, "us-east-1", role, waker.ssl_context({"ca_file": self.ca}))
+    def client(self, credentials=None):
+        """The waker's EC2 client as the gateway makes it (the instance role through IMDSv2),
+        or with other credentials (a botocore credential provider)."""
+        role = credentials or waker.instance_role(self.imds.url)
+        return waker.Ec2(self.endpoint, "us-east-1", role, waker.trust_store({"ca_file": self.ca}))
 
     def stop(self) -> None:
         self.ec2.stop()
@@ -530,9 +531,12 @@ def test_a_start_ec2_refuses_is_said_in_the_503_in_power_and_to_prometheus(tmp_p
     # The whole call was refused: nothing started, the gang is still stopped, and says why.
     assert line.startswith("gang0 stopped ") and "refused to start" in line, line
     assert "InsufficientInstanceCapacity" in line, line
+    # Each start refused with HTTP 500 is asked EC2_ATTEMPTS times within the call (the SDK's
+    # retry), and the waker tries again once its own backoff allows.
+    assert len(starts(aws)) == waker.EC2_ATTEMPTS and woken.power["gang0"]["wake"]["attempts"] == 1
     until_due(woken, WORKER_ID)
     woken.poll()
-    assert len(starts(aws)) == 2
+    assert len(starts(aws)) == 2 * waker.EC2_ATTEMPTS and woken.power["gang0"]["wake"]["attempts"] == 2
 
 
 def test_a_wake_that_never_serves_is_given_up_what_it_started_stopped_and_the_reason_kept(tmp_path, aws, head):
@@ -607,37 +611,163 @@ def test_a_gang_found_half_started_is_completed_by_the_next_request(tmp_path, aw
     assert status == 503 and aws.started == [WORKER_ID]
 
 
-def test_the_ec2_double_verifies_the_signature_and_the_credentials(aws):
-    role = waker.InstanceRole(aws.imds.url)
-    credentials = role.credentials()
-    context = waker.ssl_context({"ca_file": aws.ca})
+# --- what reaches the waker from its AWS client (issue 34, point 4) ------------------------------
 
-    def post(body: bytes, signing: waker.Credentials, when: dt.datetime | None = None, tamper: bytes | None = None):
-        url = aws.endpoint + "/"
-        headers = waker.sign(url, body, signing, "us-east-1", "ec2", when or waker.utc_now())
-        connection = http.client.HTTPSConnection("localhost", aws.ec2.port, context=context, timeout=10)
+
+def test_a_throttled_start_is_asked_again_by_the_client_and_the_gang_starts_on_that_request(tmp_path, aws, head):
+    """EC2 throttles an account's API calls (RequestLimitExceeded) and asks callers to retry
+    with backoff: the SDK's retry does, within the request, and a throttled start is no
+    refusal of the gang's instances."""
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    aws.ec2.throttle["StartInstances"] = 1
+    woken = in_process(tmp_path, aws, head)
+    woken.poll()
+    status, _, error = answer(woken)
+    assert status == 503 and error["code"] == "waking_from_idle_stop"
+    assert [call[1:] for call in starts(aws)] == [(400, "RequestLimitExceeded"), (200, "")]
+    assert sorted(aws.started) == sorted(GANG0)
+    assert woken.power["gang0"]["wake"]["refusal"] is None and "refused" not in error["message"]
+
+
+def test_a_throttled_look_at_ec2_is_asked_again_and_finds_the_gang(tmp_path, aws, head):
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    aws.ec2.throttle["DescribeInstances"] = 2
+    woken = in_process(tmp_path, aws, head)
+    woken.poll()
+    assert woken.power["gang0"]["state"] == "stopped"
+    assert json.loads((Path(woken.state_dir) / "power.json").read_text())["error"] is None
+    describes = [call[1:] for call in aws.ec2.calls if call[0] == "DescribeInstances"]
+    assert describes == [(400, "RequestLimitExceeded")] * 2 + [(200, "")]
+
+
+def test_an_answer_cut_short_still_gets_the_client_its_503(aws, head, start_waker):
+    """EC2's answer to StartInstances stops half-way (the connection lost): the waker of
+    main let the http.client.IncompleteRead escape and nginx's request went unanswered.
+    The waker as the local fleet's gateway runs it (Debian 12's python3-botocore and
+    urllib3 1.26, which reads the cut answer as whole and cannot parse it) answers the
+    503 and keeps the failure as the start's refusal; the instances EC2 did start wake."""
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    process = start_waker({"gang0": GANG0})
+    eventually(lambda: process.power().get("gang0", {}).get("state") == "stopped", what="gang0 seen stopped")
+    aws.ec2.cut_short["StartInstances"] = 1
+    status, headers, body = process.completion()
+    assert status == 503 and headers["Retry-After"] == "30", body
+    assert json.loads(body)["error"]["code"] == "waking_from_idle_stop"
+    assert starts(aws)[0][1:] == (200, "cut short") and sorted(aws.started) == sorted(GANG0)
+    refusal = process.power()["gang0"]["wake"]["refusal"]
+    assert refusal is None or refusal["code"] == "ResponseParserError", refusal
+    for instance_id in GANG0:
+        aws.states[instance_id] = "running"
+    head.start()
+    eventually(lambda: process.power()["gang0"]["state"] == "serving", 30, "gang0 serving")
+
+
+def test_an_answer_cut_short_is_asked_again_within_the_call_by_ubuntus_botocore(tmp_path, aws, head):
+    """The same with the test environment's botocore 1.34.46 and urllib3 2.0.7, the pair
+    Ubuntu 24.04 (the gateway's image on AWS) ships: the cut answer is an IncompleteRead,
+    which botocore asks again at once (StartInstances is idempotent), and no refusal."""
+    import botocore
+    import urllib3
+
+    assert (botocore.__version__, urllib3.__version__) == ("1.34.46", "2.0.7")
+    for instance_id in GANG0:
+        aws.states[instance_id] = "stopped"
+    woken = in_process(tmp_path, aws, head)
+    woken.poll()
+    aws.ec2.cut_short["StartInstances"] = 1
+    status, _, error = answer(woken)
+    assert status == 503 and error["code"] == "waking_from_idle_stop"
+    assert [call[1:] for call in starts(aws)] == [(200, "cut short"), (200, "")]
+    assert woken.power["gang0"]["wake"]["refusal"] is None
+
+
+class UnforeseenFailure:
+    """An EC2 client failing as nothing in the waker names."""
+
+    def describe(self, ids, stack):
+        raise LookupError("a failure nobody foresaw")
+
+    start = stop = describe
+
+
+def test_a_failure_nobody_foresaw_still_answers_the_request_nginx_handed_over(tmp_path, aws, head):
+    """Whatever fails inside the waker, the request nginx handed over gets an answer in
+    OpenAI's error shape (a dropped connection would reach the client as nginx's own HTML
+    502), and the waker goes on answering."""
+    woken = in_process(tmp_path, aws, head)
+    woken.ec2 = UnforeseenFailure()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), waker.make_handler(woken))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def request() -> tuple[int, dict, dict]:
+        connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
         try:
-            connection.request("POST", "/", body=tamper or body, headers=headers)
+            connection.request("POST", "/v1/completions", body=b"{}", headers={"X-Forwarded-For": "198.51.100.7"})
             response = connection.getresponse()
-            return response.status, response.read().decode()
+            return response.status, dict(response.getheaders()), json.loads(response.read())["error"]
         finally:
             connection.close()
 
-    body = urllib.parse.urlencode({"Action": "DescribeInstances", "Version": "2016-11-15"}).encode()
-    assert post(body, credentials)[0] == 200
-    wrong_secret = waker.Credentials(
-        credentials.access_key, "not-the-secret", credentials.token, credentials.expiration
-    )
-    status, text = post(body, wrong_secret)
-    assert status == 401 and "<Code>AuthFailure</Code>" in text and "<RequestID>" in text
-    tampered = body.replace(b"DescribeInstances", b"StartInstances&InstanceId.1=i-0a000000000000001")
-    assert post(body, credentials, tamper=tampered)[1].count("<Code>AuthFailure</Code>") == 1
-    no_token = waker.Credentials(credentials.access_key, credentials.secret_key, "", credentials.expiration)
-    assert "<Code>AuthFailure</Code>" in post(body, no_token)[1]
-    late = waker.utc_now() - dt.timedelta(minutes=20)
-    assert "<Code>RequestExpired</Code>" in post(body, credentials, when=late)[1]
-    unknown = waker.Credentials("ASIANOTISSUED", "x", "y", credentials.expiration)
-    assert "<Code>AuthFailure</Code>" in post(body, unknown)[1]
+    try:
+        status, headers, error = request()
+        assert status == 503 and headers["Retry-After"] == "30"
+        assert error["code"] == "waker_failed" and "LookupError" in error["message"], error
+        assert "nobody foresaw" not in error["message"]
+        # The next request (EC2 looked at less than FRESH_SECONDS ago) is answered as ever.
+        assert request()[0] in (502, 503)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class FixedKeys:
+    """A botocore credential provider with the keys given (an IAM user's, or a role
+    session's altered), where the waker's client loads the instance role's."""
+
+    METHOD = "keys-given-by-the-test"
+
+    def __init__(self, access_key: str, secret_key: str, token: str | None = None):
+        self.keys = (access_key, secret_key, token)
+
+    def load(self):
+        from botocore.credentials import Credentials
+
+        return Credentials(*self.keys, method=self.METHOD)
+
+
+def test_the_ec2_double_verifies_the_signature_and_the_credentials(aws):
+    """Requests botocore signed (the waker's client), then changed on their way: the double
+    refuses what EC2 would."""
+    issued = waker.instance_role(aws.imds.url).load().get_frozen_credentials()
+
+    def describe(credentials=None, change=None) -> str:
+        client = aws.client(credentials)
+        if change is not None:
+            client.botocore_client().meta.events.register("before-send.ec2.DescribeInstances", change)
+        try:
+            client.describe(GANG0, STACK)
+        except waker.Ec2Error as refused:
+            return refused.code
+        return "accepted"
+
+    def other_instance(request, **_):
+        # One character of the signed body changed (its length kept).
+        body = request.body if isinstance(request.body, bytes) else request.body.encode()
+        request.body = body.replace(GANG0[1].encode(), GANG1[0].encode())
+
+    def twenty_minutes_late(request, **_):
+        late = (waker.utc_now() - dt.timedelta(minutes=20)).strftime("%Y%m%dT%H%M%SZ")
+        request.headers["X-Amz-Date"] = late
+
+    assert describe() == "accepted"
+    assert describe(FixedKeys(issued.access_key, "not-the-secret", issued.token)) == "AuthFailure"
+    assert describe(change=other_instance) == "AuthFailure"
+    assert describe(FixedKeys(issued.access_key, issued.secret_key)) == "AuthFailure"
+    assert describe(change=twenty_minutes_late) == "RequestExpired"
+    assert describe(FixedKeys("ASIANOTISSUED", "x", "y")) == "AuthFailure"
     assert [call[1:] for call in aws.ec2.calls] == [
         (200, ""),
         (401, "AuthFailure"),
@@ -689,14 +819,29 @@ def test_the_instance_role_needs_an_imds_token_and_renews_credentials_before_the
     connection.request("GET", "/latest/meta-data/iam/security-credentials/")
     assert connection.getresponse().status == 401
     connection.close()
-    role = waker.InstanceRole(aws.imds.url)
-    first = role.credentials()
+    before = len(aws.imds.requests)
+    credentials = waker.instance_role(aws.imds.url).load()
+    first = credentials.get_frozen_credentials()
     assert aws.credentials.get(first.access_key) is not None
-    assert role.credentials() is first
-    # Within the 5 minutes before Expiration it asks again.
-    role.current = waker.Credentials(first.access_key, first.secret_key, first.token, waker.utc_now())
-    assert role.credentials().expiration > waker.utc_now() + dt.timedelta(minutes=30)
-    assert [request[0] for request in aws.imds.requests].count("PUT") == 1
+    asked = aws.imds.requests[before:]
+    # A session token first (IMDSv2), then the role's name and its credentials, each with it.
+    assert ("PUT", "/latest/api/token", 200) in asked
+    assert ("GET", "/latest/meta-data/iam/security-credentials/", 200) in asked
+    assert all(status == 200 for _, _, status in asked), asked
+    assert credentials.get_frozen_credentials() == first and len(aws.imds.requests) == before + len(asked)
+
+
+def test_the_role_is_asked_for_new_credentials_within_ten_minutes_of_their_expiration(aws, monkeypatch):
+    """botocore renews the role's credentials from IMDS before they expire; seen by moving
+    the credentials' clock (RefreshableCredentials' time fetcher) to 8 minutes before the
+    first ones' end, when EC2 has rotated them (the metadata double issues new ones)."""
+    credentials = waker.instance_role(aws.imds.url).load()
+    first = credentials.get_frozen_credentials()
+    expiration = aws.credentials.get(first.access_key).expiration
+    monkeypatch.setattr(credentials, "_time_fetcher", lambda: expiration - dt.timedelta(minutes=8))
+    aws.imds.current = None
+    renewed = credentials.get_frozen_credentials()
+    assert renewed.access_key != first.access_key and aws.credentials.get(renewed.access_key) is not None
 
 
 # --- nginx ------------------------------------------------------------------------------------------
@@ -921,6 +1066,35 @@ def test_waker_config_installs_checks_starts_and_turns_off_the_waker(aws, head, 
     assert no_waker.returncode != 0 and "no idle stop" in no_waker.stderr
 
 
+def test_waker_config_installs_the_distributions_aws_sdk_before_it_checks_the_configuration(aws, gateway_host):
+    """A gateway whose python3 has no botocore (idle stop turned on for the first time):
+    waker-config installs python3-botocore with apt-get first, then checks and starts the
+    waker. (Stand-ins: python3 finds botocore only once apt-get installed it.)"""
+    installed, apt_calls = gateway_host.root / "botocore-installed", gateway_host.root / "apt-get.calls"
+    stand_ins = {
+        "python3": f"""if [ "$*" = "-c import botocore" ] && [ ! -e {installed} ]; then exit 1; fi
+exec {PYTHON} "$@"
+""",
+        "apt-get": f"""echo "$*" >>{apt_calls}
+case " $* " in *" install "*) touch {installed} ;; esac
+""",
+    }
+    for name, text in stand_ins.items():
+        (gateway_host.root / "bin" / name).write_text("#!/usr/bin/env bash\n" + text)
+        (gateway_host.root / "bin" / name).chmod(0o755)
+    gateway_host.install_waker()
+    document = json.dumps(config(endpoint=aws.endpoint, imds=aws.imds.url, ca_file=aws.ca))
+    result = gateway_host.run("waker-config", stdin=document)
+    assert result.returncode == 0, result.stderr
+    assert "installing the waker's AWS SDK (python3-botocore)" in result.stderr
+    calls = apt_calls.read_text().splitlines()
+    assert [call.split()[-1] for call in calls] == ["-q", "python3-botocore"], calls
+    assert "update" in calls[0] and "install" in calls[1] and "--no-install-recommends" in calls[1]
+    # Installed once: the next waker-config finds it.
+    assert gateway_host.run("waker-config", stdin=document).returncode == 0
+    assert len(apt_calls.read_text().splitlines()) == 2
+
+
 def test_the_waker_script_carries_the_waker_its_unit_and_port_and_then_configures_it(tmp_path):
     document = idle_stop.waker_config(
         region="us-east-1",
@@ -962,15 +1136,18 @@ def test_a_moved_waker_port_reaches_waker_env_and_the_site(monkeypatch):
 def test_the_endpoint_is_verified_against_the_trust_store(aws):
     """Without the test CA (the system's trust store alone) the double's certificate is
     refused before any request is sent."""
-    role = waker.InstanceRole(aws.imds.url)
-    untrusting = waker.Ec2(aws.endpoint, "us-east-1", role, waker.ssl_context({}))
-    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
+    from botocore.exceptions import SSLError
+
+    role = waker.instance_role(aws.imds.url)
+    assert waker.trust_store({}) == waker.SYSTEM_TRUST_STORE
+    untrusting = waker.Ec2(aws.endpoint, "us-east-1", role, waker.trust_store({}))
+    with pytest.raises(SSLError, match="CERTIFICATE_VERIFY_FAILED"):
         untrusting.describe(GANG0, STACK)
     # Nor does a name the certificate does not hold pass, CA or not.
     by_address = waker.Ec2(
-        f"https://127.0.0.1:{aws.ec2.port}", "us-east-1", role, waker.ssl_context({"ca_file": aws.ca})
+        f"https://127.0.0.1:{aws.ec2.port}", "us-east-1", role, waker.trust_store({"ca_file": aws.ca})
     )
-    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED|match"):
+    with pytest.raises(SSLError, match="CERTIFICATE_VERIFY_FAILED|match"):
         by_address.describe(GANG0, STACK)
     assert aws.ec2.calls == []
 

@@ -73,6 +73,14 @@ What EC2 does when it has no capacity, which no other implementation here imitat
 Both stay until the test removes them ("capacity is back"). NO_CAPACITY_ERROR and
 NO_CAPACITY_REASON are what EC2 says for want of capacity in each case; `start_requests`
 holds the ids each StartInstances named, whatever its outcome.
+
+What goes wrong between the caller and EC2, which moto does not imitate either:
+- `throttle[action] = n`: the next n calls of that action are refused with
+  RequestLimitExceeded, as EC2 throttles an account's API requests
+  (https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html);
+- `cut_short[action] = n`: the next n answers to that action (done: a start starts) stop
+  half-way through the body their Content-Length announces, and the connection closes,
+  as a connection lost mid-answer leaves the caller (http.client.IncompleteRead).
 """
 
 from __future__ import annotations
@@ -213,13 +221,14 @@ class InstanceMetadataDouble(_Server):
                 pass
 
             def answer(self, status: int, text: str, content_type: str = "text/plain") -> None:
+                # Recorded before the caller can read the answer: requests holds them in order.
+                double.requests.append((self.command, self.path, status))
                 body = text.encode()
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-                double.requests.append((self.command, self.path, status))
 
             def do_PUT(self):  # noqa: N802
                 if self.path != "/latest/api/token":
@@ -365,6 +374,9 @@ class Ec2ApiDouble(_Server):
         self.fell_back: dict[str, tuple[str, str]] = {}
         # The ids each StartInstances named, in order, refused or not.
         self.start_requests: list[list[str]] = []
+        # What goes wrong on the way (see the module's docstring): calls left per action.
+        self.throttle: dict[str, int] = {}
+        self.cut_short: dict[str, int] = {}
         self.region, self.account, self.role = region, account, role
         # Instances started and not yet reported otherwise by state(): pending.
         self.starting: set[str] = set()
@@ -407,6 +419,14 @@ class Ec2ApiDouble(_Server):
                 "Client.InstanceInitiatedShutdown: Instance initiated shutdown",
             )
         return "", "", ""
+
+    def _take(self, counts: dict[str, int], action: str) -> bool:
+        """Whether this call of action is one of the next counts[action]; counts it down."""
+        with self.lock:
+            if counts.get(action, 0) <= 0:
+                return False
+            counts[action] -= 1
+            return True
 
     # --- authentication and authorization ---
 
@@ -631,12 +651,16 @@ class Ec2ApiDouble(_Server):
             def log_message(self, *args):
                 pass
 
-            def reply(self, status: int, xml: str) -> None:
+            def reply(self, status: int, xml: str, cut_short: bool = False) -> None:
                 body = ('<?xml version="1.0" encoding="UTF-8"?>\n' + xml).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "text/xml;charset=UTF-8")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if cut_short:
+                    self.wfile.write(body[: len(body) // 2])
+                    self.close_connection = True
+                    return
                 self.wfile.write(body)
 
             def do_POST(self):  # noqa: N802
@@ -648,6 +672,8 @@ class Ec2ApiDouble(_Server):
                     double._authenticate(self, body)
                     if not action:
                         raise Ec2Fault(400, "MissingAction", "The request must contain the parameter Action")
+                    if double._take(double.throttle, action):
+                        raise Ec2Fault(400, "RequestLimitExceeded", "Request limit exceeded.")
                     if params.get("Version") != API_VERSION:
                         raise Ec2Fault(400, "InvalidParameterValue", f"Invalid API version {params.get('Version')}")
                     if action == "DescribeInstances":
@@ -666,11 +692,13 @@ class Ec2ApiDouble(_Server):
                         f"</Message></Error></Errors><RequestID>{request_id}</RequestID></Response>",
                     )
                     return
-                double.calls.append((action, 200, ""))
+                cut_short = double._take(double.cut_short, action)
+                double.calls.append((action, 200, "cut short" if cut_short else ""))
                 self.reply(
                     200,
                     f'<{action}Response xmlns="{NAMESPACE}"><requestId>{request_id}</requestId>'
                     f"{inner}</{action}Response>",
+                    cut_short,
                 )
 
         return Handler
