@@ -98,6 +98,17 @@ def eventually(condition, timeout: float = 30, what: str = "the condition"):
     return result
 
 
+def serving_on(process: subprocess.Popen, log: Path, port: int) -> bool:
+    """Whether a server this test started accepts connections on its loopback port yet; its
+    log is the failure when it died instead."""
+    assert process.poll() is None, log.read_text()
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 # --- pure logic -------------------------------------------------------------------------------
 
 
@@ -298,12 +309,7 @@ class WakerProcess:
         eventually(self.listening, 15, "the waker listening")
 
     def listening(self) -> bool:
-        assert self.process.poll() is None, self.log.read_text()
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-            return True
-        except OSError:
-            return False
+        return serving_on(self.process, self.log, self.port)
 
     def request(self, method: str, path: str, body: bytes = b"", headers: dict | None = None):
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)

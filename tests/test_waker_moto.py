@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from tests.test_waker import (
     config,
     eventually,
     free_port,
+    serving_on,
     waker,
 )
 
@@ -79,12 +79,7 @@ class MotoServer:
         return f"https://localhost:{self.port}"
 
     def listening(self) -> bool:
-        assert self.process.poll() is None, self.log.read_text()
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-            return True
-        except OSError:
-            return False
+        return serving_on(self.process, self.log, self.port)
 
     def post(self, path: str, body: bytes) -> None:
         context = ssl.create_default_context(cafile=self.ca)
