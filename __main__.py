@@ -488,7 +488,9 @@ services = ClusterServices(
         probe_api_key=credentials.probe_api_key,
         hf_token=spec.hf_token,
         model=spec.model,
-        start_vllm_command=bootstrap.start_vllm_command(bootstrap.stack_probe(spec)),
+        start_vllm_command=bootstrap.start_vllm_command(
+            bootstrap.stack_probe(spec), sizing.engine_start_stall_for(spec.model, spec.instance, spec.nodes)
+        ),
         model_revision=spec.model_revision,
         hf_endpoint=spec.hf_endpoint,
         gpu_memory_gib=spec.instance.gpu_memory_gib,

@@ -632,12 +632,14 @@ def stack_probe(spec: ClusterSpec) -> api_routes.Probe:
     return api_routes.stack_probe(spec.vllm_extra_args, served_model_name(spec))
 
 
-def start_vllm_command(probe: api_routes.Probe) -> str:
-    """The head's start-vllm, handed the stack's probe: the head keeps it in probe.env
-    for every check that sends it (scripts/node/vllm-cluster-node keep_probe)."""
+def start_vllm_command(probe: api_routes.Probe, stall_seconds: int) -> str:
+    """The head's start-vllm, handed the stack's probe (the head keeps it in probe.env
+    for every check that sends it: scripts/node/vllm-cluster-node keep_probe) and how
+    long the engine's start may write no line before it is called stuck
+    (sizing.engine_start_stall_for)."""
     return (
         f"sudo {NODE_COMMAND} start-vllm --probe-route {shlex.quote(probe.route)} "
-        f"--probe-body {shlex.quote(probe.body_json())}"
+        f"--probe-body {shlex.quote(probe.body_json())} --stall-seconds {int(stall_seconds)}"
     )
 
 

@@ -60,6 +60,18 @@ ENGINE_START_SECONDS_PER_B = 2.5  # compile and CUDA graphs grow with size: 70B 
 ENGINE_READY_TIMEOUT_FLOOR_SECONDS = 600
 ENGINE_READY_TIMEOUT_FACTOR = 3
 
+# The head's start-vllm tells a slow start from a stuck one by vllm.service's journal
+# (scripts/node/vllm-cluster-node wait_vllm): it fails a start that wrote no line for this
+# long. vLLM writes a line when each stage of its start ends (weights loaded, graphs
+# compiled, CUDA graphs captured: about a minute each for a 70B at TP 8, vllm #19824), and
+# its progress bars end their line only when they finish, so a start that makes progress
+# is silent at most for its longest stage: the weights' load or the engine's start as
+# estimated above, whole. The same factor and floor as the engine's own timeout: a
+# generous multiple, never below vLLM's default wait for its whole engine (600 s), so
+# that first-use compiles the estimate leaves out do not fail a start that progresses.
+ENGINE_START_STALL_FACTOR = ENGINE_READY_TIMEOUT_FACTOR
+ENGINE_START_STALL_FLOOR_SECONDS = ENGINE_READY_TIMEOUT_FLOOR_SECONDS
+
 # Every spelling of a weight type that `plan --dtype` and the stack's vllmExtraArgs accept,
 # and the canonical name it stands for (a key of models.DTYPE_BYTES, or auto: the model's
 # own type). vLLM's spellings are those of its --dtype; the short ones are the planner's.
@@ -781,6 +793,14 @@ def engine_ready_timeout_seconds(model: ModelSize, instance: InstanceType, nodes
     return max(ENGINE_READY_TIMEOUT_FLOOR_SECONDS, math.ceil(ENGINE_READY_TIMEOUT_FACTOR * estimate))
 
 
+def engine_start_stall_seconds(model: ModelSize, instance: InstanceType, nodes: int, pp: int | None = None) -> int:
+    """How long the engine's start may go without a line in its journal before start-vllm
+    calls it stuck: the factor times its longest silent stage (the weights' load on the
+    slowest node, or the engine start), never below the floor."""
+    longest = max(model_load_seconds(model, instance, nodes, pp), engine_start_seconds(model.params_b))
+    return max(ENGINE_START_STALL_FLOOR_SECONDS, math.ceil(ENGINE_START_STALL_FACTOR * longest))
+
+
 def served_model_size(model_name: str, instance: InstanceType, nodes: int) -> ModelSize:
     """The model's size from the table; for a model outside it, the largest bf16 model the
     cluster's GPUs could hold, an upper bound that errs towards waiting longer."""
@@ -795,6 +815,12 @@ def engine_ready_timeout_for(model_name: str, instance: InstanceType, nodes: int
     """What the head's vllm.env sets, from the config alone (the planner shows the same).
     Without `pp`, one stage per node."""
     return engine_ready_timeout_seconds(served_model_size(model_name, instance, nodes), instance, nodes, pp)
+
+
+def engine_start_stall_for(model_name: str, instance: InstanceType, nodes: int, pp: int | None = None) -> int:
+    """What the head's start-vllm is handed (--stall-seconds), from the config alone, as
+    engine_ready_timeout_for."""
+    return engine_start_stall_seconds(served_model_size(model_name, instance, nodes), instance, nodes, pp)
 
 
 def time_to_first_token(

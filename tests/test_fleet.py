@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import calendar
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -44,7 +45,7 @@ from localhosts.cluster import (
     tiny_model,
 )
 from localhosts.fleet import in_ci, why_no_fleet
-from localhosts.replay import COMMAND, destroy, replay, run_step, steps_of
+from localhosts.replay import COMMAND, destroy, replay, run_step, steps_of, with_outputs
 from scripts.lib import model_stage
 from scripts.lib.vllm_cluster_lib import metric_totals  # the watchdog's reader of /metrics
 from tools import local_target
@@ -1331,6 +1332,74 @@ def stop_seconds(cluster, since: float) -> float:
     stopped = next((line for line in log[log.index(stopping) :] if " Stopped " in line), None) if stopping else None
     assert stopping and stopped, "vllm.service's log since the hang shows no stop:\n" + "\n".join(log[-40:])
     return float(stopped.split()[0]) - float(stopping.split()[0])
+
+
+def longest_silence(cluster, unit: str, since: float) -> float:
+    """The longest time between two lines of `unit`'s journal on the head since `since`."""
+    log = cluster.node_shell(
+        0, f"sudo journalctl -u {unit} --since @{int(since)} -o short-unix --no-pager -q"
+    ).stdout.splitlines()
+    times = [float(line.split()[0]) for line in log if re.match(r"^\d+\.\d+ ", line)]
+    return max((later - earlier for earlier, later in itertools.pairwise(times)), default=0.0)
+
+
+def test_a_start_that_hangs_fails_within_the_planned_bound_naming_the_cause(cluster):
+    """Issue 34, point 5: the head's `vllm` command (start-vllm, as the program declared it)
+    waits for a start that makes progress, however long, but not for one that is stuck.
+    Here the real engine hangs at start: once it wrote its first lines, every process of
+    vllm.service is frozen (SIGSTOP): it writes nothing more and never answers. The command
+    fails once the journal has been silent for the bound the program handed it
+    (--stall-seconds, sizing.engine_start_stall_for), not after its 45-minute timeout,
+    shows the journal's last lines and says the engine's processes are stopped, and stops
+    the unit. The same command again starts the engine afresh and serves."""
+    step = with_outputs(steps_of(cluster.run, only={"vllm-vllm"})["vllm-vllm"], {})
+    bound = int(re.search(r"--stall-seconds (\d+)", step.create).group(1))
+    since = float(cluster.node_shell(0, "date +%s.%N").stdout)
+    cluster.node_shell(0, "sudo systemctl stop vllm.service")  # so that start-vllm starts it
+    waited: dict[str, object] = {}
+    waiting = threading.Thread(target=lambda: waited.update(outcome=run_step(step, timeout=bound + 900)), daemon=True)
+    waiting.start()
+    # The engine's own first line (after the unit's wait for the cluster), then the hang.
+    deadline = time.monotonic() + 600
+    while True:
+        pid = cluster.unit_property(0, "vllm.service", "MainPID")
+        own = f"sudo journalctl _SYSTEMD_UNIT=vllm.service _PID={pid} --since @{int(since)} -o cat -q --no-pager"
+        if pid != "0" and cluster.node_shell(0, own, check=False).stdout.strip():
+            break
+        assert waiting.is_alive(), f"start-vllm ended before the engine wrote a line: {waited}"
+        assert time.monotonic() < deadline, "the engine wrote no line within 600 s of its start"
+        time.sleep(1)
+    cluster.node_shell(0, "sudo systemctl kill --signal=SIGSTOP vllm.service")
+    frozen_at = time.monotonic()
+    last_line = journal(cluster, "vllm.service", since)[-1]
+    try:
+        waiting.join(timeout=bound + 900)
+        assert not waiting.is_alive(), f"start-vllm still waits {time.monotonic() - frozen_at:.0f} s after the hang"
+    finally:
+        # start-vllm stops the unit (systemd sends SIGCONT with its SIGTERM); if it did not, thaw it.
+        cluster.node_shell(0, "sudo systemctl kill --signal=SIGCONT vllm.service", check=False)
+    outcome = waited["outcome"]
+    seconds = outcome.finished - frozen_at
+    print(f"start-vllm failed {seconds:.0f} s after the engine froze (bound {bound} s); it said:\n{outcome.stderr}")
+    assert outcome.returncode != 0, outcome.stderr
+    assert "vLLM's start is stuck, not slow" in outcome.stderr, outcome.stderr
+    assert "vllm.service wrote no line for" in outcome.stderr, outcome.stderr
+    assert "its processes are stopped (a SIGSTOP or a debugger)" in outcome.stderr, outcome.stderr
+    assert last_line in outcome.stderr, f"the journal's last line {last_line!r} is not shown"
+    # Within the bound and the wait's own step (a probe may take curl's 60 s, then 10 s
+    # until the next): from the engine's last line (just before the freeze) to the first
+    # look at the journal after it, and from the bound to the look that finds it over.
+    assert bound - 30 <= seconds <= bound + 2 * 70 + 10, seconds
+    assert cluster.unit_property(0, "vllm.service", "ActiveState") == "inactive"
+
+    # The same command again: a fresh start, which makes progress and serves.
+    restarted = float(cluster.node_shell(0, "date +%s.%N").stdout)
+    again = run_step(step, timeout=bound + 900)
+    assert again.returncode == 0, again.stderr
+    silence = longest_silence(cluster, "vllm.service", restarted)
+    print(f"the fresh start's longest silence in its journal: {silence:.0f} s (bound {bound} s)")
+    assert silence < bound
+    cluster.wait_for_completion(timeout=600)
 
 
 def test_requests_spaced_around_the_servers_keep_alive_get_no_502(cluster):

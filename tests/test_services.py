@@ -35,7 +35,7 @@ def plain(value):
 def run(request):
     result = run_stack(request.param)
     assert result.error is None, result.error
-    result.config = stack_config(request.param)
+    result.config, result.stack = stack_config(request.param), request.param
     return result
 
 
@@ -751,15 +751,35 @@ def test_a_pooling_stack_hands_its_head_a_probe_of_its_task_and_its_gateway_the_
     assert "vllm-vllm" in depends_on(result, "vllm-readiness")
 
 
-def test_a_generation_stack_probes_with_one_token_completion(run):
+def start_vllm_arguments(run) -> dict[str, str]:
+    """What the head's vllm command hands start-vllm, by flag."""
     import shlex
 
     words = shlex.split(plain(commands(run)["vllm-vllm"].inputs["create"]))
-    assert words[-4:] == [
-        "--probe-route",
-        "/v1/completions",
-        "--probe-body",
+    after = words[words.index("start-vllm") + 1 :]
+    return dict(zip(after[::2], after[1::2], strict=True))
+
+
+def test_a_generation_stack_probes_with_one_token_completion(run):
+    sent = start_vllm_arguments(run)
+    assert sent["--probe-route"] == "/v1/completions"
+    assert sent["--probe-body"] == (
         '{"model":"'
         + (run.config.get("vllm-cluster:servedModelName") or run.config["vllm-cluster:model"])
-        + '","prompt":"Hello","max_tokens":1}',
-    ]
+        + '","prompt":"Hello","max_tokens":1}'
+    )
+
+
+def test_the_heads_start_wait_is_handed_the_planned_bound_on_a_silent_start(run):
+    """Issue 34 point 5: start-vllm fails a start whose journal stays silent longer than
+    the stack planned for the model (sizing.engine_start_stall_for), not after its whole
+    timeout; the bound comes from the program, never from the node."""
+    from cli.stack_file import readable_config
+    from components import sizing
+    from components.spec import load_spec
+
+    readable, secret = readable_config(run.config)
+    spec = load_spec(readable, stack=run.stack, secret_keys=set(secret))
+    bound = int(start_vllm_arguments(run)["--stall-seconds"])
+    assert bound == sizing.engine_start_stall_for(spec.model, spec.instance, spec.nodes)
+    assert bound >= sizing.ENGINE_START_STALL_FLOOR_SECONDS

@@ -153,6 +153,23 @@ def test_without_a_local_copy_the_engine_timeout_covers_the_whole_model_from_the
     assert sizing.engine_ready_timeout_seconds(LLAMA_70B, NO_NVME_P4D, 2, 2) == 1518
 
 
+def test_a_start_may_be_silent_three_times_its_longest_stage_never_under_vllms_600_seconds():
+    """start-vllm's bound on a start without a line in its journal (issue 34 point 5).
+    prod: the engine start (236.5 s) is longer than the load from local NVMe (8.6 s):
+    3 x 236.5 = 709.5 -> 710 s. Without the local copy the load from the cache (269.3 s)
+    is the longest: 3 x 269.3 = 807.9 -> 808 s. A 1.5B model keeps vLLM's 600 s."""
+    assert sizing.engine_start_stall_seconds(LLAMA_70B, P4D, 2, 2) == 710
+    assert sizing.engine_start_stall_for("meta-llama/Llama-3.1-70B-Instruct", P4D, 2) == 710
+    assert sizing.engine_start_stall_seconds(LLAMA_70B, NO_NVME_P4D, 2, 2) == 808
+    small = sizing.ModelSize.of(models.lookup("Qwen/Qwen2.5-1.5B-Instruct"), "Qwen/Qwen2.5-1.5B-Instruct")
+    assert sizing.engine_start_stall_seconds(small, catalog.CATALOG["g6.xlarge"], 1) == 600
+    # One stage's silence never exceeds the whole start vLLM itself allows its engine.
+    for instance in (P4D, NO_NVME_P4D):
+        assert sizing.engine_start_stall_seconds(LLAMA_70B, instance, 2, 2) <= sizing.engine_ready_timeout_seconds(
+            LLAMA_70B, instance, 2, 2
+        )
+
+
 def test_a_model_outside_the_table_is_timed_as_the_largest_the_gpus_could_hold():
     bound = sizing.served_model_size("someone/unknown-model", P4D, 2)
     assert bound.weight_bytes == pytest.approx(2 * 8 * 40 * 2**30) and bound.dtype == "bf16"

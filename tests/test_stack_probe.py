@@ -97,7 +97,7 @@ class Head:
     def start_vllm(self) -> subprocess.CompletedProcess:
         """start-vllm as the stack's command runs it: its arguments from the command line
         the stack sends, vllm.env on stdin; a short start timeout (VLLM_START_TIMEOUT)."""
-        words = shlex.split(bootstrap.start_vllm_command(self.probe))
+        words = shlex.split(bootstrap.start_vllm_command(self.probe, 600))
         self.env["VLLM_START_TIMEOUT"] = "5"
         return self.run(*words[words.index("start-vllm") :], stdin=self.vllm_env)
 
@@ -140,7 +140,9 @@ def test_start_vllm_keeps_the_stacks_probe_and_waits_for_its_answer(served):
 def test_start_vllm_refuses_a_probe_the_checks_could_not_read_back(served):
     _, head = served
     for route, body in (("v1/embeddings", "{}"), ("/v1/x", "{'a': 1}"), ("/v1/x", "not json")):
-        refused = head.run("start-vllm", "--probe-route", route, "--probe-body", body, stdin=head.vllm_env)
+        refused = head.run(
+            "start-vllm", "--probe-route", route, "--probe-body", body, "--stall-seconds", "600", stdin=head.vllm_env
+        )
         assert refused.returncode == 1 and "start-vllm: --probe-" in refused.stderr, refused.stderr
     assert head.run("start-vllm", stdin=head.vllm_env).returncode == 1
     assert not (head.root / "etc/vllm-cluster/probe.env").exists()
