@@ -1390,7 +1390,10 @@ def test_a_start_that_hangs_fails_within_the_planned_bound_naming_the_cause(clus
     # until the next): from the engine's last line (just before the freeze) to the first
     # look at the journal after it, and from the bound to the look that finds it over.
     assert bound - 30 <= seconds <= bound + 2 * 70 + 10, seconds
-    assert cluster.unit_property(0, "vllm.service", "ActiveState") == "inactive"
+    # Stopped, so the stuck engine holds no GPU: "failed" when the engine, woken by the
+    # SIGCONT systemd sends with its SIGTERM, exits non-zero (as measured on the fleet),
+    # "inactive" when it exits cleanly; either way the next start-vllm starts it afresh.
+    assert cluster.unit_property(0, "vllm.service", "ActiveState") in ("inactive", "failed")
 
     # The same command again: a fresh start, which makes progress and serves.
     restarted = float(cluster.node_shell(0, "date +%s.%N").stdout)
