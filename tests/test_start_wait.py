@@ -36,7 +36,12 @@ from tests.test_stack_probe import Head
 
 # The journal as journalctl shows it to the script: `-u UNIT` (one unit here), `--since=@T`
 # or `--after-cursor=C` (entries after it), `--show-cursor` (the last shown entry's cursor on a
-# line of its own, as journalctl prints it), `-n N` (the last N).
+# line of its own, as journalctl prints it), `-n N` (the last N). Its exit status is
+# journalctl's (systemd 252, Debian 12's and the fleet hosts'): `--show-cursor` with no entry
+# to show exits 1 after a `--since` (nothing to take a cursor from: measured with
+# `journalctl -u x --since=@$(date +%s) --show-cursor -q; echo $?`), but 0 after an
+# `--after-cursor`, which stays on the given entry and shows its cursor again (the fleet's
+# hang test waited 600 s on a silent journal by cursor).
 JOURNALCTL_DOUBLE = '''#!{python}
 """TEST DOUBLE of journalctl for tests/test_start_wait.py: vllm.service's journal is
 {journal}, one entry a line ("epoch<TAB>message"); an entry's cursor is its line number."""
@@ -58,8 +63,13 @@ if lines is not None:
     shown = shown[-lines:]
 for _, (_, message) in shown:
     print(message)
+after = [arg.split("=", 1)[1] for arg in args if arg.startswith("--after-cursor=")]
 if show_cursor and shown:
     print(f"-- cursor: {{shown[-1][0]}}")
+elif show_cursor and after:
+    print(f"-- cursor: {{after[-1]}}")
+elif show_cursor:
+    sys.exit(1)
 '''
 
 # systemd's view of vllm.service: one file a property under {unit}; `start` sets the state
@@ -261,6 +271,26 @@ def test_a_slow_start_that_keeps_writing_is_waited_for_longer_than_the_bound(hea
     assert "stuck" not in result.stderr and "vLLM serves" in result.stderr, result.stderr
     calls = head.systemctl.read_text().splitlines()
     assert "stop vllm.service" not in calls[calls.index("start --no-block vllm.service") :], calls
+
+
+def test_an_engine_that_writes_its_first_line_after_the_first_look_is_waited_for(head, engine):
+    """The unit starts afresh (a failed one started again, as after a stuck start was
+    stopped) and its engine writes nothing before start-vllm's first look at the journal:
+    journalctl then has no entry to show (and exits 1), which is a start that has not
+    written yet, not a failure. start-vllm waits, and serves once the engine does."""
+
+    def scene():
+        time.sleep(2)  # four looks with no entry
+        head.log("INFO vLLM API server version 0.33.0")
+        engine.serve()
+        head.log("INFO Starting vLLM API server on http://127.0.0.1")
+
+    head.set(ActiveState="failed", SubState="failed", Result="exit-code")
+    scene_thread = play(head, scene)
+    result = head.start_vllm_with(STALL)
+    scene_thread.join()
+    assert result.returncode == 0, result.stderr
+    assert "starting vllm.service" in result.stderr and "vLLM serves" in result.stderr, result.stderr
 
 
 def test_a_restart_loop_fails_at_the_second_restart_with_the_engines_error(head, engine):
