@@ -162,6 +162,7 @@ def build_plan(
         "prometheus": prometheus,
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
         "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
+        "engineStartStallSeconds": sizing.engine_start_stall_for(spec.model, instance, spec.nodes),
         "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
         # What AWS would refuse of the inputs as declared: `pulumi up` would fail there.
         "problems": [str(finding) for finding in contract.errors],
@@ -677,6 +678,11 @@ def _time_to_first_token_lines(plan: dict[str, Any]) -> list[str]:
         "(VLLM_ENGINE_READY_TIMEOUT_S in vllm.env: "
         f"{sizing.ENGINE_READY_TIMEOUT_FACTOR} x (model load + engine start), at least vLLM's default "
         f"{sizing.ENGINE_READY_TIMEOUT_FLOOR_SECONDS} s)"
+    )
+    out.append(
+        f"  `pulumi up` fails a start whose engine writes no line for {plan['engineStartStallSeconds']} s "
+        f"(start-vllm --stall-seconds: {sizing.ENGINE_START_STALL_FACTOR} x the longer of model load and "
+        f"engine start, at least {sizing.ENGINE_START_STALL_FLOOR_SECONDS} s), printing the journal's last lines"
     )
     return out
 

@@ -783,3 +783,7 @@ def test_the_heads_start_wait_is_handed_the_planned_bound_on_a_silent_start(run)
     bound = int(start_vllm_arguments(run)["--stall-seconds"])
     assert bound == sizing.engine_start_stall_for(spec.model, spec.instance, spec.nodes)
     assert bound >= sizing.ENGINE_START_STALL_FLOOR_SECONDS
+    # The plan tells the operator the same bound before `pulumi up` does.
+    from cli import plan
+
+    assert f"writes no line for {bound} s" in plan.render(plan.build_plan(run.stack))
