@@ -389,6 +389,8 @@ BAKE_FILES = {
 # Where the bake finds what this machine hands it: under /run, which systemd-nspawn mounts
 # as a tmpfs, so the image keeps none of it (nor the mount points).
 BAKE_TRANSPORT = "/run/vllm-cluster-bake"
+# How long another host image stays after a new one is baked, unless hosts run on it.
+HOST_IMAGE_KEPT_SECONDS = 3600
 
 
 def image_facts() -> str:
@@ -496,13 +498,19 @@ def _install_file(root: Path, path: str, content: bytes, mode: int) -> None:
     target.chmod(mode)
 
 
-def _remove_other_host_images(keep: Path) -> None:
-    """Every cached host image but `keep` (each about 5 GiB), except those a mounted
-    overlay still has as a layer (hosts of `make local` left running on an older one)."""
-    mounted = Path("/proc/self/mounts").read_text()
+def _remove_other_host_images(keep: Path, mounts: str | None = None) -> None:
+    """Every cached host image but `keep` (each about 5 GiB), except one a mounted overlay
+    still has as a layer (hosts of `make local` left running on an older one) and one baked
+    within the last hour (another checkout's, which its fleet may be about to mount).
+    `mounts`: the mount table (/proc/self/mounts)."""
+    mounted = Path("/proc/self/mounts").read_text() if mounts is None else mounts
     for other in CACHE_DIR.glob("host-image-*"):
-        if other != keep and f"{other}/" not in mounted:
-            shutil.rmtree(other)
+        complete = other / ".complete"
+        if other == keep or f"{other}/" in mounted:
+            continue
+        if complete.exists() and time.time() - complete.stat().st_mtime < HOST_IMAGE_KEPT_SECONDS:
+            continue
+        shutil.rmtree(other)
 
 
 # --- servers on the bridge -----------------------------------------------------------

@@ -6,6 +6,7 @@ The fleet's tests show the hosts booted from it (tests/test_fleet.py)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -125,3 +126,22 @@ def test_opening_the_environment_to_the_service_user_rewrites_nothing_already_op
     assert again.returncode == 0, again.stderr
     rewritten = [str(path) for path, ctime in changed.items() if path.lstat().st_ctime_ns != ctime]
     assert rewritten == [], f"opened again: {rewritten}"
+
+
+def test_a_new_image_removes_the_old_ones_but_not_one_in_use(tmp_path, monkeypatch):
+    monkeypatch.setattr(fleet, "CACHE_DIR", tmp_path)
+    images = {name: tmp_path / f"host-image-{name}" for name in ("new", "old", "mounted", "recent", "unfinished")}
+    for name, image in images.items():
+        (image / "layer").mkdir(parents=True)
+        if name != "unfinished":
+            (image / ".complete").write_text("over rootfs\n")
+    hours_ago = time.time() - 3 * 3600
+    for name in ("old", "mounted"):
+        os.utime(images[name] / ".complete", (hours_ago, hours_ago))
+    mounts = f"overlay /tmp/node0/root overlay rw,lowerdir={images['mounted']}/layer:/var/cache/rootfs,upperdir=x 0 0\n"
+    fleet._remove_other_host_images(images["new"], mounts)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "host-image-mounted",
+        "host-image-new",
+        "host-image-recent",
+    ]
