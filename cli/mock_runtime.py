@@ -566,6 +566,7 @@ def run_program(
     quotas: Mapping[str, Any] | None = None,
     account: Mapping[str, int] | None = None,
     ebs_key_manager: str = "AWS",
+    baked_images: Mapping[str, str] | None = None,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -584,6 +585,7 @@ def run_program(
         quotas=quotas,
         account=account,
         ebs_key_manager=ebs_key_manager,
+        baked_images=baked_images,
     )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()
