@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from node_scratch import install_node_script
@@ -222,7 +223,7 @@ def install_software_on(tmp_path, baked_for: str | None, writer: bool) -> subpro
     runner = (
         script.read_text().removesuffix('main "$@"\n')
         + "fill_wheelhouse() { echo FILLED-THE-WHEELHOUSE >&2; }\n"
-        + "install_software\n"
+        + "install_software /mnt/vllm-wheelhouse\n"
     )
     env = {
         "PATH": f"{root}/bin:/usr/bin:/bin",
@@ -267,3 +268,49 @@ def test_the_bake_refuses_a_lock_other_than_the_one_it_was_sent_for(tmp_path):
     assert f"was written for the lock 0123456789ab, but {install}/node-env.lock is {bootstrap.lock_digest(LOCK)}" in (
         done.stderr
     )
+
+
+def bake_on(tmp_path, facts: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """vllm-cluster-node bake under a scratch root, its install steps replaced by lines
+    saying they ran (setup's own steps, tested with setup): what the bake does around them."""
+    root = tmp_path / "root"
+    script = install_node_script(root, "")
+    install = root / "opt/vllm-cluster"
+    (install / "node-env.lock").write_text(LOCK)
+    (tmp_path / "facts.env").write_text(facts)
+    runner = (
+        script.read_text().removesuffix('main "$@"\n')
+        + 'install_node_software() { echo "INSTALLED-FROM $1" >&2; }\n'
+        + "install_efs_utils() { echo BUILT-EFS-UTILS >&2; }\n"
+        + "hold_setup_lock() { :; }\n"
+        + "apt-get() { echo APT-GET-$1 >&2; }\n"
+        + 'cmd_bake "$@"\n'
+    )
+    env = {"PATH": f"{root}/bin:/usr/bin:/bin", "HOME": str(tmp_path), "IMAGE_PYTHON": sys.executable}
+    command = ["bash", "-c", runner, "bake", "--facts", str(tmp_path / "facts.env"), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60), install
+
+
+def test_the_gpu_image_bake_builds_efs_utils_marks_the_lock_and_keeps_no_wheels(tmp_path):
+    """The GPU nodes' image (bake.env): efs-utils built in, the image marked baked for its
+    lock (so setup on it fills no wheelhouse), and the bake's own wheelhouse gone."""
+    done, install = bake_on(tmp_path, bootstrap.bake_env(LOCK))
+    assert done.returncode == 0, done.stderr
+    assert "BUILT-EFS-UTILS" in done.stderr and "APT-GET-clean" in done.stderr
+    assert (install / "baked-lock").read_text().strip() == bootstrap.lock_digest(LOCK)
+    wheelhouse = Path(re.search(r"INSTALLED-FROM (\S+)", done.stderr).group(1))
+    assert not wheelhouse.exists()
+
+
+def test_the_local_host_image_bake_leaves_efs_and_the_wheelhouse_to_its_hosts(tmp_path):
+    """The local hosts' image (facts without BAKED_LOCK_DIGEST or EFS_UTILS_VERSION): own
+    hosts mount no EFS and their head fills the wheelhouse for hosts not baked, so the
+    image is not marked baked, and the caller's wheelhouse is filled and kept."""
+    facts = f"IMAGE_PYTHON={sys.executable}\nIPTABLES=/usr/sbin/iptables\nNFT=/usr/sbin/nft\nSERVICE_USER=vllm\n"
+    house = tmp_path / "house"
+    house.mkdir()
+    done, install = bake_on(tmp_path, facts, "--wheelhouse", str(house))
+    assert done.returncode == 0, done.stderr
+    assert f"INSTALLED-FROM {house}" in done.stderr and house.is_dir()
+    assert "BUILT-EFS-UTILS" not in done.stderr and "APT-GET-clean" not in done.stderr
+    assert not (install / "baked-lock").exists()
