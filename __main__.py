@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, host_keys, idle_stop, metrics, node_env, ports, quotas, sizing
+from components import bootstrap, host_keys, idle_stop, metrics, node_env, node_image, ports, quotas, sizing
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
-from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs
+from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs, node_image_query
 from components.credentials import Credentials, CredentialsArgs
 from components.gateway import GATEWAY_ROOT_GIB, Gateway, GatewayArgs
 from components.network import Network, NetworkArgs, first_zone
@@ -22,7 +22,10 @@ from components.security import SecurityArgs, SecurityGroups
 from components.services import ClusterServices, ServicesArgs, ServingGang, vllm_settings
 from components.spec import (
     CONFIG_KEYS,
+    MIN_ROOT_VOLUME_GIB,
     NAMESPACE,
+    NODE_IMAGE_BAKE,
+    NODE_IMAGE_NONE,
     ExistingMountTarget,
     SpecError,
     existing_vpc_problems,
@@ -237,6 +240,32 @@ def check_account_counts() -> None:
 if spec.own_hosts is None:
     check_account_counts()
 
+
+@dataclass(frozen=True)
+class BakedImage:
+    """nodeImage bake: what the image holds (its key), the account's image baked for it
+    if there is one, and the base image's root device."""
+
+    key: node_image.ImageKey
+    found_id: str | None
+    root_device_name: str
+
+
+def find_baked_image() -> BakedImage | None:
+    """The account's own image baked for this lock and base image (components/node_image.py),
+    looked up before any resource is declared: found, the nodes launch from it and nothing is
+    built; absent, the stack bakes it. None when the stack does not bake (nodeImage)."""
+    if spec.own_hosts is not None or not spec.bakes_node_image:
+        return None
+    base = aws.ec2.get_ami(**node_image_query(spec.ami_id))
+    key = node_image.image_key((node_env.ROOT / spec.node_lock).read_text(), base.id)
+    # Newest first (DescribeImages by creation date): two stacks that baked at once made two.
+    found = aws.ec2.get_ami_ids(owners=["self"], filters=node_image.baked_image_filters(key))
+    return BakedImage(key, found.ids[0] if found.ids else None, base.root_device_name)
+
+
+baked_image = find_baked_image()
+
 for warning in spec.warnings:
     pulumi.log.warn(warning)
 
@@ -332,7 +361,9 @@ def ec2_machines() -> Machines:
             instance_type=spec.instance_type,
             node_count=spec.nodes,
             interfaces=interface_layout(spec.instance, spec.efa),
-            ami_id=spec.ami_id,
+            # nodeImage's own AMI is launched as is (pinned, as amiId is).
+            ami_id=spec.ami_id if spec.node_image in (NODE_IMAGE_BAKE, NODE_IMAGE_NONE) else spec.node_image,
+            launch_image_id=launch_image_id(network),
             root_volume_gib=spec.root_volume_gib,
             capacity_reservation_id=spec.capacity_reservation_id,
             capacity_block=spec.capacity_block,
@@ -378,6 +409,30 @@ def ec2_machines() -> Machines:
         availability_zone=network.availability_zone,
         waker_config=waker_config(nodes.gangs) if spec.idle_stop_minutes is not None else None,
     )
+
+
+def launch_image_id(network: Network) -> pulumi.Input[str] | None:
+    """The baked node image: the one found, else the one this stack bakes now in its private
+    subnet (components/node_image.py). None when the stack does not bake."""
+    if baked_image is None:
+        return None
+    if baked_image.found_id is not None:
+        pulumi.log.info(f"node image: {baked_image.found_id} is baked for lock and base {baked_image.key.tag}")
+        return baked_image.found_id
+    image = node_image.NodeImage(
+        f"{name}-node-image",
+        node_image.NodeImageArgs(
+            key=baked_image.key,
+            bake_script=bootstrap.node_bake_script((node_env.ROOT / spec.node_lock).read_text()),
+            root_device_name=baked_image.root_device_name,
+            root_volume_gib=MIN_ROOT_VOLUME_GIB,
+            vpc_id=network.vpc_id,
+            subnet_id=network.private_subnet_id,
+            baked_by=f"{pulumi.get_project()}/{pulumi.get_stack()}",
+            build_after=tuple(network.ready),
+        ),
+    )
+    return image.image_id
 
 
 def waker_config(gangs) -> pulumi.Output[str]:

@@ -166,6 +166,7 @@ class MockCloud(pulumi.runtime.Mocks):
         quotas: Mapping[str, Any] | None = None,
         account: Mapping[str, int] | None = None,
         ebs_key_manager: str = "AWS",
+        baked_images: Mapping[str, str] | None = None,
     ):
         self.instance_ips = dict(instance_ips or {})
         # A remote command's stdout as a reference to it (stdout_reference) instead of "":
@@ -182,6 +183,9 @@ class MockCloud(pulumi.runtime.Mocks):
         # text the lookup fails with (AccessDenied, say). A quota not named has MOCK_QUOTA_VALUE.
         self.quotas = dict(quotas or {})
         self.existing_vpc = dict(existing_vpc or {})
+        # The account's own baked node images (components/node_image.py): the value of their
+        # vllm-cluster:node-image tag -> the AMI id. None by default: every bake is the first.
+        self.baked_images = dict(baked_images or {})
         # What the lookups of an existing model cache (modelCacheFileSystemId) answer: by default
         # a Regional file system with no mount target (a cache kept by a destroyed stack); a test
         # sets "availabilityZoneName" (One Zone), "mountTargets" ([{vpcId, availabilityZone,
@@ -245,6 +249,9 @@ class MockCloud(pulumi.runtime.Mocks):
                 args.name, f"203.0.113.{10 + int(_digest('eip', args.name), 16) % 240}"
             )
             state["allocationId"] = resource_id
+        elif args.typ == "aws:imagebuilder/image:Image":
+            # The AMI the build made (one region, no distribution configuration).
+            state["outputResources"] = [{"amis": [{"image": "ami-0" + _digest("baked", args.name, length=16)}]}]
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             state["latestVersion"] = 1
         elif args.typ == "aws:efs/fileSystem:FileSystem":
@@ -312,6 +319,14 @@ class MockCloud(pulumi.runtime.Mocks):
                 "image-id", ["ami-0" + _digest(json.dumps(args.args, sort_keys=True), length=16)]
             )[0]
             return {"id": image_id, "imageId": image_id, "rootDeviceName": "/dev/sda1", "architecture": "x86_64"}
+        if args.token == "aws:ec2/getAmiIds:getAmiIds":
+            image_filter = {f["name"]: f["values"] for f in args.args.get("filters", [])}
+            ids = [
+                self.baked_images[tag]
+                for tag in image_filter.get("tag:vllm-cluster:node-image", [])
+                if tag in self.baked_images
+            ]
+            return {"id": "us-east-1", "ids": ids}
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             return {"id": "us-east-1", "locations": list(MOCK_ZONES), "locationTypes": ["availability-zone"] * 3}
         if args.token == "aws:index/getPartition:getPartition":
@@ -551,6 +566,7 @@ def run_program(
     quotas: Mapping[str, Any] | None = None,
     account: Mapping[str, int] | None = None,
     ebs_key_manager: str = "AWS",
+    baked_images: Mapping[str, str] | None = None,
 ) -> ProgramRun:
     """Run `__main__.py` with `config` (YAML-style values; keys with or without
     the project namespace) and return what it declared and exported.
@@ -569,6 +585,7 @@ def run_program(
         quotas=quotas,
         account=account,
         ebs_key_manager=ebs_key_manager,
+        baked_images=baked_images,
     )
     monitor = RecordingMonitor(mocks)
     run = ProgramRun()

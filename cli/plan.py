@@ -115,7 +115,10 @@ def build_plan(
     # start in parallel on the first `pulumi up`, so the time to the first token is one gang's.
     the_cost = sizing.cost(instance, spec.total_nodes, spec.gateway_instance_type, the_fit.weights_gb)
     # Every gang's nodes read the cache at once on the first `pulumi up`.
-    terms = sizing.time_to_first_token(model, instance, spec.nodes, pp, readers=spec.total_nodes)
+    terms = sizing.time_to_first_token(
+        model, instance, spec.nodes, pp, readers=spec.total_nodes, baked_image=spec.launches_with_software
+    )
+    bake = sizing.image_bake() if spec.bakes_node_image else []
     if spec.own_hosts is not None:
         # Machines that run already, with a shared directory of the user's: no launch, no EFS helper.
         terms = [term for term in terms if term.name not in OWN_HOSTS_SKIP_TERMS]
@@ -164,6 +167,11 @@ def build_plan(
         "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
         "engineStartStallSeconds": sizing.engine_start_stall_for(spec.model, instance, spec.nodes),
         "timeToFirstToken": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
+        # nodeImage: the image the nodes launch with the software in, and its bake (once per
+        # lock and base image; a stack that finds the image skips it).
+        "nodeImage": spec.node_image,
+        "imageBake": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in bake],
+        "imageBakeSeconds": round(sum(t.seconds for t in bake)),
         # What AWS would refuse of the inputs as declared: `pulumi up` would fail there.
         "problems": [str(finding) for finding in contract.errors],
         "awsContract": {
@@ -684,6 +692,23 @@ def _time_to_first_token_lines(plan: dict[str, Any]) -> list[str]:
         f"(start-vllm --stall-seconds: {sizing.ENGINE_START_STALL_FACTOR} x the longer of model load and "
         f"engine start, at least {sizing.ENGINE_START_STALL_FLOOR_SECONDS} s), printing the journal's last lines"
     )
+    if plan["nodeImage"] == "none":
+        out.append("  node image     none (nodeImage): every node installs the software at its first setup")
+    elif plan["imageBake"]:
+        out.append(
+            "  node image bake, before the nodes launch, once per lock and base image (nodeImage bake: a stack that "
+            "finds the image tagged for both skips it)"
+        )
+        for term in plan["imageBake"]:
+            out.append(f"    {term['term']:16s}{term['seconds']:6d} s   {term['assumes']}")
+        bake = plan["imageBakeSeconds"]
+        first = (bake + total) / 60
+        label = "bake total"
+        out.append(
+            f"    {label:16s}{bake:6d} s   ({bake / 60:.1f} min); a first `pulumi up` that bakes: {first:.1f} min"
+        )
+    else:
+        out.append(f"  node image     {plan['nodeImage']} (nodeImage), launched as is with the software in it")
     return out
 
 

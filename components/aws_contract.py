@@ -35,8 +35,21 @@ ROLE = "aws:iam/role:Role"
 INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
 FILE_SYSTEM = "aws:efs/fileSystem:FileSystem"
 EIP = "aws:ec2/eip:Eip"
+IMAGE_COMPONENT = "aws:imagebuilder/component:Component"
+IMAGE_RECIPE = "aws:imagebuilder/imageRecipe:ImageRecipe"
+IMAGE_INFRASTRUCTURE = "aws:imagebuilder/infrastructureConfiguration:InfrastructureConfiguration"
 
 # --- Sources -----------------------------------------------------------------------
+# EC2 Image Builder's request shapes (CreateComponent, CreateImageRecipe,
+# CreateInfrastructureConfiguration): a name is a ResourceName, pattern
+# ^[-_A-Za-z-0-9][-_A-Za-z0-9 ]{1,126}[-_A-Za-z-0-9]$ (3-128 characters); a version a
+# VersionNumber, ^[0-9]+\.[0-9]+\.[0-9]+$; a component's inline document
+# (InlineComponentData) 1-16,000 characters (botocore's model of the API,
+# botocore/data/imagebuilder/2019-12-02/service-2.json, as installed here).
+IMAGE_BUILDER_SOURCE = "https://docs.aws.amazon.com/imagebuilder/latest/APIReference/API_CreateComponent.html"
+IMAGE_BUILDER_NAME = re.compile(r"^[-_A-Za-z0-9][-_A-Za-z0-9 ]{1,126}[-_A-Za-z0-9]$")
+IMAGE_BUILDER_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
+COMPONENT_DATA_MAX_CHARS = 16000
 # "User data is limited to 16 KB, in raw form, before it is base64-encoded."
 USER_DATA_SOURCE = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-add-user-data.html"
 USER_DATA_LIMIT_BYTES = 16 * 1024
@@ -497,6 +510,47 @@ def name_findings(resource: Declared, inputs: Mapping[str, Any]) -> list[Finding
     return found
 
 
+# --- EC2 Image Builder ---------------------------------------------------------------
+
+
+def image_builder_findings(resource: Declared, inputs: Mapping[str, Any]) -> list[Finding]:
+    if resource.type not in (IMAGE_COMPONENT, IMAGE_RECIPE, IMAGE_INFRASTRUCTURE):
+        return []
+    found = []
+    name = inputs.get("name")
+    if isinstance(name, str) and not IMAGE_BUILDER_NAME.match(name):
+        found.append(
+            _finding(
+                "image-builder-name",
+                resource,
+                "name",
+                repr(name),
+                "3-128 of letters, digits, - and _ (spaces inside)",
+                IMAGE_BUILDER_SOURCE,
+            )
+        )
+    version = inputs.get("version")
+    if resource.type != IMAGE_INFRASTRUCTURE and isinstance(version, str) and not IMAGE_BUILDER_VERSION.match(version):
+        found.append(
+            _finding(
+                "image-builder-version", resource, "version", repr(version), "major.minor.patch", IMAGE_BUILDER_SOURCE
+            )
+        )
+    data = inputs.get("data")
+    if resource.type == IMAGE_COMPONENT and isinstance(data, str) and not 1 <= len(data) <= COMPONENT_DATA_MAX_CHARS:
+        found.append(
+            _finding(
+                "component-data-size",
+                resource,
+                "data",
+                f"{len(data)} characters",
+                f"1-{COMPONENT_DATA_MAX_CHARS} characters (a larger document goes to S3: uri)",
+                IMAGE_BUILDER_SOURCE,
+            )
+        )
+    return found
+
+
 # --- EBS gp3 -------------------------------------------------------------------------
 
 
@@ -560,7 +614,7 @@ def gp3_findings(resource: Declared, where: str, volume: Any) -> list[Finding]:
 
 def volume_findings(resource: Declared, inputs: Mapping[str, Any]) -> list[Finding]:
     found = []
-    if resource.type == TEMPLATE:
+    if resource.type in (TEMPLATE, IMAGE_RECIPE):
         for i, mapping in enumerate(inputs.get("blockDeviceMappings") or []):
             if isinstance(mapping, dict):
                 found += gp3_findings(resource, f"blockDeviceMappings[{i}].ebs", mapping.get("ebs"))
@@ -707,6 +761,7 @@ def check(
         contract.errors += name_findings(resource, inputs)
         contract.errors += volume_findings(resource, inputs)
         contract.errors += interface_findings(resource, inputs, catalog)
+        contract.errors += image_builder_findings(resource, inputs)
     contract.errors += role_policy_findings(declared)
     contract.errors += security_group_findings(declared, id_of)
     contract.warnings += eip_warnings(declared)

@@ -304,10 +304,14 @@ def _node_file(name: str, mode: str = "0755") -> str:
     return _file(f"{BIN_DIR}/{name}", _read(NODE_SCRIPTS / name), mode)
 
 
+def lock_sha256(lock_text: str) -> str:
+    return hashlib.sha256(lock_text.encode()).hexdigest()
+
+
 def lock_digest(lock_text: str) -> str:
     """A short name of a node lock's content (the node script logs the same: the first
     12 hex digits of its sha256)."""
-    return hashlib.sha256(lock_text.encode()).hexdigest()[:12]
+    return lock_sha256(lock_text)[:12]
 
 
 def _remover() -> str:
@@ -372,6 +376,39 @@ def node_setup_script(boot: NodeBoot) -> str:
         _file(FIREWALL_FILE, host_firewall(boot.gang_ips, boot.gateway_ip), "0600"),
     ]
     return _script("GPU node setup", files, f"{NODE_COMMAND} setup")
+
+
+# What `vllm-cluster-node bake` reads (the image has no cluster.env: nothing of a stack or a
+# node is in it). Left in the image: it says what the image was baked from.
+BAKE_ENV = f"{INSTALL_DIR}/bake.env"
+
+
+def bake_env(lock_text: str) -> str:
+    return env_file(
+        {
+            "BAKED_LOCK_DIGEST": lock_digest(lock_text),
+            "EFS_UTILS_VERSION": EFS_UTILS_VERSION,
+            "IMAGE_PYTHON": image.PYTHON,
+            "IPTABLES": image.IPTABLES,
+            "NFT": image.NFT,
+            "SERVICE_USER": SERVICE_USER,
+        },
+        header="Written by the node image's bake (components/node_image.py). No secret, nothing of a node.",
+    )
+
+
+def node_bake_script(lock_text: str) -> str:
+    """What the image build runs (components/node_image.py), as root on the base image: the
+    node scripts, the library and the lock, then `vllm-cluster-node bake`, the node's own
+    install step without anything of a stack: no cluster.env, no secret, no unit enabled."""
+    files = [
+        _file(LIBRARY_PATH, _read(SCRIPT_LIBRARY), "0644"),
+        _file(PYTHON_LIBRARY_PATH, _read(PYTHON_LIBRARY), "0644"),
+        *(_node_file(name) for name in ("vllm-cluster-node", "node-env")),
+        _file(NODE_LOCK_PATH, lock_text, "0644"),
+        _file(BAKE_ENV, bake_env(lock_text), "0644"),
+    ]
+    return _script("GPU node image bake", files, f"{NODE_COMMAND} bake --facts {BAKE_ENV}")
 
 
 # --- the nodes' host firewall ----------------------------------------------------------

@@ -153,23 +153,32 @@ class GpuNodesArgs:
     replicas: int = 1
     # idleStopMinutes is set: a node that powers itself off is stopped, not terminated.
     stop_on_shutdown: bool = False
+    # The image the nodes launch from when it is not ami_id's: the baked node image
+    # (components/node_image.py), built on ami_id's image. None: ami_id's.
+    launch_image_id: pulumi.Input[str] | None = None
 
 
-def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
-    """The configured AMI, or the newest Deep Learning Base AMI (components/image.py:
-    Ubuntu 24.04, NVIDIA driver, CUDA, EFA installer and aws-ofi-nccl). Looked up
-    either way because the root volume's device name comes from the image."""
+def node_image_query(ami_id: str | None) -> dict:
+    """get_ami's arguments for the configured AMI, or the newest Deep Learning Base AMI
+    (components/image.py: Ubuntu 24.04, NVIDIA driver, CUDA, EFA installer and aws-ofi-nccl)."""
     if ami_id is not None:
-        filters = [{"name": "image-id", "values": [ami_id]}]
-        owners = None
-    else:
-        filters = [
+        return {"most_recent": True, "owners": None, "filters": [{"name": "image-id", "values": [ami_id]}]}
+    return {
+        "most_recent": True,
+        "owners": [image.DLAMI_OWNER],
+        "filters": [
             {"name": "name", "values": [image.DLAMI_NAME_PATTERN]},
             {"name": "architecture", "values": ["x86_64"]},
             {"name": "state", "values": ["available"]},
-        ]
-        owners = [image.DLAMI_OWNER]
-    return aws.ec2.get_ami_output(most_recent=True, owners=owners, filters=filters, opts=opts)
+        ],
+    }
+
+
+def node_image(ami_id: str | None, opts: pulumi.InvokeOptions) -> pulumi.Output:
+    """The configured AMI, or the newest Deep Learning Base AMI. Looked up either way
+    because the root volume's device name comes from the image (a baked image keeps its
+    base's)."""
+    return aws.ec2.get_ami_output(**node_image_query(ami_id), opts=opts)
 
 
 # What Session Manager needs on an instance and nothing else: the agent registers the
@@ -433,7 +442,7 @@ class GpuNodes(pulumi.ComponentResource):
         node_ami = node_image(args.ami_id, pulumi.InvokeOptions(parent=self))
         return aws.ec2.LaunchTemplate(
             f"{name}-{gang_prefix(gang)}template",
-            image_id=node_ami.id,
+            image_id=args.launch_image_id if args.launch_image_id is not None else node_ami.id,
             instance_type=args.instance_type,
             key_name=args.key_pair_name,
             iam_instance_profile={"arn": profile.arn},
@@ -468,7 +477,9 @@ class GpuNodes(pulumi.ComponentResource):
             ],
             tags=tags(f"{name}-{gang_prefix(gang)}template"),
             # A newer Deep Learning AMI must not replace running GPU nodes on an unrelated
-            # `pulumi up`: the looked-up image is kept until the user pins amiId.
+            # `pulumi up`: the looked-up image is kept until the user pins amiId. So is an
+            # image baked on it: a node whose lock changed since gets the new environment
+            # from its setup, as on an image without the software.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["imageId"] if args.ami_id is None else None),
         )
 

@@ -150,6 +150,14 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("amiId", "string",
               "GPU node AMI. Empty: the newest AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04).",
               default="", auto=True),
+    ConfigKey("nodeImage", "string",
+              "The GPU nodes' machine image: bake (the node software, the lock's environment included, installed "
+              "once into an image by EC2 Image Builder on the base image, amiId or the newest Deep Learning AMI; "
+              "named and tagged by the lock's hash and the base, so every stack of the same lock and base reuses "
+              "it, and pulumi destroy keeps it), an AMI id (an image you baked; launched as is, setup checks its "
+              "environment), or none (every node installs the software at its first setup). Empty: bake; "
+              "none with hosts.",
+              default="", auto=True),
     ConfigKey("capacityReservationId", "string",
               "Launch the GPU nodes into this On-Demand Capacity Reservation or Capacity Block (cr-...). "
               "Empty: none.",

@@ -49,6 +49,17 @@ WHEELHOUSE_INSTALL_SECONDS_PER_GB = 93.8 / 1.01
 # Not measured (no AWS here): amazon-efs-utils is built from source at first boot, as AWS
 # documents for Ubuntu; an estimate.
 EFS_UTILS_BUILD_SECONDS = 60
+# A baked node image (nodeImage bake, components/node_image.py): the node launches with the
+# software, and setup only checks the virtualenv against the lock. Measured on 2026-12-05 on
+# the 2-core test machine: `node-env check` of a virtualenv that is the local hosts' lock
+# (170 packages) took 0.14-0.15 s over three runs.
+SOFTWARE_CHECK_SECONDS = 0.15
+# Not measured (no AWS here): Image Builder's own steps around the install (launching its
+# builder, AWSTOE, stopping it, snapshotting the root volume and registering the AMI); an
+# estimate.
+IMAGE_BUILDER_OVERHEAD_SECONDS = 900
+# components/node_image.py BUILDER_INSTANCE_TYPE, c6i.2xlarge: 8 vCPUs (aws.amazon.com/ec2/instance-types/c6i).
+BUILDER_VCPUS = 8
 ENGINE_START_BASE_SECONDS = 60  # vLLM process, Ray placement, P2P check
 ENGINE_START_SECONDS_PER_B = 2.5  # compile and CUDA graphs grow with size: 70B TP 8 ~ 3-4 min (vllm #19824)
 
@@ -823,6 +834,41 @@ def engine_start_stall_for(model_name: str, instance: InstanceType, nodes: int, 
     return engine_start_stall_seconds(served_model_size(model_name, instance, nodes), instance, nodes, pp)
 
 
+def software_terms(on_builder: bool = False) -> list[Term]:
+    """Installing the node software: on every node at its first setup, or once on the image's
+    builder (its own wheelhouse, fetched straight from the index)."""
+    where = "on the image's builder" if on_builder else "at first boot"
+    return [
+        Term("efs-utils build", EFS_UTILS_BUILD_SECONDS, f"estimate: the EFS mount helper built {where}"),
+        Term(
+            "wheel fetch",
+            GPU_WHEELHOUSE_GB * 1000 / INDEX_DOWNLOAD_MB_S,
+            f"{GPU_WHEELHOUSE_GB} GB of locked wheels at {INDEX_DOWNLOAD_MB_S} MB/s "
+            "(make bench-install), once per lock",
+        ),
+        Term(
+            "software install",
+            GPU_WHEELHOUSE_GB * WHEELHOUSE_INSTALL_SECONDS_PER_GB,
+            f"{GPU_WHEELHOUSE_GB} GB from the wheelhouse at {WHEELHOUSE_INSTALL_SECONDS_PER_GB:.0f} s/GB "
+            "(make bench-install, 2 cores: an upper bound), "
+            + (f"on the builder ({BUILDER_VCPUS} vCPUs)" if on_builder else "nodes in parallel"),
+        ),
+    ]
+
+
+def image_bake() -> list[Term]:
+    """The node image's bake (components/node_image.py), once per lock and base image: the
+    same install on Image Builder's builder, and Image Builder's own steps."""
+    return [
+        *software_terms(on_builder=True),
+        Term(
+            "image builder",
+            IMAGE_BUILDER_OVERHEAD_SECONDS,
+            "estimate, not measured: the builder's launch, AWSTOE, the root volume's snapshot and the AMI",
+        ),
+    ]
+
+
 def time_to_first_token(
     model: ModelSize,
     instance: InstanceType,
@@ -830,8 +876,10 @@ def time_to_first_token(
     pp: int | None = None,
     efs_utils_version: str | None = None,
     readers: int | None = None,
+    baked_image: bool = False,
 ) -> list[Term]:
-    """The terms of a cold `pulumi up` to the first token, each with its assumption."""
+    """The terms of a cold `pulumi up` to the first token, each with its assumption. With a
+    baked image the software is in it (image_bake, shown apart) and setup only checks it."""
     download = model_download(model, nodes, efs_utils_version)
     loads = node_loads(model, instance, nodes, pp, efs_utils_version, readers)
     slowest_copy = max(loads, key=lambda load: load.copy_seconds)
@@ -845,21 +893,19 @@ def time_to_first_token(
         )
     else:
         copy = Term("stage copy", 0.0, f"none: {slowest_copy.reason}")
+    software = software_terms()
+    if baked_image:
+        software = [
+            Term(
+                "software check",
+                SOFTWARE_CHECK_SECONDS,
+                f"the baked image holds the lock's environment: setup checks it ({SOFTWARE_CHECK_SECONDS} s for "
+                "170 packages, node-env check, measured on the test machine)",
+            )
+        ]
     return [
         Term("instance boot", INSTANCE_BOOT_SECONDS, "launch to SSH on the Deep Learning AMI"),
-        Term("efs-utils build", EFS_UTILS_BUILD_SECONDS, "estimate: the EFS mount helper built at first boot"),
-        Term(
-            "wheel fetch",
-            GPU_WHEELHOUSE_GB * 1000 / INDEX_DOWNLOAD_MB_S,
-            f"{GPU_WHEELHOUSE_GB} GB of locked wheels at {INDEX_DOWNLOAD_MB_S} MB/s "
-            "(make bench-install), once per lock",
-        ),
-        Term(
-            "software install",
-            GPU_WHEELHOUSE_GB * WHEELHOUSE_INSTALL_SECONDS_PER_GB,
-            f"{GPU_WHEELHOUSE_GB} GB from the wheelhouse at {WHEELHOUSE_INSTALL_SECONDS_PER_GB:.0f} s/GB "
-            "(make bench-install, 2 cores: an upper bound), nodes in parallel",
-        ),
+        *software,
         Term("model download", download.seconds, download.assumes),
         copy,
         Term(

@@ -137,6 +137,12 @@ class OwnHosts:
         return tuple(ip for gang in self.gangs for ip in gang)
 
 
+# nodeImage: the node software baked into an image by the stack (components/node_image.py),
+# or none (every node installs it at its first setup); else an AMI id the user brings.
+NODE_IMAGE_BAKE = "bake"
+NODE_IMAGE_NONE = "none"
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     stack: str
@@ -187,6 +193,18 @@ class ClusterSpec:
     # wakeGiveUpMinutes: how long a wake may take before the waker gives it up
     # (idle_stop.wake_give_up_seconds); None: derived from the expected wake.
     wake_give_up_minutes: int | None = None
+    # nodeImage (NodeStorage.node_image): bake, none or an AMI id launched as is.
+    node_image: str = NODE_IMAGE_BAKE
+
+    @property
+    def bakes_node_image(self) -> bool:
+        return self.node_image == NODE_IMAGE_BAKE
+
+    @property
+    def launches_with_software(self) -> bool:
+        """The nodes launch from an image that holds the node software: baked by the stack
+        or brought by the user (setup then only checks the environment)."""
+        return self.node_image != NODE_IMAGE_NONE
 
     @property
     def instance_type(self) -> str:
@@ -377,6 +395,8 @@ class NodeStorage:
     retain_model_cache: bool
     # An existing file system to reuse as the model cache (modelCacheFileSystemId).
     model_cache_file_system_id: str | None
+    # nodeImage: NODE_IMAGE_BAKE, NODE_IMAGE_NONE or an AMI id launched as is.
+    node_image: str = NODE_IMAGE_BAKE
 
 
 @dataclass(frozen=True)
@@ -1473,7 +1493,35 @@ def _check_node_storage(reader: _Reader) -> NodeStorage:
             "shows (a destroyed stack's kept cache: the command scripts/destroy printed)",
         )
         file_system_id = None
-    return NodeStorage(ami_id, root_volume_gib, bool(reader.boolean("retainModelCache")), file_system_id)
+    node_image = _check_node_image(reader, ami_id)
+    return NodeStorage(ami_id, root_volume_gib, bool(reader.boolean("retainModelCache")), file_system_id, node_image)
+
+
+def _check_node_image(reader: _Reader, ami_id: str | None) -> str:
+    """nodeImage: bake (the default), none, or an AMI id launched as is. An AMI id beside
+    amiId is refused: amiId is the base an image is baked on, nodeImage's id is launched as
+    it is, and a node launches from one image."""
+    value = reader.string("nodeImage")
+    if value is None:
+        return NODE_IMAGE_BAKE
+    if value in (NODE_IMAGE_BAKE, NODE_IMAGE_NONE):
+        return value
+    if not _AMI.match(value):
+        reader.fail(
+            "nodeImage",
+            f"is neither {NODE_IMAGE_BAKE}, {NODE_IMAGE_NONE} nor an AMI id such as ami-0123456789abcdef0. Fix: "
+            f"pulumi config set {NAMESPACE}:nodeImage {NODE_IMAGE_BAKE} (the stack bakes the node software into an "
+            f"image), {NODE_IMAGE_NONE} (every node installs it), or the id of an image you baked",
+        )
+        return NODE_IMAGE_BAKE
+    if ami_id is not None:
+        reader.fail(
+            "nodeImage",
+            f"is an AMI id while amiId is {ami_id}: amiId is the base image the stack bakes on (or launches with "
+            f"nodeImage {NODE_IMAGE_NONE}), nodeImage's id an image launched as is. Fix: pulumi config rm "
+            f"{NAMESPACE}:amiId, or set nodeImage to {NODE_IMAGE_BAKE} or {NODE_IMAGE_NONE}",
+        )
+    return value
 
 
 def _check_api_read_timeout(reader: _Reader) -> int:
@@ -1609,6 +1657,7 @@ CREATED_INSTANCE_KEYS = (
     "publicSubnetId",
     "privateSubnetId",
     "amiId",
+    "nodeImage",
     "capacityReservationId",
     "capacityBlock",
     "placementGroupName",
@@ -1923,6 +1972,9 @@ def load_spec(
     network = _check_network(reader, region)
     capacity = _check_capacity(reader, network)
     storage = _check_node_storage(reader)
+    if own is not None:
+        # Machines the user has: nothing is launched, so no image (nodeImage set is refused above).
+        storage = dataclasses.replace(storage, node_image=NODE_IMAGE_NONE)
     gateway = _check_gateway(reader, engine)
     tls = _check_user_certificate(reader, secret_keys)
     idle_stop_minutes = _check_idle_stop(reader)

@@ -5,8 +5,9 @@ Used by `make local` (tools/local_target.py), the fleet tests (tests/test_fleet*
 and the benches (bench/). It is not the product: nothing the stack deploys imports it.
 
 - fleet.py: the hosts themselves (Debian with systemd and sshd, booted with
-  systemd-nspawn in network namespaces on one bridge), their cached image, package
-  mirror, wheelhouse and virtualenv.
+  systemd-nspawn in network namespaces on one bridge), their cached image, the node
+  hosts' image (the node's own install step baked in once per lock), package mirror,
+  wheelhouse and virtualenv.
 - boot_check.py: the check of each host's boot, which names a unit of the hosts' own
   that failed as the local machinery's fault and boots the host again, once.
 - replay.py: every remote command the program declared, run over SSH in the

@@ -39,9 +39,11 @@ from localhosts.fleet import (
     Host,
     Network,
     _digest,
+    baked_hosts_by_default,
     base_rootfs,
     building,
     fleet_venv,
+    host_image,
     serve_on_bridge,
 )
 from localhosts.replay import COMMAND, Outcome, ReplayError, host_keys_of, replay, user_data_of
@@ -499,11 +501,14 @@ _images_lock = threading.Lock()
 
 def _build_images() -> None:
     # The hosts' image beside the engine's wheelhouse and the model (built with a virtualenv
-    # installed from that wheelhouse): on a new machine each takes minutes.
+    # installed from that wheelhouse): on a new machine each takes minutes. Then the node
+    # hosts' image, which installs from both.
     with ThreadPoolExecutor(2) as pool:
         image = pool.submit(base_rootfs)
         tiny_model()
-        image.result()
+        rootfs, mirror = image.result()
+    if baked_hosts_by_default():
+        host_image(rootfs, mirror)
 
 
 def images_in_background() -> Future:
@@ -548,7 +553,12 @@ def serving_cluster(workdir: Path, nodes: int = 3, **overrides: Any) -> Iterator
 
 
 def start_cluster(
-    workdir: Path, nodes: int = 3, own_hosts: bool = False, network: Network = MAIN_NETWORK, **overrides: Any
+    workdir: Path,
+    nodes: int = 3,
+    own_hosts: bool = False,
+    network: Network = MAIN_NETWORK,
+    baked_hosts: bool | None = None,
+    **overrides: Any,
 ) -> ClusterUnderTest:
     """Start the fleet's hosts and replay the program's commands at once, while the hosts
     still boot, as `pulumi up` does; returns once `pulumi up` would have finished (the
@@ -556,7 +566,8 @@ def start_cluster(
     stack, started with the program's user data (cloud-init's final stage runs it at
     boot), or with `own_hosts` for the machines of own_hosts_config's stack of hosts, which
     exist before the stack and get nothing at boot; on `network` (another fleet may run
-    on another at the same time). A host whose boot failed twice
+    on another at the same time); the node hosts from the host image unless `baked_hosts`
+    is False (Fleet). A host whose boot failed twice
     (localhosts/boot_check.py) raises HostBootError, the machinery's fault. On failure,
     removes what it made."""
     key_store: dict = {}
@@ -602,6 +613,7 @@ def start_cluster(
         wait_for_ssh=own_hosts,
         model_cache_dir=LOCAL_MODEL_CACHE_DIR if own_hosts else None,
         network=network,
+        baked_hosts=baked_hosts,
     )
     hub = FakeHub(workdir, network)
     try:

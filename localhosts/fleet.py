@@ -6,9 +6,13 @@ instances; the program's user data and remote commands run on them unchanged.
 What is not real here, and why: EFS is one shared directory bind-mounted where the
 user data mounts the model cache (the user data finds it mounted and goes on, as
 on a re-run in AWS), and the tests fill its wheelhouse from this machine's registries
-(fleet_wheelhouse), where on AWS the first node's setup downloads it; the nodes then
-install the locked environment from it themselves, offline, as on AWS; Ray's GPUs are
-logical (`--num-gpus`). Everything else (systemd units, sshd, the SSH jump through the
+(fleet_wheelhouse), where on AWS the first node's setup downloads it; Ray's GPUs are
+logical (`--num-gpus`). The node hosts boot from a host image (host_image) into which
+the node's own install step (`vllm-cluster-node bake`) ran once per lock, as GPU nodes
+launch from a baked machine image: their setup finds the environment already the lock
+and only checks it. With VLLM_CLUSTER_FLEET_BAKED_HOSTS=0 they boot from the base image
+and each installs the locked environment from the wheelhouse itself at setup, offline,
+as a node of the plain Deep Learning AMI does. Everything else (systemd units, sshd, the SSH jump through the
 gateway, nginx with TLS, Ray with token auth, env files) is what runs on AWS.
 
 The hosts behave like the real image where it matters (components/image.py): the
@@ -30,8 +34,8 @@ of the hosts' own that fails at boot is reported on stderr at once, as the local
 machinery's fault, and the host booted again, once.
 
 Needs root, systemd-nspawn, debootstrap, overlayfs and network namespaces.
-The base root file system, the wheelhouse and the tests' own virtualenv are cached in
-$VLLM_CLUSTER_TESTBED_CACHE (default /var/cache/vllm-cluster-testbed).
+The base root file system, the node hosts' image, the wheelhouse and the tests' own
+virtualenv are cached in $VLLM_CLUSTER_TESTBED_CACHE (default /var/cache/vllm-cluster-testbed).
 
 As a command, from the repository's root:
     python -m localhosts.fleet --nodes 3   (boots, prints, tears down on Ctrl-C)
@@ -59,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli.cluster import ssh_args
-from components import image, node_env
+from components import bootstrap, image, node_env
 from localhosts import boot_check
 from tools import pure_wheel
 
@@ -371,6 +375,144 @@ def fleet_venv() -> Path:
     return target
 
 
+# --- the node hosts' image: the node software baked in --------------------------------
+
+# What the node's install step runs (`vllm-cluster-node bake`), put where the stack's setup
+# command puts it (components/bootstrap.py node_setup_script), with its mode: part of the
+# host image's name, so a change of one of them, as of the lock, bakes a new image.
+BAKE_FILES = {
+    bootstrap.NODE_COMMAND: (bootstrap.NODE_SCRIPTS / "vllm-cluster-node", 0o755),
+    f"{bootstrap.BIN_DIR}/node-env": (bootstrap.NODE_SCRIPTS / "node-env", 0o755),
+    bootstrap.LIBRARY_PATH: (bootstrap.SCRIPT_LIBRARY, 0o644),
+    bootstrap.PYTHON_LIBRARY_PATH: (bootstrap.PYTHON_LIBRARY, 0o644),
+}
+# Where the bake finds what this machine hands it: under /run, which systemd-nspawn mounts
+# as a tmpfs, so the image keeps none of it (nor the mount points).
+BAKE_TRANSPORT = "/run/vllm-cluster-bake"
+# How long another host image stays after a new one is baked, unless hosts run on it.
+HOST_IMAGE_KEPT_SECONDS = 3600
+
+
+def image_facts() -> str:
+    """What `vllm-cluster-node bake --facts` reads: the image's facts (components/image.py)
+    and the service user, under the names cluster.env gives them (components/bootstrap.py)."""
+    values = {"IMAGE_PYTHON": image.PYTHON, "IPTABLES": image.IPTABLES, "NFT": image.NFT}
+    values["SERVICE_USER"] = bootstrap.SERVICE_USER
+    return bootstrap.env_file(values, header="The image's facts for vllm-cluster-node bake (localhosts/fleet.py).")
+
+
+def baked_hosts_by_default() -> bool:
+    """Whether node hosts boot from the host image: yes, unless VLLM_CLUSTER_FLEET_BAKED_HOSTS
+    is 0 (make bench-fleet compares both)."""
+    return os.environ.get("VLLM_CLUSTER_FLEET_BAKED_HOSTS", "1") != "0"
+
+
+def host_image_dir(rootfs: Path) -> Path:
+    """Where the host image over `rootfs` for the local hosts' lock is cached: named by the
+    base image, the lock, the facts and every file the bake runs."""
+    lock = node_env.local_host().lock_path.read_text()
+    files = [f"{path} {mode:o}\n{source.read_text()}" for path, (source, mode) in sorted(BAKE_FILES.items())]
+    return CACHE_DIR / f"host-image-{_digest(rootfs.name, lock, image_facts(), *files)}"
+
+
+def host_image(rootfs: Path, mirror: Path) -> Path:
+    """The node hosts' image: a layer over `rootfs` (an overlay's lower layer, above it)
+    into which the node's own install step ran once for the lock, as EC2 Image Builder
+    runs it on a builder instance: the scripts and the lock where the setup command puts
+    them, then `vllm-cluster-node bake`, which runs install_node_software, the function the
+    node's setup runs (the locked environment from the wheelhouse with the locked uv,
+    offline and hash-checked, the Python headers, iptables, nftables). Built in a
+    container of its own with no network: the wheelhouse (fleet_wheelhouse) and the
+    package mirror are bound into it. Its output is kept beside it (bake.log). Cached;
+    the images of other locks or scripts are removed, but not one a host still runs on."""
+    target = host_image_dir(rootfs)
+    layer = target / "layer"
+    if (target / ".complete").exists():
+        return layer
+    with building("host-image"):
+        if (target / ".complete").exists():
+            return layer
+        house = fleet_wheelhouse()
+        scratch = Path(tempfile.mkdtemp(prefix="host-image-building-", dir=CACHE_DIR))
+        try:
+            _bake(rootfs, mirror, house, scratch)
+            (scratch / ".complete").write_text(f"over {rootfs.name}\n")
+            if target.exists():
+                shutil.rmtree(target)
+            scratch.rename(target)
+        finally:
+            if scratch.exists():
+                shutil.rmtree(scratch)
+        _remove_other_host_images(target)
+    return layer
+
+
+def _bake(rootfs: Path, mirror: Path, house: Path, scratch: Path) -> None:
+    """Run `vllm-cluster-node bake` on an overlay of `rootfs` whose upper directory,
+    scratch/layer, becomes the image."""
+    layer, work, root, transport = (scratch / name for name in ("layer", "work", "root", "transport"))
+    machine = f"host-image-bake-{os.getpid()}"
+    for folder in (layer, work, root, transport):
+        folder.mkdir()
+    _run("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={rootfs},upperdir={layer},workdir={work}", str(root))
+    try:
+        for path, (source, mode) in BAKE_FILES.items():
+            _install_file(root, path, source.read_bytes(), mode)
+        _install_file(root, bootstrap.NODE_LOCK_PATH, node_env.local_host().lock_path.read_bytes(), 0o644)
+        link_wheelhouse(house, transport / "wheelhouse")
+        (transport / "image.env").write_text(image_facts())
+        # apt reads the package mirror as a local repository: the bake has no network.
+        (transport / "sources.list").write_text(f"deb [trusted=yes] file:{BAKE_TRANSPORT}/apt-mirror ./\n")
+        # As the hosts are started (Fleet._start_host): in this process's unit, under a
+        # machine name of its own (nspawn keeps per-machine state under /run/systemd/nspawn).
+        command = ["systemd-nspawn", "-D", str(root), "--register=no", "--keep-unit", "-M", machine]
+        command += ["--as-pid2", "--private-network"]
+        command += ["--console=pipe", "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--quiet"]
+        command += [
+            f"--bind-ro={mirror}:{BAKE_TRANSPORT}/apt-mirror",
+            f"--bind={transport / 'wheelhouse'}:{BAKE_TRANSPORT}/wheelhouse",
+        ]
+        command += [f"--bind-ro={transport / 'image.env'}:{BAKE_TRANSPORT}/image.env"]
+        command += [f"--bind-ro={transport / 'sources.list'}:/etc/apt/sources.list"]
+        command += [bootstrap.NODE_COMMAND, "bake", "--wheelhouse", f"{BAKE_TRANSPORT}/wheelhouse"]
+        command += ["--facts", f"{BAKE_TRANSPORT}/image.env"]
+        with open(scratch / "bake.log", "wb") as log:
+            baked = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        if baked.returncode != 0:
+            said = (scratch / "bake.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"baking the node hosts' image failed (exit {baked.returncode}):\n{said}")
+    finally:
+        _run("umount", str(root))
+        propagate = Path("/run/systemd/nspawn/propagate") / machine
+        if propagate.is_dir() and not any(propagate.iterdir()):
+            propagate.rmdir()
+    for folder in (work, transport):
+        shutil.rmtree(folder)
+    root.rmdir()
+
+
+def _install_file(root: Path, path: str, content: bytes, mode: int) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(content)
+    target.chmod(mode)
+
+
+def _remove_other_host_images(keep: Path, mounts: str | None = None) -> None:
+    """Every cached host image but `keep` (each about 5 GiB), except one a mounted overlay
+    still has as a layer (hosts of `make local` left running on an older one) and one baked
+    within the last hour (another checkout's, which its fleet may be about to mount).
+    `mounts`: the mount table (/proc/self/mounts)."""
+    mounted = Path("/proc/self/mounts").read_text() if mounts is None else mounts
+    for other in CACHE_DIR.glob("host-image-*"):
+        complete = other / ".complete"
+        if other == keep or f"{other}/" in mounted:
+            continue
+        if complete.exists() and time.time() - complete.stat().st_mtime < HOST_IMAGE_KEPT_SECONDS:
+            continue
+        shutil.rmtree(other)
+
+
 # --- servers on the bridge -----------------------------------------------------------
 
 
@@ -554,6 +696,7 @@ class Fleet:
         wait_for_ssh: bool = True,
         model_cache_dir: str | None = None,
         network: Network = MAIN_NETWORK,
+        baked_hosts: bool | None = None,
     ):
         """`user_data`: host name -> the script EC2 would hand that host (run at first
         boot as cloud-init's final stage does). `host_keys`: host name -> its SSH host key
@@ -566,8 +709,13 @@ class Fleet:
         directory mounted there (modelCacheDir), and the stack binds it as the model
         cache and its wheels/ as the wheelhouse itself; None: EFS's two trees, mounted
         where the user data finds them. `network`: its bridge and addresses (another
-        fleet may run on another network at the same time)."""
+        fleet may run on another network at the same time). `baked_hosts`: the node hosts
+        boot from the host image (host_image) or, False, from the base image (None:
+        baked_hosts_by_default)."""
         self.network = network
+        self.baked_hosts = baked_hosts_by_default() if baked_hosts is None else baked_hosts
+        # The node hosts' image layer over the base image (host_image), when baked.
+        self.node_image: Path | None = None
         self.workdir = Path(workdir)
         self.authorized_key = authorized_key.strip()
         self.key_file = self.workdir / "ssh-key"
@@ -629,6 +777,7 @@ class Fleet:
 
     def start(self) -> None:
         (rootfs, mirror), house = base_rootfs(), fleet_wheelhouse()
+        self.node_image = host_image(rootfs, mirror) if self.baked_hosts else None
         self._machinery_units = boot_check.image_units(rootfs) | boot_check.MACHINERY_DOUBLES
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_file.write_text(self._private_key)
@@ -738,13 +887,15 @@ class Fleet:
     def _prepare(self, host: Host, rootfs: Path) -> None:
         for sub in ("upper", "work", "root"):
             (host.dir / sub).mkdir(parents=True, exist_ok=True)
+        # A node host's disk: the host image over the base image, when baked.
+        lower = f"{self.node_image}:{rootfs}" if host.role == "node" and self.node_image else str(rootfs)
         _run(
             "mount",
             "-t",
             "overlay",
             "overlay",
             "-o",
-            f"lowerdir={rootfs},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}",
+            f"lowerdir={lower},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}",
             str(host.root),
         )
         self._mounts.append(host.root)

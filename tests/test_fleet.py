@@ -760,25 +760,44 @@ def test_only_the_wheelhouse_writer_can_write_the_wheelhouse_and_every_node_the_
         assert refused.returncode != 0 and "Read-only file system" in refused.stderr, refused.stderr
         assert cluster.node_shell(index, probe.format("/mnt/vllm-models"), check=False).returncode == 0
         setup = cluster.outcomes[f"vllm-setup-{node_name(index)}"].stderr
-        assert "head fills the wheelhouse" in setup, setup
+        if cluster.fleet.baked_hosts:
+            # Booted from the baked host image: the worker found its environment in place.
+            assert "the virtualenv is the lock's environment already" in setup, setup
+        else:
+            assert "head fills the wheelhouse" in setup, setup
 
 
-def test_every_node_installed_the_same_locked_environment_itself_offline_from_the_wheelhouse(cluster):
-    """No virtualenv is handed to the hosts: each node's setup installed the stack's lock
-    (nodeLock) with the locked uv from the wheelhouse on the shared model cache, which
-    the tests filled from this machine's registries, and checked the result."""
+def test_every_node_has_the_locked_environment_the_nodes_own_install_step_put_there_offline(cluster):
+    """No virtualenv is handed to the hosts. The node hosts booted from the host image, into
+    which the node's own install step (`vllm-cluster-node bake`, setup's
+    install_node_software) installed the stack's lock (nodeLock) once, with the locked uv from
+    the wheelhouse the tests filled from this machine's registries: each node's setup found
+    its environment already the lock, only checked it, and copied none of it into its own
+    disk. Unbaked (VLLM_CLUSTER_FLEET_BAKED_HOSTS=0): each node's setup installed it itself."""
     lock_file, check = "/opt/vllm-cluster/node-env.lock", "/opt/vllm-cluster/bin/node-env check --lock"
     lock = node_env.local_host().lock_path.read_text()
     fingerprints = set()
     for index in range(NODES):
         assert cluster.node_shell(index, f"cat {lock_file}").stdout == lock
         setup = cluster.outcomes[f"vllm-setup-{node_name(index)}"].stderr
-        assert "installing the locked environment" in setup and "installed the locked environment" in setup, setup
+        if cluster.fleet.baked_hosts:
+            assert "the virtualenv is the lock's environment already" in setup, setup
+            assert "installing the locked environment" not in setup and "installing python" not in setup, setup
+            # The environment stayed in the image's layer: the host's own holds no file of it.
+            own_layer = cluster.fleet.nodes[index].dir / "upper" / "opt" / "vllm-cluster" / "venv"
+            copied = [path for path in own_layer.rglob("*") if path.is_file()] if own_layer.exists() else []
+            assert not copied, f"node{index} copied {len(copied)} files of the environment up, e.g. {copied[:3]}"
+        else:
+            assert "installing the locked environment" in setup and "installed the locked environment" in setup, setup
         assert "fetching" not in setup, "the wheelhouse was full: nothing to download"
         installed = cluster.node_shell(index, f"sudo /opt/vllm-cluster/venv/bin/python -I {check} {lock_file}")
         fingerprints.add(installed.stdout.strip())
         uv = cluster.node_shell(index, "/opt/vllm-cluster/bin/uv --version").stdout.split()
         assert uv[:2] == ["uv", versions.UV_VERSION]
+    if cluster.fleet.baked_hosts:
+        bake = (cluster.fleet.node_image.parent / "bake.log").read_text()
+        assert "installed the locked environment" in bake and "baked the node software" in bake, bake
+        assert "fetching" not in bake, bake
     assert len(fingerprints) == 1, f"the nodes' environments differ: {fingerprints}"
     # ... and the head's preflight compared every node's packages with the head's.
     report = cluster.outcomes["vllm-preflight"].stdout

@@ -269,7 +269,9 @@ def test_setup_and_every_start_of_rays_unit_load_it():
         body = text[text.index(f"{command}() {{") :]
         body = body[: body.index("\n}\n")]
         assert "\n  load_firewall\n" in body, command
-    assert "ensure_nft" in text[text.index("cmd_setup() {") :].split("\n}\n", 1)[0]
+    # nftables installed by setup's install step (which a baked image ran already).
+    assert "install_node_software" in text[text.index("cmd_setup() {") :].split("\n}\n", 1)[0]
+    assert "ensure_nft" in text[text.index("install_node_software() {") :].split("\n}\n", 1)[0]
     for unit in ("ray-head.service", "ray-worker.service"):
         assert (
             "ExecStartPre=+/opt/vllm-cluster/bin/vllm-cluster-node guard-service\n"

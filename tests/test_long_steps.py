@@ -142,7 +142,7 @@ def test_a_stopped_sshd_is_not_started_for_keepalives(tmp_path):
 def test_the_node_setup_makes_sshd_send_keepalives_before_its_long_steps():
     setup = shell_functions(NODE_SCRIPT)["cmd_setup"].splitlines()
     assert "ensure_sshd_keepalive" in setup
-    assert setup.index("ensure_sshd_keepalive") < setup.index("install_software")
+    assert setup.index("ensure_sshd_keepalive") < setup.index('install_node_software "$WHEELHOUSE"')
 
 
 def test_the_gateway_setup_makes_sshd_send_keepalives_too():

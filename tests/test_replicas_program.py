@@ -14,15 +14,21 @@ GOLDEN = ROOT / "tests" / "golden"
 COMMAND = "command:remote:Command"
 
 
+BUCKET_OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
+
+
 def resource_identities(run, stack: str) -> dict[str, str]:
     """Engine URN -> a digest of what the engine compares on `pulumi up`: the inputs
     (but those it is told to ignore, such as a host's first-boot user data, and remote
     commands' inputs, whose scripts change with any script edit and only re-run a
-    command) and the dependencies."""
+    command, and for the same reason the node image's bake script, which an edit only
+    uploads again: the image is baked once per lock and base image) and the dependencies."""
     engine = engine_urns(run, stack)
     identities = {}
     for resource in run.resources:
         ignored = set(resource.ignore_changes)
+        if resource.type == BUCKET_OBJECT:
+            ignored.add("content")
         inputs = {} if resource.type == COMMAND else {k: v for k, v in resource.inputs.items() if k not in ignored}
         document = {
             "inputs": inputs,
