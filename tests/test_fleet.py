@@ -785,6 +785,42 @@ def test_every_node_installed_the_same_locked_environment_itself_offline_from_th
     assert next(line for line in report.splitlines() if line.startswith("packages ")).count("ok") == NODES, report
 
 
+def test_the_fabric_gate_measured_the_gangs_all_reduce_before_vllm_and_fails_a_floor_above_it(cluster):
+    """Issue 35 point 4 on real hosts: every node ran its share of one all-reduce over the
+    hosts' network (Gloo: the local hosts' torch is a CPU build) before vLLM started, and
+    the head's gate passed naming the figure and its floor. Then the same gate with a
+    floor above what the hosts reach (fabricFloorGBps, as a user would set it) fails,
+    naming the measured figure, the floor and the likely causes."""
+    outcomes = cluster.outcomes
+    measured = json.loads(outcomes["vllm-fabric-head"].stdout)
+    assert measured["backend"] == "gloo" and measured["nodes"] == NODES and measured["correct"] is True
+    assert measured["busbw_gbps"] > 0
+    for index in range(1, NODES):
+        assert json.loads(outcomes[f"vllm-fabric-{node_name(index)}"].stdout)["completed"] is True
+    gate = outcomes["vllm-fabric"]
+    figure = f"{measured['busbw_gbps']:.3g} GB/s"
+    assert gate.returncode == 0 and figure in gate.stdout and "0.03125 GB/s" in gate.stdout, gate.stdout
+    # Before vLLM: the gate ended before the vllm command started.
+    assert gate.finished <= outcomes["vllm-vllm"].started
+    print(f"fabric gate on the fleet: {gate.stdout.strip()}")
+
+    above = measured["busbw_gbps"] * 100
+    updated = cluster.program(fabricFloorGBps=f"{above:g}")
+    # The new floor judges the same measurement again and changes nothing else.
+    changed = {
+        name
+        for name, step in steps_of(updated).items()
+        if name in outcomes and step.create != outcomes[name].step.create
+    }
+    assert changed == {"vllm-fabric"}, changed
+    again = run_step(with_outputs(steps_of(updated, only={"vllm-fabric"})["vllm-fabric"], outcomes), timeout=300)
+    assert again.returncode != 0
+    assert f"{figure} is below the floor of {above:g} GB/s (fabricFloorGBps" in again.stderr, again.stderr
+    assert "Likely causes: (1) wrong NIC" in again.stderr and "GLOO_SOCKET_IFNAME" in again.stderr
+    # The service is untouched: the gate judges, it restarts nothing.
+    assert cluster.completion() == 200
+
+
 def test_setup_refuses_a_python_the_pinned_releases_do_not_accept(cluster):
     """On a real host with its own python3 (3.11 here): demand 3.13 or later, as a pin
     whose wheels dropped 3.11 would, and setup stops first, saying what to do."""

@@ -691,6 +691,10 @@ ADDED_SINCE_DEPLOYED = {
     # and the stack's random id the gateway's role may start instances by.
     "vllm-node-role-session-manager",
     "vllm-stack-id",
+    # Issue 35 point 4: the fabric gate, each node's share of the gang's all-reduce and the
+    # head's judgement of it (gangs of several nodes).
+    "vllm-fabric",
+    *(f"vllm-fabric-{node}" for node in ("head", *(f"worker-{i}" for i in range(1, 16)))),
 }
 
 
