@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, host_keys, idle_stop, metrics, node_env, node_image, ports, quotas, sizing
+from components import bootstrap, fabric, host_keys, idle_stop, metrics, node_env, node_image, ports, quotas, sizing
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs, node_image_query
 from components.credentials import Credentials, CredentialsArgs
@@ -515,6 +515,11 @@ for index, (gang_ips, hosts, gang_host_keys) in enumerate(machines.gangs):
             ray_token=credentials.ray_tokens[index],
         )
     )
+# The fabric gate's collectives: NCCL where the lock's torch is a CUDA build, Gloo where it
+# is a CPU build (the local hosts' lock): components/fabric.py.
+gloo_fabric = fabric.cpu_torch(
+    {name: package.version for name, package in node_env.read_lock(machines.node_boot.node_lock).packages.items()}
+)
 services = ClusterServices(
     name,
     ServicesArgs(
@@ -556,6 +561,8 @@ services = ClusterServices(
         tensor_parallel=spec.tensor_parallel_size,
         pipeline_parallel=spec.pipeline_parallel_size,
         warmup_key=bootstrap.warmup_key(spec),
+        fabric_measurement=(fabric.measurement(spec.instance, gloo_fabric) if fabric.gated(spec.nodes) else None),
+        fabric_floor=fabric.floor(spec.instance, gloo_fabric, spec.fabric_floor_gbps),
         # EC2's nodes always get their idle-stop command, 0 when the key is unset (a command
         # that vanished would leave a node's timer on); a stack of hosts none (refused there).
         idle_stop_minutes=(spec.idle_stop_minutes or 0) if spec.own_hosts is None else None,

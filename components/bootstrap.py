@@ -199,6 +199,8 @@ def port_env() -> dict[str, str]:
         # ray-head.service, as Ray's DASHBOARD_METRIC_PORT and AUTOSCALER_METRIC_PORT.
         "PORT_RAY_DASHBOARD_METRICS": str(ports.RAY_DASHBOARD_METRICS),
         "PORT_RAY_AUTOSCALER_METRICS": str(ports.RAY_AUTOSCALER_METRICS),
+        # vllm-cluster-node fabric-measure: the gang's all-reduce meets at the head here.
+        "PORT_FABRIC_RENDEZVOUS": str(ports.FABRIC_RENDEZVOUS),
         # vllm-cluster-node readiness: the stack's probe through the gateway, as clients send it.
         "PORT_API_HTTPS": str(ports.API_HTTPS),
     }
@@ -363,6 +365,7 @@ def node_setup_script(boot: NodeBoot) -> str:
                 "vllm-cluster-node",
                 "ray-cluster-check",
                 "preflight-check",
+                "fabric-check",
                 "vllm-watchdog-check",
                 "vllm-idle-check",
                 "node-env",
@@ -430,7 +433,8 @@ def firewall_gateway_ports() -> tuple[int, ...]:
 def node_listening_ports() -> tuple[int | tuple[int, int], ...]:
     """Every port Ray and vLLM listen on at a node that is not the kernel's to pick
     (ports.py), a range as (first, last), in order: the ones the host firewall keeps
-    to the gang and the gateway. Not here, because nothing pins them to a range: the
+    to the gang and the gateway (the fabric gate's rendezvous among them: only the
+    gang's own ranks may reach its store). Not here, because nothing pins them to a range: the
     sockets of NCCL and Gloo and vLLM's own (torch's rendezvous store, its ZeroMQ
     sockets), on ports from the kernel's ephemeral range (NCCL and Gloo have no setting
     for theirs; VLLM_PORT only moves where vLLM's search for a free port starts). Seen
@@ -449,6 +453,7 @@ def node_listening_ports() -> tuple[int | tuple[int, int], ...]:
         ports.RAY_DASHBOARD_AGENT_HTTP,
         ports.RAY_DASHBOARD_METRICS,
         ports.RAY_AUTOSCALER_METRICS,
+        ports.FABRIC_RENDEZVOUS,
     )
     return (*sorted(singles), (ports.RAY_MIN_WORKER, ports.RAY_MAX_WORKER))
 

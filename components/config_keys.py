@@ -41,6 +41,9 @@ MAX_IDLE_STOP_MINUTES = 7 * 24 * 60
 # running longer unseen).
 MIN_WAKE_GIVE_UP_MINUTES = 5
 MAX_WAKE_GIVE_UP_MINUTES = 24 * 60
+# fabricFloorGBps: above any fabric EC2 offers (p5's 3200 Gbps is 400 GB/s), so a typo of
+# Gbps for GB/s is still caught.
+MAX_FABRIC_FLOOR_GBPS = 1000
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,12 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               f"started and says why. {MIN_WAKE_GIVE_UP_MINUTES} to {MAX_WAKE_GIVE_UP_MINUTES}. 0: three "
               "expected wakes (`plan` shows the wake), at least 15 min.",
               default=0, auto=True),
+    ConfigKey("fabricFloorGBps", "string",
+              "The bus bandwidth in GB/s (nccl-tests' busbw) a gang's all-reduce must reach before vLLM starts, "
+              "or `pulumi up` fails naming the figure; a number above 0, up to "
+              f"{MAX_FABRIC_FLOOR_GBPS}. Gangs of one node have no gate. Empty: a quarter of the instance type's "
+              "network bandwidth (components/fabric.py).",
+              default="", auto=True),
     # Machines the user already has (components/own_hosts.py): none of the AWS resources.
     ConfigKey("hosts", "array",
               "Run on GPU machines you already have instead of creating EC2 instances: one item per gang, "

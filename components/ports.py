@@ -65,6 +65,12 @@ RAY_DASHBOARD_AGENT_HTTP = 8081
 # each from the environment variable of that name (env_integer), which node.env sets.
 RAY_DASHBOARD_METRICS = 8082
 RAY_AUTOSCALER_METRICS = 8083
+# The fabric gate's rendezvous on a gang's head (scripts/node/fabric-check, components/
+# fabric.py): torch.distributed's TCP store, which rank 0 binds on every address while the
+# gang's all-reduce is measured before vLLM starts. Pinned so the host firewall can keep
+# it to the gang (its store has no login). Below Linux's ephemeral range 32768-60999 and
+# outside Ray's worker ports, beside Ray's pinned ones; nothing else on a node binds it.
+FABRIC_RENDEZVOUS = 8084
 # The ports Ray's workers (and vLLM's engine, a Ray driver) bind, one each, on every
 # address: Ray's own defaults (`ray start --min-worker-port 10002 --max-worker-port
 # 19999`, doc/source/ray-core/configure.rst: "All ports in the range should be open"),
@@ -105,6 +111,7 @@ NEVER_PUBLIC = (
     RAY_DASHBOARD_AGENT_HTTP,
     RAY_DASHBOARD_METRICS,
     RAY_AUTOSCALER_METRICS,
+    FABRIC_RENDEZVOUS,
     RAY_MIN_WORKER,
     RAY_MAX_WORKER,
     PROMETHEUS,

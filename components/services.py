@@ -4,7 +4,9 @@
     -> every node's setup (scripts, units, model cache, software; converges)
     -> secrets into root-only files -> Ray head -> every Ray worker, in parallel
     -> cluster ready (every node and GPU) -> model staged on the cache
-    -> preflight (every node's facts, compared on the head) -> vLLM started
+    -> preflight (every node's facts, compared on the head)
+    -> the fabric gate (a gang of several nodes: every node's share of one all-reduce
+    over the gang's GPUs at once, the head's bus bandwidth held to a floor) -> vLLM started
     -> the gang's head into the gateway's pool -> readiness: the stack's probe (a real
     request of the model's task, components/api_routes.py) through the gateway.
   The gateway: setup -> login probe key -> (waits for the nodes); certificate and
@@ -40,13 +42,14 @@ stdin (secret in state), never in a command line or the user data.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import dataclass
 from typing import Sequence
 
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap, image, metrics, ports
+from components import bootstrap, fabric, image, metrics, ports
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
@@ -163,6 +166,11 @@ class ServicesArgs:
     pipeline_parallel: int
     # vLLM's compile cache on the shared cache is kept under this (bootstrap.warmup_key).
     warmup_key: str
+    # The fabric gate (components/fabric.py): how each node measures the gang's all-reduce,
+    # None for gangs of one node (no fabric between nodes); the floor its bus bandwidth
+    # must reach.
+    fabric_measurement: fabric.Measurement | None = None
+    fabric_floor: fabric.Floor | None = None
 
     # Idle stop (idleStopMinutes, components/idle_stop.py): the minutes (0: off), and the
     # waker's configuration (JSON) for the gateway, with minutes only. None: a stack whose
@@ -762,12 +770,13 @@ class ClusterServices(pulumi.ComponentResource):
         ]
         prepared = self._prepare(args, gang, nodes, model)
         preflight = self._preflight(args, gang, prepared, ray, vllm_restarts)
+        gate = self._fabric_gate(args, gang, ray, preflight)
         serve = self._run(
             gang.command("vllm"),
             on_head,
             args.start_vllm_command,
             stdin=gang.vllm_settings,
-            after=[model, ray.cluster_ready, preflight],
+            after=[model, ray.cluster_ready, preflight, *([gate] if gate is not None else [])],
             triggers=vllm_restarts,
         )
         # Only the nodes that may write the warm-up cache publish to it (gang 0's,
@@ -856,4 +865,49 @@ class ClusterServices(pulumi.ComponentResource):
             # Compare again whenever the facts were gathered again.
             after=facts,
             triggers=[*vllm_restarts, model_dir],
+        )
+
+    def _fabric_gate(
+        self, args: ServicesArgs, gang: ServingGang, ray: RayCommands, preflight: command.remote.Command
+    ) -> command.remote.Command | None:
+        """The gang's fabric, measured before vLLM starts (components/fabric.py): every
+        node runs its share of one all-reduce over the gang's GPUs at once, meeting at the
+        head's rendezvous port, once Ray has every node and preflight passed (after the
+        model's copy to each node, which would share the network); then the head holds
+        the bus bandwidth its rank 0 measured to the floor and fails `pulumi up` below
+        it. Measuring and judging are apart: a new floor judges the same figure again,
+        and the measurement runs again only with what changes the fabric (a node, Ray, the
+        environment), every node's with the others'. Returns the gate; None for a gang of
+        one node."""
+        if args.fabric_measurement is None or args.fabric_floor is None:
+            return None
+        node_count = len(gang.node_ips)
+        # The same for every node of the gang: their measurements run again together, or
+        # a node would wait at the rendezvous for peers that never come.
+        remeasure = [
+            bootstrap.lock_digest(args.node_boot.node_lock),
+            *[node.id for node in ray.nodes],
+            *[instance.id for instance in gang.instances],
+        ]
+        measures = [
+            self._run(
+                f"fabric-{gang.node(index)}",
+                self._on_node(gang, index),
+                f"sudo {NODE_COMMAND} fabric-measure --nodes {node_count} {args.fabric_measurement.arguments()}",
+                after=[preflight, ray.cluster_ready],
+                triggers=remeasure,
+            )
+            for index in range(node_count)
+        ]
+        floor = args.fabric_floor
+        efa_flag = " --efa" if args.node_boot.efa else ""
+        return self._run(
+            gang.command("fabric"),
+            self._on_node(gang, 0),
+            f"sudo {NODE_COMMAND} fabric-gate --floor-gbps {floor.gbps:g}"
+            f" --floor-why {shlex.quote(floor.why)}{efa_flag}",
+            # The head's measurement: rank 0's line of JSON.
+            stdin=measures[0].stdout,
+            after=measures,
+            triggers=[measures[0].id],
         )

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from components import catalog, models
+from components import catalog, fabric, models
 from components.catalog import InstanceType
 from components.image import NVME_MOUNT
 from components.models import DTYPE_BYTES, ModelInfo
@@ -908,6 +908,20 @@ def time_to_first_token(
         *software,
         Term("model download", download.seconds, download.assumes),
         copy,
+        *(
+            [
+                Term(
+                    "fabric check",
+                    fabric.check_seconds(instance, nodes),
+                    f"{fabric.SETUP_SECONDS} s to set up, then {fabric.NCCL_WARMUP + fabric.NCCL_ITERATIONS} "
+                    f"all-reduces of {fabric.NCCL_BYTES // 2**20} MiB per GPU over {nodes} nodes at the network's "
+                    f"{fabric.line_rate_gbps(instance):g} GB/s (components/fabric.py; the gate fails below "
+                    f"{fabric.floor(instance, gloo=False).gbps:g} GB/s)",
+                )
+            ]
+            if fabric.gated(nodes)
+            else []
+        ),
         Term(
             "model load",
             slowest_load.load_seconds,

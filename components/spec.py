@@ -32,6 +32,7 @@ from components.config_keys import (  # noqa: F401
     KEYS_BY_NAME,
     MAX_API_RATE_LIMIT_PER_SECOND,
     MAX_API_READ_TIMEOUT_SECONDS,
+    MAX_FABRIC_FLOOR_GBPS,
     MAX_IDLE_STOP_MINUTES,
     MAX_REPLICAS,
     MAX_WAKE_GIVE_UP_MINUTES,
@@ -205,6 +206,10 @@ class ClusterSpec:
         """The nodes launch from an image that holds the node software: baked by the stack
         or brought by the user (setup then only checks the environment)."""
         return self.node_image != NODE_IMAGE_NONE
+
+    # fabricFloorGBps: the bus bandwidth a gang's all-reduce must reach before vLLM starts
+    # (components/fabric.py); None: the instance type's floor.
+    fabric_floor_gbps: float | None = None
 
     @property
     def instance_type(self) -> str:
@@ -1943,6 +1948,23 @@ def _check_wake_give_up(reader: _Reader, idle_stop_minutes: int | None) -> int |
     return minutes
 
 
+def _check_fabric_floor(reader: _Reader) -> float | None:
+    """fabricFloorGBps: a bus bandwidth in GB/s above 0 and at most MAX_FABRIC_FLOOR_GBPS."""
+    floor = reader.number("fabricFloorGBps")
+    if floor is None:
+        return None
+    if not 0 < floor <= MAX_FABRIC_FLOOR_GBPS:
+        reader.fail(
+            "fabricFloorGBps",
+            f"must be a bus bandwidth in GB/s above 0 and at most {MAX_FABRIC_FLOOR_GBPS} (GB/s, not Gbps: "
+            "p5.48xlarge's 3200 Gbps is 400 GB/s). Fix: pulumi config set "
+            f"{NAMESPACE}:fabricFloorGBps 12.5, or pulumi config rm {NAMESPACE}:fabricFloorGBps for the instance "
+            "type's floor",
+        )
+        return None
+    return floor
+
+
 def load_spec(
     raw: Mapping[str, Any],
     *,
@@ -1979,6 +2001,7 @@ def load_spec(
     tls = _check_user_certificate(reader, secret_keys)
     idle_stop_minutes = _check_idle_stop(reader)
     wake_give_up_minutes = _check_wake_give_up(reader, idle_stop_minutes)
+    fabric_floor_gbps = _check_fabric_floor(reader)
     _check_engine_fit(reader, source, engine, shape)
     if reader.problems:
         raise SpecError(reader.problems)
@@ -1991,6 +2014,7 @@ def load_spec(
         own_hosts=own,
         idle_stop_minutes=idle_stop_minutes,
         wake_give_up_minutes=wake_give_up_minutes,
+        fabric_floor_gbps=fabric_floor_gbps,
     )
     if idle_stop_minutes:
         # The wake the planner prints and the waker is told (components/idle_stop.py).

@@ -34,6 +34,7 @@ from cli.mock_runtime import real_private_key
 from components import bootstrap, metrics, node_env, ports, versions
 from components.bootstrap import local_model_directory
 from components.catalog import CATALOG
+from components.config_keys import MAX_FABRIC_FLOOR_GBPS
 from components.topology import node_name
 from components.versions import RAY_VERSION
 from localhosts.cluster import (
@@ -802,6 +803,39 @@ def test_every_node_has_the_locked_environment_the_nodes_own_install_step_put_th
     # ... and the head's preflight compared every node's packages with the head's.
     report = cluster.outcomes["vllm-preflight"].stdout
     assert next(line for line in report.splitlines() if line.startswith("packages ")).count("ok") == NODES, report
+
+
+def test_the_fabric_gate_measured_the_gangs_all_reduce_before_vllm_and_fails_a_floor_above_it(cluster):
+    """Issue 35 point 4 on real hosts: every node ran its share of one all-reduce over the
+    hosts' network (Gloo: the local hosts' torch is a CPU build) before vLLM started, and
+    the head's gate passed naming the figure and its floor. Then the same gate with a
+    floor above what the hosts reach (fabricFloorGBps, as a user would set it) fails,
+    naming the measured figure, the floor and the likely causes."""
+    outcomes = cluster.outcomes
+    measured = json.loads(outcomes["vllm-fabric-head"].stdout)
+    assert measured["backend"] == "gloo" and measured["nodes"] == NODES and measured["correct"] is True
+    assert measured["busbw_gbps"] > 0
+    for index in range(1, NODES):
+        assert json.loads(outcomes[f"vllm-fabric-{node_name(index)}"].stdout)["completed"] is True
+    gate = outcomes["vllm-fabric"]
+    figure = f"{measured['busbw_gbps']:.3g} GB/s"
+    assert gate.returncode == 0 and figure in gate.stdout and "0.03125 GB/s" in gate.stdout, gate.stdout
+    # Before vLLM: the gate ended before the vllm command started.
+    assert gate.finished <= outcomes["vllm-vllm"].started
+    print(f"fabric gate on the fleet: {gate.stdout.strip()}")
+
+    # A hundred times the figure (within what the key accepts): far above what the hosts reach.
+    above = min(measured["busbw_gbps"] * 100, MAX_FABRIC_FLOOR_GBPS)
+    assert above > measured["busbw_gbps"]
+    updated = cluster.program(fabricFloorGBps=f"{above:g}")
+    # The new floor judges the same measurement again and changes nothing else.
+    assert changed_commands(cluster.run, updated) == {"vllm-fabric"}
+    again = run_step(with_outputs(steps_of(updated, only={"vllm-fabric"})["vllm-fabric"], outcomes), timeout=300)
+    assert again.returncode != 0
+    assert f"{figure} is below the floor of {above:g} GB/s (fabricFloorGBps" in again.stderr, again.stderr
+    assert "Likely causes: (1) wrong NIC" in again.stderr and "GLOO_SOCKET_IFNAME" in again.stderr
+    # The service is untouched: the gate judges, it restarts nothing.
+    assert cluster.completion() == 200
 
 
 def test_setup_refuses_a_python_the_pinned_releases_do_not_accept(cluster):

@@ -287,3 +287,13 @@ def test_the_node_script_and_the_remover_name_the_stacks_file_and_table():
     assert 'nft delete table "${FIREWALL_TABLE[@]}"' in remover
     # Only the stack's own table: nothing that would touch the host's other rules.
     assert "flush ruleset" not in remover and "nft flush" not in remover
+
+
+def test_the_fabric_gates_rendezvous_admits_the_gang_alone():
+    """The fabric gate's TCP store on the head (ports.FABRIC_RENDEZVOUS) has no login: any
+    host that reached it could join the gang's all-reduce or feed its rendezvous keys."""
+    firewall = firewall_of()
+    for host in GANG:
+        assert firewall.verdict(host, ports.FABRIC_RENDEZVOUS) == "accept"
+    for stranger in (*STRANGERS, GATEWAY):
+        assert firewall.verdict(stranger, ports.FABRIC_RENDEZVOUS) == "reject", stranger

@@ -69,8 +69,9 @@ def test_every_resource_the_program_declares_is_listed():
     components = len(document["resources"])
     assert listed + components == document["resourceCount"]
     # 6 gateway (setup, login probe, TLS, API keys, site, metrics) + per node (login wait, setup, secrets, ray, prepare,
-    # preflight facts, warmup, idle stop) + cluster-ready, model, preflight, vllm, readiness + the worker's model part
-    assert document["resources"]["vllm (ClusterServices)"]["command:remote:Command"] == 6 + 2 * 8 + 5 + 1
+    # preflight facts, warmup, idle stop, fabric measure) + cluster-ready, model, preflight, fabric gate, vllm,
+    # readiness + the worker's model part
+    assert document["resources"]["vllm (ClusterServices)"]["command:remote:Command"] == 6 + 2 * 9 + 6 + 1
 
 
 def test_a_model_outside_the_table_is_sized_from_params_and_dtype():

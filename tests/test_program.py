@@ -718,6 +718,10 @@ ADDED_SINCE_DEPLOYED = {
             "-image",
         )
     ),
+    # Issue 35 point 4: the fabric gate, each node's share of the gang's all-reduce and the
+    # head's judgement of it (gangs of several nodes).
+    "vllm-fabric",
+    *(f"vllm-fabric-{node}" for node in ("head", *(f"worker-{i}" for i in range(1, 16)))),
 }
 
 

@@ -325,6 +325,68 @@ def changed_commands(before, after) -> set[str]:
     return {name for name in a if a[name] != b[name]}
 
 
+def test_the_fabric_gate_runs_on_every_node_after_ray_and_preflight_and_before_vllm(run):
+    """Issue 35 point 4: a gang of several nodes measures its all-reduce once Ray has
+    every node and preflight passed (after each node's copy of its stage, which would
+    share the network), every node at once, and vLLM starts only after the head's gate."""
+    named = commands(run)
+    nodes = [name.removeprefix("vllm-setup-") for name in named if name.startswith("vllm-setup-")]
+    if len(nodes) == 1:
+        assert not any(name.startswith("vllm-fabric") for name in named), "a gang of one node has no fabric"
+        assert "vllm-fabric" not in depends_on(run, "vllm-vllm")
+        return
+    measures = {f"vllm-fabric-{node}" for node in nodes}
+    assert measures <= set(named)
+    for name in measures:
+        waits_for = depends_on(run, name)
+        assert {"vllm-cluster-ready", "vllm-preflight"} | {f"vllm-ray-{n}" for n in nodes} <= waits_for, name
+        # At once: no node's share waits for another's (each would wait at the rendezvous).
+        assert not waits_for & measures, name
+        line = plain(named[name].inputs["create"])
+        assert f"fabric-measure --nodes {len(nodes)} --backend nccl --ranks-per-node {run_gpus(run)} " in line
+    assert measures <= depends_on(run, "vllm-fabric")
+    assert "vllm-fabric" in depends_on(run, "vllm-vllm")
+    gate = named["vllm-fabric"].inputs
+    # A quarter of the type's network bandwidth; hosts without a type: of gigabit Ethernet.
+    instance = CATALOG.get(run.config.get("vllm-cluster:instanceType", ""))
+    floor = instance.network_gbps / 8 / 4 if instance else 1 / 8 / 4
+    assert f"fabric-gate --floor-gbps {floor:g} " in plain(gate["create"])
+    assert plain(gate["create"]).endswith(" --efa") == (run.config.get("vllm-cluster:efa") == "true")
+    # The head's gate judges the head's measurement (rank 0's): its output, as its input.
+    references = run_stack(run.stack, stdout_references=True)
+    assert plain(commands(references)["vllm-fabric"].inputs["stdin"]) == "@@stdout-of:vllm-fabric-head@@"
+
+
+def run_gpus(run) -> int:
+    if "vllm-cluster:instanceType" in run.config:
+        return CATALOG[run.config["vllm-cluster:instanceType"]].gpus
+    return int(run.config["vllm-cluster:gpusPerNode"])
+
+
+def test_a_new_fabric_floor_judges_the_same_measurement_again_and_nothing_else():
+    before = run_stack("prod")
+    after = run_stack("prod", {"fabricFloorGBps": "40"})
+    assert changed_commands(before, after) == {"vllm-fabric"}
+    assert "--floor-gbps 40 --floor-why 'fabricFloorGBps, the stack'\"'\"'s own'" in plain(
+        command_inputs(after)["vllm-fabric"]["create"]
+    )
+
+
+def test_the_local_hosts_lock_runs_the_gate_with_gloo_and_its_floor(tmp_path):
+    """A lock whose torch is a CPU build (the local hosts') has no NCCL: one Gloo rank per
+    node, held to Gloo's floor over the hosts' network."""
+    run = run_stack(
+        "prod",
+        {
+            "nodeLock": str(node_env.local_host().lock_path.relative_to(node_env.ROOT)),
+            "vllmVersion": node_env.local_host_vllm_version(),
+        },
+    )
+    named = command_inputs(run)
+    assert "--backend gloo --ranks-per-node 1 " in plain(named["vllm-fabric-worker-1"]["create"])
+    assert "--floor-gbps 0.03125 " in plain(named["vllm-fabric"]["create"])
+
+
 def test_an_unchanged_config_re_runs_nothing():
     assert changed_commands(run_stack("prod"), run_stack("prod")) == set()
 

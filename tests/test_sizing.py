@@ -39,9 +39,13 @@ def test_the_prod_figures_by_hand():
     assert result.context_tokens == 1_393_614
     # 180 boot + 60 efs-utils + 4.40 GB / 14.6 MB/s fetch + 4.40 x 93.8 / 1.01 s install
     # + 70.6 GB download per node at 500 MiB/s (134.7 s) + 70.6 GB copy to NVMe at 500 MiB/s (134.7 s)
+    # + the fabric check: 30 s + 25 x 256 MiB x 2 x 15/16 at 50 GB/s (400 Gbps) = 30.25 s
     # + 70.6 GB from NVMe at 2,000,000 x 4 KiB/s (8.6 s) + 60 + 2.5 x 70.6 s engine start (236.5 s)
     terms = sizing.time_to_first_token(LLAMA_70B, P4D, 2, 2)
-    assert round(sum(t.seconds for t in terms)) == 1464
+    assert round(sum(t.seconds for t in terms)) == 1495
+    assert {t.name: round(t.seconds, 2) for t in terms}["fabric check"] == 30.25
+    # One node: no fabric between nodes, no gate, no term.
+    assert "fabric check" not in {t.name for t in sizing.time_to_first_token(LLAMA_70B, P4D, 1, 1)}
 
 
 def test_quantized_weights_keep_a_16_bit_kv_cache_unless_fp8_is_asked_for():

@@ -796,3 +796,19 @@ def test_idle_stop_with_your_own_hosts_is_refused_naming_both_keys():
         load_spec({**config, "idleStopMinutes": 30}, stack="own-hosts")
     assert caught.value.keys == ["idleStopMinutes"]
     assert "vllm-cluster:hosts" in str(caught.value) and "nothing in the stack can start it again" in str(caught.value)
+
+
+def test_the_fabric_floor_is_the_instance_types_unless_set_in_gb_per_second():
+    assert spec_of().fabric_floor_gbps is None
+    assert spec_of(fabricFloorGBps="12.5").fabric_floor_gbps == 12.5
+    assert spec_of(fabricFloorGBps=40).fabric_floor_gbps == 40.0
+
+
+@pytest.mark.parametrize("value", ["0", -3, "3200", "fast", "nan"])
+def test_a_fabric_floor_that_is_no_bus_bandwidth_is_refused_naming_key_value_and_fix(value):
+    """Above 0 (a floor of 0 would gate nothing) and at most 1000 GB/s: p5's 3200 Gbps is
+    400 GB/s, so 3200 is Gbps written for GB/s."""
+    error = problems_of(fabricFloorGBps=value)
+    assert error.keys == ["fabricFloorGBps"]
+    assert str(value) in str(error)
+    assert "pulumi config set vllm-cluster:fabricFloorGBps" in str(error)
