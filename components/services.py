@@ -724,13 +724,18 @@ class ClusterServices(pulumi.ComponentResource):
     ) -> list[command.remote.Command]:
         """On every node of the gang: its pipeline stages of the staged model copied to
         its own disk (when the stack serves from local disk) and vLLM's compile cache
-        seeded from the shared cache. A replaced node (a new instance) does it again."""
+        seeded from the shared cache. A replaced node (a new instance) does it again.
+        Gang 0's nodes, which download the model, copy their stages while it lands
+        (--model-landing: each file as soon as it is on the cache, hashed as it is copied),
+        so the download and the copy overlap; later gangs copy the staged model."""
         local = ""
+        landing = writes_model_tree(gang.index) and args.serves_from_local_disk
         if args.serves_from_local_disk:
             local = pulumi.Output.all(*gang.node_ips).apply(
                 lambda ips: (
                     f" --local-dir {args.serving_dir} --gang-ips {','.join(ips)}"
                     f" --tp {args.tensor_parallel} --pp {args.pipeline_parallel}"
+                    + (" --model-landing true" if landing else "")
                 )
             )
         model_dir = bootstrap.model_directory(args.model, args.model_revision)
@@ -741,7 +746,9 @@ class ClusterServices(pulumi.ComponentResource):
                 pulumi.Output.concat(
                     f"sudo {NODE_COMMAND} prepare-serve --model-dir {model_dir} --warmup-key {args.warmup_key}", local
                 ),
-                after=[model, nodes[index].setup],
+                # Gang 0's: not after the model's command (its head's stage-model, which
+                # returns once the whole model is checked) but beside it; vLLM starts after both.
+                after=[nodes[index].setup] if landing else [model, nodes[index].setup],
                 triggers=[gang.instances[index].id],
             )
             for index in range(len(gang.node_ips))
@@ -769,7 +776,7 @@ class ClusterServices(pulumi.ComponentResource):
             *[node.id for node in ray.nodes],
         ]
         prepared = self._prepare(args, gang, nodes, model)
-        preflight = self._preflight(args, gang, prepared, ray, vllm_restarts)
+        preflight = self._preflight(args, gang, prepared, ray, vllm_restarts, model)
         gate = self._fabric_gate(args, gang, ray, preflight)
         serve = self._run(
             gang.command("vllm"),
@@ -831,6 +838,7 @@ class ClusterServices(pulumi.ComponentResource):
         prepared: list[command.remote.Command],
         ray: RayCommands,
         vllm_restarts: list,
+        model: command.remote.Command,
     ) -> command.remote.Command:
         """Every node's facts (once it is prepared to serve), then the gang's head
         compares them, so a broken node fails `pulumi up` with a diagnosis before vLLM
@@ -843,7 +851,8 @@ class ClusterServices(pulumi.ComponentResource):
                 f"preflight-{gang.node(index)}",
                 self._on_node(gang, index),
                 f"sudo {NODE_COMMAND} preflight-facts --model-dir {model_dir}",
-                after=[prepared[index], ray.nodes[index]],
+                # After the model too: gang 0's nodes are prepared before the model is whole.
+                after=[prepared[index], ray.nodes[index], model],
                 triggers=vllm_restarts,
             )
             for index in range(node_count)

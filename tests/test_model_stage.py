@@ -17,6 +17,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from functools import cache
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -1024,3 +1025,104 @@ def test_cli_manifest_writes_the_hubs_hashes_beside_the_model(tmp_path):
     assert run.returncode == 0, run.stderr
     written = json.loads((staged / MANIFEST).read_text())
     assert written == hub_manifest_of(tmp_path / "hub" / "org" / "tiny")
+
+
+# --- the download is the stage: gang 0's copies while the model lands on the cache --------
+
+
+def land(hub: Path, cache: Path, name: str) -> None:
+    """`name` of the Hub's model onto the cache as hf download puts it: written aside, then
+    moved into place whole."""
+    aside = cache / ".cache" / "huggingface" / "download" / (name + ".incomplete")
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(hub / name, aside)
+    os.replace(aside, cache / name)
+
+
+def test_a_stage_is_copied_file_by_file_while_the_model_still_lands_on_the_cache(tmp_path):
+    hub = make_model(tmp_path / "hub" / "org" / "tiny" / "main")
+    source = tmp_path / "cache" / "org" / "tiny" / "main"
+    target = tmp_path / "local"
+    copied_before_the_rest_landed = threading.Event()
+
+    def download() -> None:
+        # The directory and its manifest come first (every part writes it before its download).
+        source.mkdir(parents=True)
+        shutil.copyfile(hub / model_stage.MANIFEST_NAME, source / model_stage.MANIFEST_NAME)
+        for name in [*OTHER_FILES, INDEX, S1, S3, S4]:
+            land(hub, source, name)
+        # Stage 0's other shard lands only once its first is on the local disk: a copy that
+        # waited for the whole model would never get there.
+        if wait_for(lambda: (target / S1).is_file()):
+            copied_before_the_rest_landed.set()
+        land(hub, source, S2)
+
+    downloader = threading.Thread(target=download)
+    downloader.start()
+    try:
+        summary = copy(source, target, [0], 2, landing_seconds=30, poll_seconds=0.02)
+    finally:
+        downloader.join()
+    assert copied_before_the_rest_landed.is_set()
+    assert summary["mode"] == "local" and summary["files"] == [S1, S2]
+    for name in [S1, S2, *OTHER_FILES]:
+        assert (target / name).read_bytes() == (hub / name).read_bytes(), name
+    assert not (target / S3).exists() and not (target / S4).exists()
+    assert weight_map_of(target) == {k: v for k, v in weight_map_of(hub).items() if v in (S1, S2)}
+
+
+def wait_for(condition, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_file_that_never_lands_is_named_after_the_wait(tmp_path):
+    hub = make_model(tmp_path / "hub" / "org" / "tiny" / "main")
+    source = tmp_path / "cache" / "org" / "tiny" / "main"
+    source.mkdir(parents=True)
+    shutil.copyfile(hub / model_stage.MANIFEST_NAME, source / model_stage.MANIFEST_NAME)
+    for name in [*OTHER_FILES, INDEX, S1]:
+        land(hub, source, name)
+    # Half of S2: what a download still under way, or stopped, left at its name.
+    (source / S2).write_bytes((hub / S2).read_bytes()[:100])
+    with pytest.raises(model_stage.StageError, match=f"{S2} did not land on the cache in time: gang 0's nodes"):
+        copy(source, tmp_path / "local", [0], 2, landing_seconds=0.3, poll_seconds=0.02)
+    assert not list((tmp_path / "local").rglob("*.partial"))
+
+
+def test_a_landed_file_that_is_not_the_hubs_is_refused_naming_it(tmp_path):
+    """The trust boundary holds while the model lands: a file of the manifest's size but
+    other bytes (another node's, or a planted one) is hashed at its copy and refused."""
+    hub = make_model(tmp_path / "hub" / "org" / "tiny" / "main")
+    source = tmp_path / "cache" / "org" / "tiny" / "main"
+    source.mkdir(parents=True)
+    shutil.copyfile(hub / model_stage.MANIFEST_NAME, source / model_stage.MANIFEST_NAME)
+    for name in [*OTHER_FILES, INDEX, S1, S2]:
+        land(hub, source, name)
+    same_size_change(source / S2)
+    with pytest.raises(model_stage.StageError, match=f"{S2}: sha256 .* not the Hub's"):
+        copy(source, tmp_path / "local", [0], 2, landing_seconds=5, poll_seconds=0.02)
+    assert not (tmp_path / "local" / S2).exists()
+
+
+def test_a_landing_config_that_is_not_the_hubs_is_refused_before_it_plans_the_stage(tmp_path):
+    hub = make_model(tmp_path / "hub" / "org" / "tiny" / "main")
+    source = tmp_path / "cache" / "org" / "tiny" / "main"
+    source.mkdir(parents=True)
+    shutil.copyfile(hub / model_stage.MANIFEST_NAME, source / model_stage.MANIFEST_NAME)
+    for name in [*OTHER_FILES, INDEX]:
+        land(hub, source, name)
+    same_size_change(source / INDEX, at=2)
+    with pytest.raises(model_stage.StageError, match=f"{INDEX}: sha256|{INDEX}: git_blob"):
+        copy(source, tmp_path / "local", [0], 2, landing_seconds=5, poll_seconds=0.02)
+
+
+def test_a_landed_model_is_planned_from_its_manifest_as_from_its_files(tmp_path):
+    source = make_model(tmp_path / "cache" / "org" / "tiny" / "main")
+    listing = {name: e["size"] for name, e in model_stage.load_manifest(source)["files"].items()}
+    for stages in ([0], [1], [0, 1]):
+        assert model_stage.stage_plan(source, stages, 2, listing=listing) == model_stage.stage_plan(source, stages, 2)

@@ -176,6 +176,24 @@ def test_each_gang_is_its_own_ray_cluster_with_its_own_vllm(two_gangs):
     assert depends_on(run, command(run, "preflight-gang1-head"), "vllm-prepare-gang1-head")
 
 
+def test_gang_0_copies_its_stages_while_the_model_lands_and_later_gangs_the_staged_model(two_gangs):
+    run = two_gangs
+    for node in ("head", "worker-1"):
+        # Gang 0's nodes download the model: their copies run beside it, each file as it lands.
+        prepare = command(run, f"prepare-{node}")
+        assert "--model-landing true" in prepare.inputs["create"]
+        assert not depends_on(run, prepare, "vllm-model")
+        assert depends_on(run, prepare, f"vllm-setup-{node}")
+        # A later gang's copy the staged model, after it is whole and checked.
+        later = command(run, f"prepare-gang1-{node}")
+        assert "--model-landing" not in later.inputs["create"] and depends_on(run, later, "vllm-model")
+    # vLLM still starts only once the whole model is checked, and every stage is copied.
+    assert depends_on(run, command(run, "vllm"), "vllm-model")
+    for node in ("head", "worker-1"):
+        facts = command(run, f"preflight-{node}")
+        assert depends_on(run, facts, f"vllm-prepare-{node}") and depends_on(run, facts, "vllm-model")
+
+
 def ray_token_given(run, node: str) -> str:
     """The Ray token a node's install-secrets receives on its (secret) stdin."""
     stdin = unsecret(command(run, f"secrets-{node}").inputs["stdin"])

@@ -143,6 +143,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # Other frameworks' weights a Hub repository may also hold (TensorFlow, Flax, ONNX, GGUF,
 # Core ML...): vLLM's loader of a Hugging Face directory never reads them (point 1 above).
 OTHER_FORMAT_SUFFIXES = (".h5", ".msgpack", ".onnx", ".onnx_data", ".gguf", ".ckpt", ".ot", ".tflite", ".mlmodel")
+# How often a node whose stage is copied while the model lands looks for the next files.
+LANDING_POLL_SECONDS = 2.0
 SKIPPED_DIRS = ("original", ".cache")  # the Hub's original/ checkpoints; hf download's metadata
 RANGE_BYTES = 256 << 20  # a file larger than this is copied in ranges of this size, in parallel
 BLOCK_BYTES = 16 << 20  # one pread/pwrite
@@ -832,25 +834,38 @@ def _other_files(source: Path) -> list[str]:
                 relative = (relative_root / name).as_posix()
                 if not stat.S_ISREG(os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_mode):
                     continue  # a link (copy_stage refuses it first) or a socket: never a file of the model
-                if relative in (INDEX_NAME, MARKER_NAME, MANIFEST_NAME) or name.endswith(PARTIAL_SUFFIX):
-                    continue
-                if _is_weight(name) or name.endswith(OTHER_FORMAT_SUFFIXES):
-                    continue
-                found.append(relative)
+                if _is_other_file(relative):
+                    found.append(relative)
     finally:
         os.close(source_fd)
     return sorted(found)
 
 
+def _is_other_file(relative: str) -> bool:
+    """Whether the model's file `relative` is one vLLM may read besides the weights."""
+    name = relative.rsplit("/", 1)[-1]
+    if relative.split("/")[0] in SKIPPED_DIRS or "/.cache/" in f"/{relative}":
+        return False
+    if relative in (INDEX_NAME, MARKER_NAME, MANIFEST_NAME) or name.endswith(PARTIAL_SUFFIX):
+        return False
+    return not (_is_weight(name) or name.endswith(OTHER_FORMAT_SUFFIXES))
+
+
 def stage_plan(
-    source_dir: str | os.PathLike, stages: Iterable[int], pp_size: int, partition: str | None = None
+    source_dir: str | os.PathLike,
+    stages: Iterable[int],
+    pp_size: int,
+    partition: str | None = None,
+    listing: dict[str, int] | None = None,
 ) -> dict:
     """What a node with `stages` (of `pp_size`) needs of the model in `source_dir`:
     "weights" (the weight files, sorted), "others" (every other file vLLM may read),
     "sizes" (each file's bytes), "tensors" (weight file -> the index's tensors in it),
     "index" (the stage's own model.safetensors.index.json, or None without one), "layout"
     and "layout_reason", "stage_bytes" (its weight files) and "total_weight_bytes" (every
-    weight file vLLM reads from the whole directory)."""
+    weight file vLLM reads from the whole directory). With `listing` ({name: bytes}, the
+    manifest's: the model while it still lands on the cache) the files and their sizes are
+    the listing's, and only config.json and the index are read from `source_dir`."""
     source = Path(source_dir)
     config_path = source / "config.json"
     if not config_path.is_file():
@@ -867,7 +882,10 @@ def stage_plan(
     wanted = sorted(set(stages))
     if not wanted or not set(wanted) <= set(range(pp_size)):
         raise ValueError(f"stages {wanted} must be some of 0..{pp_size - 1}")
-    top = sorted(path.name for path in source.iterdir() if path.is_file() and not path.is_symlink())
+    if listing is None:
+        top = sorted(path.name for path in source.iterdir() if path.is_file() and not path.is_symlink())
+    else:
+        top = sorted(name for name in listing if "/" not in name)
     safetensors = [name for name in top if name.endswith(".safetensors")]
     index_path = source / INDEX_NAME
     index = None
@@ -909,8 +927,12 @@ def stage_plan(
         layout, why = "whole", "no safetensors files: every stage gets every weight file"
     if not weights:
         raise StageError(f"{source} holds no weight files: run the model command again")
-    others = _other_files(source)
-    sizes = {name: (source / name).stat().st_size for name in [*every_file, *others]}
+    if listing is None:
+        others = _other_files(source)
+        sizes = {name: (source / name).stat().st_size for name in [*every_file, *others]}
+    else:
+        others = sorted(name for name in listing if _is_other_file(name))
+        sizes = {name: listing[name] for name in [*every_file, *others]}
     return {
         "stages": wanted,
         "weights": weights,
@@ -1172,6 +1194,8 @@ def copy_stage(
     progress_seconds: float = PROGRESS_SECONDS,
     cache_root: str | os.PathLike | None = None,
     instance_store: bool = False,
+    landing_seconds: float = 0.0,
+    poll_seconds: float = LANDING_POLL_SECONDS,
 ) -> dict:
     """Make `target_dir` the directory vLLM serves this node's `stages` from: the model's
     other files, only the stages' weight files and the stages' own index, copied from the
@@ -1194,6 +1218,13 @@ def copy_stage(
     does not list, a link, or a missing manifest is refused, naming it. No component of
     `source_dir` below `cache_root` (the cache's mount; default its parent) may be a link.
 
+    With `landing_seconds` the model may still be landing on the cache (gang 0's nodes
+    download it while their stages are copied: vllm-cluster-node prepare-serve
+    --model-landing): the
+    stage is planned from the manifest, and each file is copied as soon as it is on the
+    cache with the manifest's size, hashed like every other; a file still missing after
+    `landing_seconds` is refused, naming it.
+
     Returns {"mode": "local"|"cache", "reason", "unchanged", "files" (the stage's weight
     files), "stages", "layout", "stage_bytes", "total_weight_bytes", "bytes_copied",
     "bytes_kept", "seconds", "mb_per_s"}. `progress(text)` hears of a long copy at least
@@ -1202,7 +1233,8 @@ def copy_stage(
     if instance_store:
         require_mounted(local_root, target_dir)
     source = Path(os.path.abspath(source_dir))
-    source_fd = _open_dir_nofollow(source, cache_root)
+    landing = _Landing(source, time.monotonic() + landing_seconds, poll_seconds, progress or (lambda _text: None))
+    source_fd = landing.until(lambda: _open_dir_nofollow(source, cache_root), "the model's directory")
     try:
         return _copy_stage(
             source,
@@ -1218,9 +1250,70 @@ def copy_stage(
             local_root=local_root,
             range_bytes=range_bytes,
             progress_seconds=progress_seconds,
+            landing=landing if landing_seconds > 0 else None,
         )
     finally:
         os.close(source_fd)
+
+
+class _Landing:
+    """Waits for the files of a model that gang 0's nodes are still downloading into the
+    cache's `source`: a file has landed once it is there with the manifest's size (hf
+    download moves a file into place whole); its bytes are hashed when it is copied."""
+
+    def __init__(self, source: Path, deadline: float, poll_seconds: float, say: Callable[[str], None]):
+        self.source, self.deadline, self.poll_seconds, self.say = source, deadline, poll_seconds, say
+
+    def _late(self, what: str) -> StageError:
+        return StageError(
+            f"{what} did not land on the cache in time: gang 0's nodes download the model (their stage-model "
+            "commands, model and model-part-*): see why theirs failed, then run this command again"
+        )
+
+    def until(self, attempt: Callable[[], int], what: str) -> int:
+        """attempt()'s result once it no longer raises FileNotFoundError, by the deadline."""
+        while True:
+            try:
+                return attempt()
+            except FileNotFoundError:
+                if time.monotonic() >= self.deadline:
+                    raise self._late(f"{self.source}: {what}") from None
+                time.sleep(self.poll_seconds)
+
+    def landed(self, source_fd: int, sizes: dict[str, int]) -> list[str]:
+        """The names of `sizes` whose file is on the cache with its size now."""
+        found = []
+        for name in sorted(sizes):
+            try:
+                fd = _open_beneath(source_fd, name, shown=self.source / name)
+            except FileNotFoundError:
+                continue
+            try:
+                if os.fstat(fd).st_size == sizes[name]:
+                    found.append(name)
+            finally:
+                os.close(fd)
+        return found
+
+    def all_of(self, source_fd: int, sizes: dict[str, int]) -> None:
+        """Until every file of `sizes` has landed, by the deadline."""
+        while missing := sorted(set(sizes) - set(self.landed(source_fd, sizes))):
+            self.some_of(source_fd, {name: sizes[name] for name in missing})
+
+    def some_of(self, source_fd: int, sizes: dict[str, int]) -> list[str]:
+        """Until at least one file of `sizes` has landed, by the deadline: those that have."""
+        last_said = time.monotonic()
+        while not (found := self.landed(source_fd, sizes)):
+            now = time.monotonic()
+            if now >= self.deadline:
+                first = sorted(sizes)[0]
+                more = f" (and {len(sizes) - 1} more)" if len(sizes) > 1 else ""
+                raise self._late(f"{self.source}/{first}{more}")
+            if now - last_said >= PROGRESS_SECONDS:
+                self.say(f"waiting for {len(sizes)} files of this node's stages to land on the cache")
+                last_said = now
+            time.sleep(self.poll_seconds)
+        return found
 
 
 def _copy_stage(
@@ -1238,12 +1331,27 @@ def _copy_stage(
     local_root: str | os.PathLike | None,
     range_bytes: int,
     progress_seconds: float,
+    landing: _Landing | None = None,
 ) -> dict:
     start = time.monotonic()
     if target == source or source in target.parents or target in source.parents or len(target.parts) < 3:
         raise StageError(f"--target {target} must be a directory of its own, away from the cache's {source}")
+    if landing is not None:
+        # Every part writes the manifest first, before its download.
+        landing.until(lambda: os.close(_open_beneath(source_fd, MANIFEST_NAME)) or 0, MANIFEST_NAME)
     manifest = read_manifest(source_fd, source)
     hub_files = manifest["files"]
+    listing = None
+    if landing is not None:
+        listing = {name: expect["size"] for name, expect in hub_files.items()}
+        # What the plan reads: landed, and the Hub's bytes, before it is read.
+        planned = [name for name in ("config.json", INDEX_NAME) if name in listing]
+        landing.all_of(source_fd, {name: listing[name] for name in planned})
+        problems = _check_at(source_fd, manifest, planned, workers=len(planned))
+        if problems:
+            raise StageError(
+                f"{source}/{problems[0]}: the cache's copy is not the Hub's; remove it and run the model command again"
+            )
     planted = [name for name in tree_files(source_fd, source) if name not in hub_files and name != MANIFEST_NAME]
     if planted:
         more = f" (and {len(planted) - 1} more)" if len(planted) > 1 else ""
@@ -1255,7 +1363,7 @@ def _copy_stage(
     # its path on the cache points at meanwhile.
     pinned = Path(f"/proc/self/fd/{source_fd}")
     try:
-        plan = stage_plan(pinned, stages, pp_size, partition)
+        plan = stage_plan(pinned, stages, pp_size, partition, listing)
     except StageError as err:
         raise StageError(str(err).replace(str(pinned), str(source))) from err
     hub_digest = hashlib.sha256(json.dumps(hub_files, sort_keys=True).encode()).hexdigest()
@@ -1352,6 +1460,8 @@ def _copy_stage(
     else:
         mode, reason = "local", f"copied this node's stages {plan['stages']} ({plan['layout_reason']})"
 
+    if mode == "cache" and landing is not None:
+        landing.all_of(source_fd, {name: plan["sizes"][name] for name in wanted})
     if mode == "cache":
         # vLLM will read the cache's own files: hash them there (a read over the network of
         # the stage's bytes, every time, as they may have changed since the last run).
@@ -1399,24 +1509,34 @@ def _copy_stage(
             for name in wanted
             if name not in kept
         ]
-        for job in jobs:
-            if job["safetensors"]:
-                problem = check_weight_file(job["source"], job["tensors"])
-                problem = problem and problem.replace(str(pinned), str(source))
-                if problem:
-                    raise StageError(
-                        f"{source}/{problem}: the cache's copy is broken; remove the file and the model's completion "
-                        "marker (complete/<model>/<revision> on the cache) and run the model command again"
-                    )
         copy_bytes = sum(job["size"] for job in jobs)
         say(
             f"copying {len(jobs)} files ({copy_bytes / 1e6:.0f} MB) of stages {plan['stages']} "
             f"from {source} to {target} with {streams} streams; keeping {len(kept)} files already there"
+            + ("; each as soon as it lands on the cache" if landing is not None else "")
         )
+        waiting = {job["name"]: job for job in jobs}
         try:
-            for job in jobs:
-                job["source_fd"] = _open_beneath(source_fd, job["name"], shown=job["shown"])
-            _Copier(streams, range_bytes, say, progress_seconds).run(jobs)
+            # While the model lands, in rounds: every file there now, then those that came meanwhile.
+            while waiting:
+                if landing is None:
+                    ready = [waiting.pop(name) for name in sorted(waiting)]
+                else:
+                    sizes = {name: job["size"] for name, job in waiting.items()}
+                    ready = [waiting.pop(name) for name in landing.some_of(source_fd, sizes)]
+                for job in ready:
+                    if job["safetensors"]:
+                        problem = check_weight_file(job["source"], job["tensors"])
+                        problem = problem and problem.replace(str(pinned), str(source))
+                        if problem:
+                            raise StageError(
+                                f"{source}/{problem}: the cache's copy is broken; remove the file and the model's "
+                                "completion marker (complete/<model>/<revision> on the cache) and run the model "
+                                "command again"
+                            )
+                for job in ready:
+                    job["source_fd"] = _open_beneath(source_fd, job["name"], shown=job["shown"])
+                _Copier(streams, range_bytes, say, progress_seconds).run(ready)
         finally:
             for job in jobs:
                 if "source_fd" in job:
