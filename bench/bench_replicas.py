@@ -18,7 +18,9 @@ endpoint_request_func.py, _get_headers) and trusts the gateway's certificate thr
 SSL_CERT_FILE (aiohttp's verified context is ssl.create_default_context()), so
 neither is on a command line. The engines serve with vLLM's default batch: the fleet
 tests' `--max-num-seqs=2` (a full engine on demand, for the watchdog tests) is not
-what a stack runs, and would cap every gang at two sequences.
+what a stack runs, and would cap every gang at two sequences. The gateway's per-client
+rate limit is off (apiRateLimitPerSecond 0): the client's one address stands for many
+clients, and the default of 20 a second capped the earlier bench's figures at about 20 req/s.
 
 Per pool size the sweep goes up the concurrency levels until one adds less than
 RISE_FACTOR to the best throughput so far; the best point is the saturated one. During
@@ -394,9 +396,14 @@ def main() -> int:
     venv, tokenizer = fleet_venv(), tiny_model()
     saturation = {}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as workdir:
-        # The engine's KV cache size as the fleet gives it, and vLLM's default batch.
+        # The engine's KV cache size as the fleet gives it, and vLLM's default batch. No
+        # per-client rate limit at the gateway: its default (apiRateLimitPerSecond, 20 a
+        # second per address) would cap the one address the client sends from, which stands
+        # for many clients here, at 20 req/s whatever the gangs can serve.
         extra = [f"--kv-cache-memory-bytes={KV_CACHE_BYTES}"]
-        with serving_cluster(Path(workdir), nodes=1, replicas=2, vllmExtraArgs=extra) as cluster:
+        with serving_cluster(
+            Path(workdir), nodes=1, replicas=2, vllmExtraArgs=extra, apiRateLimitPerSecond=0
+        ) as cluster:
             cluster.wait_for_completion(timeout=120)
             fleet = cluster.fleet
 
