@@ -67,13 +67,15 @@ from localhosts.fleet import Fleet, fleet_venv, why_no_fleet  # noqa: E402
 INPUT_TOKENS = 128
 OUTPUT_TOKENS = 64
 SEED = 0
-CONCURRENCY_LEVELS = (1, 4, 16, 64)
+# Up to twice vLLM's default batch on its CPU platform (max_num_seqs 128 for the API
+# server, vllm/engine/arg_utils.py): two gangs' batches full, one gang's queueing.
+CONCURRENCY_LEVELS = (1, 4, 16, 64, 256)
 # A step of the sweep that adds less than this to the best throughput so far ends it:
 # more requests in flight only queue.
 RISE_FACTOR = 1.10
 # At least this many requests per slot of concurrency in a run, so the ramp-up and the
 # tail, where fewer are in flight, are a small part of it.
-ROUNDS_PER_RUN = 8
+ROUNDS_PER_RUN = 4
 # A process group that used this share of a core or more had all the CPU it could get
 # (a node host is pinned to one core; the client is one asyncio process).
 FULL_CORE = 0.9
@@ -81,6 +83,8 @@ FULL_CORE = 0.9
 BUSY_MACHINE = 0.9
 # What `vllm bench serve` prints as its measured run starts and once it is over
 # (vllm/benchmarks/serve.py): the CPU is read between the two.
+# Runs at the gateway and at the head, each, taken in turns.
+PAIR_ROUNDS = 2
 RUN_STARTS = "Starting main benchmark run..."
 RUN_ENDS = "Serving Benchmark Result"
 CLIENT = "client"
@@ -254,13 +258,21 @@ def replicas_line(one: Point | None, two: Point | None, cores: int) -> str:
     return f"{head}, no ratio: the gangs were not the limit ({reasons}) {at}"
 
 
-def gateway_line(through_gateway: Point, direct: Point) -> str:
-    share = through_gateway.request_rate / direct.request_rate
-    extra = through_gateway.ttft_p50_ms - direct.ttft_p50_ms
+def gateway_line(through_gateway: list[Point], direct: list[Point]) -> str:
+    """nginx's cost from runs taken in turns at one concurrency: the mean throughput
+    through the gateway as a share of the mean direct one, and the mean p50 TTFT added."""
+    if not through_gateway or not direct:
+        raise ValueError("the gateway's cost needs runs through the gateway and direct ones")
+
+    def mean(points: list[Point], value: Callable[[Point], float]) -> float:
+        return sum(value(p) for p in points) / len(points)
+
+    rate_gateway, rate_direct = mean(through_gateway, lambda p: p.request_rate), mean(direct, lambda p: p.request_rate)
+    extra = mean(through_gateway, lambda p: p.ttft_p50_ms) - mean(direct, lambda p: p.ttft_p50_ms)
     return (
-        f"gateway: {share:.0%} of direct throughput, TTFT {extra:+.1f} ms "
-        f"(concurrency {direct.concurrency}, p50; "
-        f"{through_gateway.request_rate:.2f} vs {direct.request_rate:.2f} req/s)"
+        f"gateway: {rate_gateway / rate_direct:.0%} of direct throughput, TTFT {extra:+.1f} ms "
+        f"(concurrency {direct[0].concurrency}, p50, mean of {len(direct)} runs each; "
+        f"{rate_gateway:.2f} vs {rate_direct:.2f} req/s)"
     )
 
 
@@ -395,6 +407,10 @@ def main() -> int:
     cores = len(os.sched_getaffinity(0))
     venv, tokenizer = fleet_venv(), tiny_model()
     saturation = {}
+    unsaturated = {
+        gangs: f"{gangs} gang{'s' if gangs > 1 else ''}: still rising at concurrency {args.concurrency[-1]}"
+        for gangs in (1, 2)
+    }
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as workdir:
         # The engine's KV cache size as the fleet gives it, and vLLM's default batch. No
         # per-client rate limit at the gateway: its default (apiRateLimitPerSecond, 20 a
@@ -420,9 +436,9 @@ def main() -> int:
             client = Client(venv, tokenizer, cluster.served_model, Path(workdir), groups)
             through_gateway = {"base_url": cluster.endpoint.removesuffix("/v1"), "key": cluster.api_key, "cert": cert}
 
-            def show(point: Point) -> None:
+            def show(point: Point, label: str = "") -> None:
                 print(
-                    f"  concurrency {point.concurrency}: {point.request_rate:.2f} req/s, "
+                    f"  {label + ' ' if label else ''}concurrency {point.concurrency}: {point.request_rate:.2f} req/s, "
                     f"{point.output_rate:.0f} tok/s, TTFT p50 {point.ttft_p50_ms:.1f} ms, "
                     f"{point.completed} completed, {point.failed} failed; cores: {cpu_figures(point.cpu, cores)}",
                     flush=True,
@@ -435,8 +451,7 @@ def main() -> int:
             gateway("drain --gang gang1 --timeout 60 --wait 60")
             print(gateway("pool").strip(), flush=True)
             saturation[1] = sweep(client, args.concurrency, args.seconds, show, **through_gateway)
-            if saturation[1] is not None:
-                print(pool_line(1, saturation[1], cores), flush=True)
+            print(pool_line(1, saturation[1], cores) if saturation[1] else unsaturated[1], flush=True)
             # nginx's cost: the same client at the head directly and through the gateway,
             # both from the gateway's network namespace (the heads' firewall admits it).
             heads_env = fleet.ssh(fleet.nodes[0], f"sudo cat {CONFIG_DIR}/secrets/vllm-api.env").stdout
@@ -446,17 +461,18 @@ def main() -> int:
             at = saturation[1].concurrency if saturation[1] is not None else args.concurrency[-1]
             rate = saturation[1].request_rate if saturation[1] is not None else 0.0
             pair = {"concurrency": at, "prompts": prompts_for(at, rate, args.seconds)}
-            direct = client.run(
-                base_url=f"http://{fleet.nodes[0].ip}:{VLLM_API}", key=heads_key, netns=fleet.gateway.netns, **pair
-            )
-            show(direct)
-            proxied = client.run(**through_gateway, netns=fleet.gateway.netns, **pair)
-            show(proxied)
+            at_head = {"base_url": f"http://{fleet.nodes[0].ip}:{VLLM_API}", "key": heads_key}
+            direct, proxied = [], []
+            # In turns, so a drift of the machine's load over the runs falls on both.
+            for _ in range(PAIR_ROUNDS):
+                direct.append(client.run(**at_head, netns=fleet.gateway.netns, **pair))
+                show(direct[-1], "direct")
+                proxied.append(client.run(**through_gateway, netns=fleet.gateway.netns, **pair))
+                show(proxied[-1], "gateway")
             gateway("return --gang gang1")
             print(gateway("pool").strip(), flush=True)
             saturation[2] = sweep(client, args.concurrency, args.seconds, show, **through_gateway)
-            if saturation[2] is not None:
-                print(pool_line(2, saturation[2], cores), flush=True)
+            print(pool_line(2, saturation[2], cores) if saturation[2] else unsaturated[2], flush=True)
     print(gateway_line(proxied, direct))
     print(replicas_line(saturation[1], saturation[2], cores))
     return 0

@@ -112,7 +112,7 @@ def test_the_sweep_stops_at_saturation_and_sizes_each_run_from_the_best_rate():
     found = bench.sweep(ScriptedClient(), [1, 4, 16, 64], 20, lambda p: None, base_url="https://gw", key="k")
     assert found.concurrency == 16
     assert [a[0] for a in asked] == [1, 4, 16], "64 runs only if 16 still rose"
-    assert [a[1] for a in asked] == [8, 40, 140]
+    assert [a[1] for a in asked] == [bench.ROUNDS_PER_RUN, 40, 140]
     assert all(a[2] == {"base_url": "https://gw", "key": "k"} for a in asked)
 
 
@@ -228,9 +228,22 @@ def test_the_pool_line_gives_the_figures_at_saturation_and_the_limit():
 
 
 def test_the_gateway_line_is_the_share_of_direct_throughput_and_the_added_ttft():
-    direct = bench.point_from_result(result(concurrency=16, rate=10.0, ttft=(40.0, 90.0)))
-    through = bench.point_from_result(result(concurrency=16, rate=9.3, ttft=(44.5, 99.0)))
+    direct = [bench.point_from_result(result(concurrency=16, rate=10.0, ttft=(40.0, 90.0)))]
+    through = [bench.point_from_result(result(concurrency=16, rate=9.3, ttft=(44.5, 99.0)))]
     assert bench.gateway_line(through, direct).startswith("gateway: 93% of direct throughput, TTFT +4.5 ms ")
+
+
+def test_the_gateway_line_takes_the_mean_of_the_runs_in_turns():
+    direct = [point_with(rate=10.0, ttft=30.0), point_with(rate=12.0, ttft=50.0)]
+    through = [point_with(rate=9.0, ttft=35.0), point_with(rate=13.0, ttft=65.0)]
+    line = bench.gateway_line(through, direct)
+    assert line.startswith("gateway: 100% of direct throughput, TTFT +10.0 ms (concurrency 16, p50, mean of 2 runs")
+    with pytest.raises(ValueError):
+        bench.gateway_line([], direct)
+
+
+def point_with(rate, ttft):
+    return bench.point_from_result(result(concurrency=16, rate=rate, ttft=(ttft, ttft * 2)))
 
 
 # --- the client's command -----------------------------------------------------------------
