@@ -6,7 +6,7 @@ vLLM engine, its CPU build); the one-gang figures are taken with gang 1 drained 
 the gateway's pool (`vllm-cluster-gateway drain`, as a rolling update does), so both
 come from the same hosts, engines and gateway.
 
-    make bench-replicas    (or: venv/bin/python bench/bench_replicas.py [--concurrency 1 4 16 64] [--seconds 20])
+    make bench-replicas    (or: venv/bin/python bench/bench_replicas.py [--concurrency 1 4 16 64 256] [--seconds 20])
 
 The client is the one the community compares serving systems with: streaming chat
 completions (the tiny test model has a chat template, tests/tiny_model.py), its random
@@ -155,6 +155,14 @@ def saturated(points: list[Point], rise: float = RISE_FACTOR) -> Point | None:
     return max(points, key=lambda p: p.request_rate)
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """A pool size's sweep: its saturated point, or its best one if it still rose at the end."""
+
+    best: Point
+    saturated: bool
+
+
 def prompts_for(concurrency: int, best_rate: float, seconds: float) -> int:
     """Requests for a run at `concurrency`: about `seconds` at the best throughput seen so
     far, and at least ROUNDS_PER_RUN per slot."""
@@ -223,9 +231,11 @@ def cpu_figures(cpu: Mapping[str, float], cores: int) -> str:
     return f"{groups}; machine {cpu['machine']:.2f} of {cores}"
 
 
-def pool_line(gangs: int, point: Point, cores: int) -> str:
+def pool_line(gangs: int, sweep: Sweep, cores: int) -> str:
+    point = sweep.best
+    state = "saturated at" if sweep.saturated else "still rising, best at"
     return (
-        f"{gangs} gang{'s' if gangs > 1 else ''}: saturated at concurrency {point.concurrency}: "
+        f"{gangs} gang{'s' if gangs > 1 else ''}: {state} concurrency {point.concurrency}: "
         f"{point.request_rate:.2f} req/s, {point.output_rate:.0f} output tok/s, "
         f"TTFT p50 {point.ttft_p50_ms:.1f} ms p99 {point.ttft_p99_ms:.1f} ms, "
         f"ITL p50 {point.itl_p50_ms:.1f} ms p99 {point.itl_p99_ms:.1f} ms, {point.failed} failed; "
@@ -240,22 +250,25 @@ LIMIT_WORDS = {
 }
 
 
-def replicas_line(one: Point | None, two: Point | None, cores: int) -> str:
-    """The summary: both saturated throughputs and their ratio where the gangs were the
-    limit at both pool sizes; otherwise what was, instead of a ratio that means nothing."""
-    if one is None or two is None:
-        unsaturated = [f"{n} gang{'s' if n > 1 else ''}" for n, p in ((1, one), (2, two)) if p is None]
-        return f"replicas: no ratio: {' and '.join(unsaturated)} did not saturate by the highest concurrency"
-    head = f"replicas: 1 gang {one.request_rate:.2f} req/s, 2 gangs {two.request_rate:.2f} req/s"
-    at = f"(saturated at concurrency {one.concurrency}, {two.concurrency})"
-    limits = {gangs: limit_of(p.cpu, gangs, cores) for gangs, p in ((1, one), (2, two))}
-    not_engines = [(gangs, limit) for gangs, limit in limits.items() if limit != "engines"]
-    if not not_engines:
-        return f"{head}, ratio {two.request_rate / one.request_rate:.2f} {at}"
-    reasons = "; ".join(
-        f"at {gangs} gang{'s' if gangs > 1 else ''} {LIMIT_WORDS[limit]}" for gangs, limit in not_engines
-    )
-    return f"{head}, no ratio: the gangs were not the limit ({reasons}) {at}"
+def replicas_line(one: Sweep, two: Sweep, cores: int) -> str:
+    """The summary: both saturated throughputs and their ratio where both sweeps saturated
+    and the gangs were the limit at both pool sizes; otherwise the best figures and why
+    they give no ratio (still rising, or the client or the machine the limit), instead of a
+    ratio that means nothing."""
+    head = f"replicas: 1 gang {one.best.request_rate:.2f} req/s, 2 gangs {two.best.request_rate:.2f} req/s"
+    reasons = []
+    for gangs, sweep in ((1, one), (2, two)):
+        pool = f"{gangs} gang{'s' if gangs > 1 else ''}"
+        if not sweep.saturated:
+            reasons.append(f"{pool} still rising at concurrency {sweep.best.concurrency}")
+        limit = limit_of(sweep.best.cpu, gangs, cores)
+        if limit != "engines":
+            reasons.append(f"at {pool} {LIMIT_WORDS[limit]}")
+    concurrencies = f"{one.best.concurrency}, {two.best.concurrency}"
+    if not reasons:
+        ratio = two.best.request_rate / one.best.request_rate
+        return f"{head}, ratio {ratio:.2f} (saturated at concurrency {concurrencies})"
+    return f"{head}, no ratio: {'; '.join(reasons)} (best at concurrency {concurrencies})"
 
 
 def gateway_line(through_gateway: list[Point], direct: list[Point]) -> str:
@@ -381,8 +394,8 @@ class Client:
         return point_from_result(result, cores_used(before, after, os.sysconf("SC_CLK_TCK")))
 
 
-def sweep(client: Client, levels: list[int], seconds: float, print_point, **target) -> Point | None:
-    """Runs at each concurrency in `levels` until the throughput stops rising; the saturated point."""
+def sweep(client: Client, levels: list[int], seconds: float, print_point, **target) -> Sweep:
+    """Runs at each concurrency in `levels` until the throughput stops rising."""
     points: list[Point] = []
     for concurrency in levels:
         best = max((p.request_rate for p in points), default=0.0)
@@ -391,8 +404,8 @@ def sweep(client: Client, levels: list[int], seconds: float, print_point, **targ
         print_point(point)
         found = saturated(points)
         if found is not None:
-            return found
-    return None
+            return Sweep(found, saturated=True)
+    return Sweep(max(points, key=lambda p: p.request_rate), saturated=False)
 
 
 def main() -> int:
@@ -407,10 +420,6 @@ def main() -> int:
     cores = len(os.sched_getaffinity(0))
     venv, tokenizer = fleet_venv(), tiny_model()
     saturation = {}
-    unsaturated = {
-        gangs: f"{gangs} gang{'s' if gangs > 1 else ''}: still rising at concurrency {args.concurrency[-1]}"
-        for gangs in (1, 2)
-    }
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as workdir:
         # The engine's KV cache size as the fleet gives it, and vLLM's default batch. No
         # per-client rate limit at the gateway: its default (apiRateLimitPerSecond, 20 a
@@ -451,15 +460,14 @@ def main() -> int:
             gateway("drain --gang gang1 --timeout 60 --wait 60")
             print(gateway("pool").strip(), flush=True)
             saturation[1] = sweep(client, args.concurrency, args.seconds, show, **through_gateway)
-            print(pool_line(1, saturation[1], cores) if saturation[1] else unsaturated[1], flush=True)
+            print(pool_line(1, saturation[1], cores), flush=True)
             # nginx's cost: the same client at the head directly and through the gateway,
             # both from the gateway's network namespace (the heads' firewall admits it).
             heads_env = fleet.ssh(fleet.nodes[0], f"sudo cat {CONFIG_DIR}/secrets/vllm-api.env").stdout
             heads_key = next(
                 line.split("=", 1)[1] for line in heads_env.splitlines() if line.startswith("VLLM_API_KEY=")
             )
-            at = saturation[1].concurrency if saturation[1] is not None else args.concurrency[-1]
-            rate = saturation[1].request_rate if saturation[1] is not None else 0.0
+            at, rate = saturation[1].best.concurrency, saturation[1].best.request_rate
             pair = {"concurrency": at, "prompts": prompts_for(at, rate, args.seconds)}
             at_head = {"base_url": f"http://{fleet.nodes[0].ip}:{VLLM_API}", "key": heads_key}
             direct, proxied = [], []
@@ -472,7 +480,7 @@ def main() -> int:
             gateway("return --gang gang1")
             print(gateway("pool").strip(), flush=True)
             saturation[2] = sweep(client, args.concurrency, args.seconds, show, **through_gateway)
-            print(pool_line(2, saturation[2], cores) if saturation[2] else unsaturated[2], flush=True)
+            print(pool_line(2, saturation[2], cores), flush=True)
     print(gateway_line(proxied, direct))
     print(replicas_line(saturation[1], saturation[2], cores))
     return 0

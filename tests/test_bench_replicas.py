@@ -110,7 +110,7 @@ def test_the_sweep_stops_at_saturation_and_sizes_each_run_from_the_best_rate():
             return point(concurrency, rates[concurrency])
 
     found = bench.sweep(ScriptedClient(), [1, 4, 16, 64], 20, lambda p: None, base_url="https://gw", key="k")
-    assert found.concurrency == 16
+    assert found.saturated and found.best.concurrency == 16
     assert [a[0] for a in asked] == [1, 4, 16], "64 runs only if 16 still rose"
     assert [a[1] for a in asked] == [bench.ROUNDS_PER_RUN, 40, 140]
     assert all(a[2] == {"base_url": "https://gw", "key": "k"} for a in asked)
@@ -188,10 +188,23 @@ def test_neither_when_no_cpu_was_full():
 # --- the summary lines --------------------------------------------------------------------
 
 
+def test_a_sweep_that_rises_to_its_last_level_gives_its_best_point_unsaturated():
+    class ScriptedClient:
+        def run(self, concurrency, prompts, **target):
+            return point(concurrency, {1: 2.0, 4: 7.0}[concurrency])
+
+    found = bench.sweep(ScriptedClient(), [1, 4], 20, lambda p: None)
+    assert not found.saturated and found.best.concurrency == 4
+
+
+def saturated_at(point):
+    return bench.Sweep(point, saturated=True)
+
+
 def test_the_replicas_line_gives_the_ratio_and_both_concurrencies_when_the_gangs_were_the_limit():
     one = bench.point_from_result(result(concurrency=16, rate=10.0), cpu(gang0=0.98))
     two = bench.point_from_result(result(concurrency=64, rate=19.0), cpu(gang0=0.97, gang1=0.96, machine=1.99))
-    assert bench.replicas_line(one, two, CORES) == (
+    assert bench.replicas_line(saturated_at(one), saturated_at(two), CORES) == (
         "replicas: 1 gang 10.00 req/s, 2 gangs 19.00 req/s, ratio 1.90 (saturated at concurrency 16, 64)"
     )
 
@@ -199,30 +212,36 @@ def test_the_replicas_line_gives_the_ratio_and_both_concurrencies_when_the_gangs
 def test_the_replicas_line_gives_no_ratio_where_the_machine_was_the_limit():
     one = bench.point_from_result(result(concurrency=16, rate=10.0), cpu(gang0=0.98))
     two = bench.point_from_result(result(concurrency=16, rate=11.0), cpu(gang0=0.7, gang1=0.65, machine=1.97))
-    line = bench.replicas_line(one, two, CORES)
+    line = bench.replicas_line(saturated_at(one), saturated_at(two), CORES)
     assert line.startswith("replicas: 1 gang 10.00 req/s, 2 gangs 11.00 req/s, no ratio")
     assert "at 2 gangs the machine's cores were busy" in line and "at 1 gang" not in line
-    assert "ratio 1.10" not in line and line.endswith("(saturated at concurrency 16, 16)")
+    assert "ratio 1.10" not in line and line.endswith("(best at concurrency 16, 16)")
     assert "\n" not in line
 
 
 def test_the_replicas_line_names_the_client_when_it_was_the_limit_at_one_gang():
     one = bench.point_from_result(result(concurrency=4, rate=20.0), cpu(gang0=0.6, client=0.99))
     two = bench.point_from_result(result(concurrency=4, rate=20.4), cpu(gang0=0.97, gang1=0.95, machine=1.99))
-    assert "no ratio: the gangs were not the limit (at 1 gang the client" in bench.replicas_line(one, two, CORES)
+    assert "no ratio: at 1 gang the client (one process)" in bench.replicas_line(
+        saturated_at(one), saturated_at(two), CORES
+    )
 
 
-def test_the_replicas_line_says_which_pool_did_not_saturate():
+def test_the_replicas_line_says_which_pool_did_not_saturate_and_what_limited_it():
     one = bench.point_from_result(result(concurrency=16, rate=10.0), cpu(gang0=0.98))
-    assert bench.replicas_line(one, None, CORES) == (
-        "replicas: no ratio: 2 gangs did not saturate by the highest concurrency"
+    two = bench.point_from_result(result(concurrency=256, rate=12.0), cpu(gang0=0.57, gang1=0.57, machine=2.0))
+    assert bench.replicas_line(saturated_at(one), bench.Sweep(two, saturated=False), CORES) == (
+        "replicas: 1 gang 10.00 req/s, 2 gangs 12.00 req/s, no ratio: 2 gangs still rising at concurrency 256; "
+        "at 2 gangs the machine's cores were busy and a gang host did not get its own (best at concurrency 16, 256)"
     )
 
 
 def test_the_pool_line_gives_the_figures_at_saturation_and_the_limit():
     one = bench.point_from_result(result(concurrency=16, rate=10.0, tokens=640.0, failed=0), cpu(gang0=0.98))
-    line = bench.pool_line(1, one, CORES)
+    line = bench.pool_line(1, saturated_at(one), CORES)
     assert line.startswith("1 gang: saturated at concurrency 16: 10.00 req/s, 640 output tok/s, ")
+    rising = bench.pool_line(2, bench.Sweep(one, saturated=False), CORES)
+    assert rising.startswith("2 gangs: still rising, best at concurrency 16: ")
     assert "TTFT p50 40.0 ms p99 90.0 ms, ITL p50 5.0 ms p99 20.0 ms, 0 failed; limit: engines" in line
     assert "gang0 host 0.98" in line and "machine 1.50 of 2" in line
 
