@@ -297,8 +297,10 @@ def test_the_client_gets_the_key_and_the_ca_from_its_environment_and_is_measured
     assert seen["key"] == "secret-api-key-1" and seen["ca"] == str(tmp_path / "ca.pem")
     assert not any("secret-api-key-1" in arg for arg in seen["argv"])
     assert found.concurrency == 4 and found.request_rate == 10.0
-    # The double's half second of work, between the markers, is the client's.
-    assert found.cpu[bench.CLIENT] >= 0.3
+    # The double's half second of CPU, between the markers, is the client's: a share of a
+    # core that only a window of over 10 s (a very busy machine) would take under 0.05, and
+    # 0 if the client's process were not counted.
+    assert found.cpu[bench.CLIENT] >= 0.05
     assert found.cpu["engine"] == 0.0
 
 
