@@ -51,7 +51,8 @@ bench-fleet: $(VENV)/.installed
 bench-install: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_install.py
 
-# Needs what the fleet needs: two gangs of one node each behind the gateway.
+# Needs what the fleet needs: two gangs of one node each behind the gateway, loaded with
+# vLLM's own benchmark client from the fleet's engine environment (about 20 min).
 bench-replicas: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_replicas.py
 
