@@ -846,22 +846,7 @@ def _own_host_type(reader: _Reader) -> InstanceType | None:
             )
     if gpus is None or memory is None or gpus < 1 or memory < 1:
         return None
-    return InstanceType(
-        name=f"host with {gpus} GPU(s) of {memory} GiB",
-        gpus=gpus,
-        gpu_model="",
-        gpu_memory_gib=float(memory),
-        vcpus=0,
-        memory_gib=0,
-        efa_supported=False,
-        max_efa_interfaces=0,
-        network_cards=1,
-        network_gbps=0,
-        price_per_hour_usd=0.0,
-        price_date="",
-        figures_source="the stack's gpusPerNode and gpuMemoryGiB",
-        price_source="your own hosts: the stack pays for none",
-    )
+    return host_instance_type(gpus, memory)
 
 
 def _check_nodes(reader: _Reader) -> int | None:
@@ -2142,3 +2127,24 @@ def model_cache_problems(
             )
         )
     return problems
+
+
+def host_instance_type(gpus: int, memory_gib: float) -> InstanceType:
+    """A stack of hosts without a catalog type (gpusPerNode, gpuMemoryGiB): its GPUs are
+    all that is known of it."""
+    return InstanceType(
+        name=f"host with {gpus} GPU(s) of {memory_gib} GiB",
+        gpus=gpus,
+        gpu_model="",
+        gpu_memory_gib=float(memory_gib),
+        vcpus=0,
+        memory_gib=0,
+        efa_supported=False,
+        max_efa_interfaces=0,
+        network_cards=1,
+        network_gbps=0,
+        price_per_hour_usd=0.0,
+        price_date="",
+        figures_source="the stack's gpusPerNode and gpuMemoryGiB",
+        price_source="your own hosts: the stack pays for none",
+    )

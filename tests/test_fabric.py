@@ -18,27 +18,15 @@ from pathlib import Path
 import pytest
 
 from components import fabric, node_env
-from components.catalog import CATALOG, InstanceType
+from components.catalog import CATALOG
+from components.spec import host_instance_type
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "node" / "fabric-check"
 
 P4D = CATALOG["p4d.24xlarge"]
 # A stack of hosts without a catalog type (gpusPerNode, gpuMemoryGiB), as spec.py makes it.
-HOST_TYPE = InstanceType(
-    name="host with 1 GPU(s) of 24 GiB",
-    gpus=1,
-    gpu_model="",
-    gpu_memory_gib=24.0,
-    vcpus=0,
-    memory_gib=0,
-    efa_supported=False,
-    max_efa_interfaces=0,
-    network_cards=1,
-    network_gbps=0,
-    price_per_hour_usd=0.0,
-    price_date="",
-)
+HOST_TYPE = host_instance_type(1, 24)
 
 
 # --- the floor --------------------------------------------------------------------------
