@@ -1397,15 +1397,18 @@ def longest_silence(cluster, unit: str, since: float) -> float:
 
 
 def freeze_unit(cluster, index: int, unit: str, within: float = 60) -> None:
-    """SIGSTOP every process of `unit` (its whole cgroup) and return once each one is
-    stopped. One `systemctl kill --signal=SIGSTOP` is not enough: while the engine starts
-    processes, systemd 252 failed it in CI ("Failed to send signal SIGSTOP to auxiliary
-    processes: Input/output error") and left part of the engine running; and a process
-    started after the signal would not be frozen. So: signal what is in the cgroup, look
-    at every process's state, again until none is left running."""
+    """SIGSTOP every process of `unit` (its whole control group) and return once each one
+    is stopped. One `systemctl kill --signal=SIGSTOP` is not enough: while the engine
+    starts processes, systemd 252 failed it in CI ("Failed to send signal SIGSTOP to
+    auxiliary processes: Input/output error") and left part of the engine running; and a
+    process started after the signal would not be frozen. So: signal what is in the unit's
+    group, look at every process's state, again until none is left running. The group's
+    members are read from /proc/PID/cgroup, which names it in every cgroup layout (the
+    test hosts mount a hybrid one under systemd-nspawn, the node image the unified one)."""
     freeze = (
-        f"cg=/sys/fs/cgroup$(systemctl show -P ControlGroup {unit}); "
-        'pids=$(find "$cg" -name cgroup.procs -exec cat {} + | tr "\\n" " "); '
+        f"cg=$(systemctl show -P ControlGroup {unit}); "
+        '[ -n "$cg" ] || { echo "no control group"; exit 2; }; '
+        "pids=$(grep -lE \":$cg(/|\\$)\" /proc/[0-9]*/cgroup 2>/dev/null | cut -d/ -f3 | tr '\\n' ' '); "
         '[ -n "${pids// /}" ] || { echo "no process in $cg"; exit 2; }; '
         "sudo kill -STOP $pids; "
         'running=$(ps -o pid=,stat= -p "$(echo $pids | tr " " ,)" | awk \'$2 !~ /^[Tt]/\'); '
