@@ -6,7 +6,8 @@ vLLM engine, its CPU build); the one-gang figures are taken with gang 1 drained 
 the gateway's pool (`vllm-cluster-gateway drain`, as a rolling update does), so both
 come from the same hosts, engines and gateway.
 
-    make bench-replicas    (or: venv/bin/python bench/bench_replicas.py [--concurrency 1 4 16 64 256] [--seconds 20])
+    make bench-replicas    (or: venv/bin/python bench/bench_replicas.py [--concurrency 1 4 16 64 256] [--seconds 20]
+                            [--gang-share 0.8])
 
 The client is the one the community compares serving systems with: streaming chat
 completions (the tiny test model has a chat template, tests/tiny_model.py), its random
@@ -27,8 +28,9 @@ RISE_FACTOR to the best throughput so far; the best point is the saturated one. 
 each run the CPU time of every process is read from /proc: each gang's host (its
 network namespace), the gateway's, the client's, and the rest of the machine. On this
 machine each node host has one core of its own (as each EC2 instance has its GPUs),
-but the client and the gateway share those cores: where a gang host did not get its
-core while the machine was busy, or the client used a whole core, the machine or the
+capped at --gang-share of it (GANG_SHARE) so that the client and the gateway, which
+share those cores, find room beside two busy engines: where a gang host did not get its
+share while the machine was busy, or the client used a whole core, the machine or the
 client is the limit, not the gangs, and the summary says so instead of a ratio.
 
 Then the same client, from the gateway's network namespace (the only address the
@@ -44,6 +46,7 @@ Needs what the fleet needs (root, systemd-nspawn, debootstrap). Ends with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -76,9 +79,19 @@ RISE_FACTOR = 1.10
 # At least this many requests per slot of concurrency in a run, so the ramp-up and the
 # tail, where fewer are in flight, are a small part of it.
 ROUNDS_PER_RUN = 4
-# A process group that used this share of a core or more had all the CPU it could get
-# (a node host is pinned to one core; the client is one asyncio process).
+# A process group that used this share of what it may use or more had all the CPU it
+# could get (a node host is pinned to one core and capped at GANG_SHARE of it; the client
+# is one asyncio process).
 FULL_CORE = 0.9
+# Each gang host's cap, in cores (a CPU cgroup's quota over its period). vLLM's CPU
+# engine keeps a core full while it serves, so uncapped, two gang hosts want both of this
+# machine's cores, and the client and the gateway (about 0.3 of a core at saturation,
+# measured with this bench on 2026-12-06) take theirs from the engines: the two-gang
+# figure then measures the machine, not the pool. Capped, two gangs take 1.6 cores and
+# leave the rest to the client and the gateway, and a gang host at its cap is the limit
+# at either pool size, so the ratio compares like with like.
+GANG_SHARE = 0.8
+CPU_PERIOD_US = 100_000
 # The machine counts as busy with this share of all its cores in use.
 BUSY_MACHINE = 0.9
 # What `vllm bench serve` prints as its measured run starts and once it is over
@@ -212,14 +225,15 @@ def cores_used(before: CpuSnapshot, after: CpuSnapshot, ticks_per_second: float)
     return used
 
 
-def limit_of(cpu: Mapping[str, float], serving_gangs: int, cores: int) -> str:
+def limit_of(cpu: Mapping[str, float], serving_gangs: int, cores: int, gang_share: float = 1.0) -> str:
     """What held the throughput at a saturated point, from its CPU figures: the load
     generator ("client": its one process had a whole core), the gangs ("engines": each
-    serving gang's host had its whole core), the machine ("machine": its cores were busy
-    and a gang host did not get its core), or none of these ("not the CPU")."""
+    serving gang's host had all of its share of a core, `gang_share`), the machine
+    ("machine": its cores were busy and a gang host did not get its share), or none of
+    these ("not the CPU")."""
     if cpu[CLIENT] >= FULL_CORE:
         return "client"
-    if all(cpu[gang_group(gang)] >= FULL_CORE for gang in range(serving_gangs)):
+    if all(cpu[gang_group(gang)] >= FULL_CORE * gang_share for gang in range(serving_gangs)):
         return "engines"
     if cpu["machine"] >= BUSY_MACHINE * cores:
         return "machine"
@@ -231,7 +245,7 @@ def cpu_figures(cpu: Mapping[str, float], cores: int) -> str:
     return f"{groups}; machine {cpu['machine']:.2f} of {cores}"
 
 
-def pool_line(gangs: int, sweep: Sweep, cores: int) -> str:
+def pool_line(gangs: int, sweep: Sweep, cores: int, gang_share: float = 1.0) -> str:
     point = sweep.best
     state = "saturated at" if sweep.saturated else "still rising, best at"
     return (
@@ -239,18 +253,18 @@ def pool_line(gangs: int, sweep: Sweep, cores: int) -> str:
         f"{point.request_rate:.2f} req/s, {point.output_rate:.0f} output tok/s, "
         f"TTFT p50 {point.ttft_p50_ms:.1f} ms p99 {point.ttft_p99_ms:.1f} ms, "
         f"ITL p50 {point.itl_p50_ms:.1f} ms p99 {point.itl_p99_ms:.1f} ms, {point.failed} failed; "
-        f"limit: {limit_of(point.cpu, gangs, cores)}; cores used: {cpu_figures(point.cpu, cores)}"
+        f"limit: {limit_of(point.cpu, gangs, cores, gang_share)}; cores used: {cpu_figures(point.cpu, cores)}"
     )
 
 
 LIMIT_WORDS = {
     "client": "the client (one process) used a whole core",
-    "machine": "the machine's cores were busy and a gang host did not get its own",
+    "machine": "the machine's cores were busy and a gang host did not get its share",
     "not the CPU": "no CPU was full (a limit elsewhere: the network, nginx, the engine's batch)",
 }
 
 
-def replicas_line(one: Sweep, two: Sweep, cores: int) -> str:
+def replicas_line(one: Sweep, two: Sweep, cores: int, gang_share: float = 1.0) -> str:
     """The summary: both saturated throughputs and their ratio where both sweeps saturated
     and the gangs were the limit at both pool sizes; otherwise the best figures and why
     they give no ratio (still rising, or the client or the machine the limit), instead of a
@@ -261,7 +275,7 @@ def replicas_line(one: Sweep, two: Sweep, cores: int) -> str:
         pool = f"{gangs} gang{'s' if gangs > 1 else ''}"
         if not sweep.saturated:
             reasons.append(f"{pool} still rising at concurrency {sweep.best.concurrency}")
-        limit = limit_of(sweep.best.cpu, gangs, cores)
+        limit = limit_of(sweep.best.cpu, gangs, cores, gang_share)
         if limit != "engines":
             reasons.append(f"at {pool} {LIMIT_WORDS[limit]}")
     concurrencies = f"{one.best.concurrency}, {two.best.concurrency}"
@@ -289,7 +303,77 @@ def gateway_line(through_gateway: list[Point], direct: list[Point]) -> str:
     )
 
 
+def cpu_quota(share: float, period_us: int = CPU_PERIOD_US) -> int:
+    """The CFS quota (µs per period) that holds a group to `share` of a core."""
+    if not 0 < share <= 1:
+        raise ValueError(f"--gang-share {share:g}: a gang host's share of its core is over 0 and at most 1")
+    return round(share * period_us)
+
+
 # --- measuring -------------------------------------------------------------------------
+
+
+@dataclass
+class CpuCap:
+    """A CPU cgroup that holds the processes put in it to `share` of a core (cgroup v1's
+    cpu controller: cpu.cfs_quota_us over cpu.cfs_period_us; v2: cpu.max), made here and
+    removed again, its processes handed back to the root group, even when the bench fails.
+    A process forked inside inherits its parent's group, so a host moved once stays capped."""
+
+    name: str
+    share: float
+    root: Path = field(default_factory=lambda: CpuCap.controller_root())
+    path: Path | None = None
+
+    @staticmethod
+    def controller_root() -> Path:
+        v1 = Path("/sys/fs/cgroup/cpu")
+        if (v1 / "cpu.cfs_period_us").exists():
+            return v1
+        v2 = Path("/sys/fs/cgroup")
+        delegated = v2 / "cgroup.subtree_control"
+        if delegated.exists() and "cpu" in delegated.read_text().split():
+            return v2
+        raise RuntimeError(
+            "no CPU cgroup to cap the gang hosts with: neither cgroup v1's cpu controller at /sys/fs/cgroup/cpu "
+            "nor cgroup v2's cpu in /sys/fs/cgroup/cgroup.subtree_control. Fix: run with --gang-share 1 (uncapped)"
+        )
+
+    def __enter__(self) -> "CpuCap":
+        self.path = self.root / self.name
+        self.path.mkdir()
+        quota = cpu_quota(self.share)
+        if (self.path / "cpu.cfs_quota_us").exists():
+            (self.path / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            (self.path / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        return self
+
+    def hold(self, pids: Callable[[], list[int]]) -> None:
+        """Move every process `pids()` names into the group, again until a listing finds
+        none outside it (a process forked between the listing and the move stays behind)."""
+        for _ in range(10):
+            outside = [pid for pid in pids() if pid not in self.members()]
+            if not outside:
+                return
+            for pid in outside:
+                try:
+                    (self.path / "cgroup.procs").write_text(str(pid))
+                except ProcessLookupError:
+                    continue  # it exited: nothing to cap
+        raise RuntimeError(f"processes keep appearing outside {self.path}")
+
+    def members(self) -> set[int]:
+        return {int(pid) for pid in (self.path / "cgroup.procs").read_text().split()}
+
+    def __exit__(self, *exc) -> None:
+        for pid in self.members():
+            try:
+                (self.root / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                continue  # exited meanwhile
+        self.path.rmdir()
 
 
 def read_ticks(pid: int) -> int | None:
@@ -412,7 +496,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY_LEVELS))
     parser.add_argument("--seconds", type=float, default=20, help="about how long each run takes")
+    parser.add_argument(
+        "--gang-share", type=float, default=GANG_SHARE, help="each gang host's cap, in cores (1: uncapped)"
+    )
     args = parser.parse_args()
+    cpu_quota(args.gang_share)  # refused before anything boots
     reason = why_no_fleet()
     if reason:
         print(f"cannot host the fleet: {reason}", file=sys.stderr)
@@ -426,11 +514,19 @@ def main() -> int:
         # second per address) would cap the one address the client sends from, which stands
         # for many clients here, at 20 req/s whatever the gangs can serve.
         extra = [f"--kv-cache-memory-bytes={KV_CACHE_BYTES}"]
-        with serving_cluster(
-            Path(workdir), nodes=1, replicas=2, vllmExtraArgs=extra, apiRateLimitPerSecond=0
-        ) as cluster:
+        with (
+            serving_cluster(
+                Path(workdir), nodes=1, replicas=2, vllmExtraArgs=extra, apiRateLimitPerSecond=0
+            ) as cluster,
+            contextlib.ExitStack() as caps,
+        ):
             cluster.wait_for_completion(timeout=120)
             fleet = cluster.fleet
+            if args.gang_share < 1:
+                for node in fleet.nodes:
+                    cap = caps.enter_context(CpuCap(f"vllm-bench-{node.name}-{os.getpid()}", args.gang_share))
+                    cap.hold(lambda node=node: Fleet.processes_of(node))
+                print(f"each gang host capped at {args.gang_share:g} of its core ({cap.root})", flush=True)
 
             def gateway(command: str) -> str:
                 return fleet.ssh(fleet.gateway, f"sudo {GATEWAY_COMMAND} {command}").stdout
@@ -460,7 +556,7 @@ def main() -> int:
             gateway("drain --gang gang1 --timeout 60 --wait 60")
             print(gateway("pool").strip(), flush=True)
             saturation[1] = sweep(client, args.concurrency, args.seconds, show, **through_gateway)
-            print(pool_line(1, saturation[1], cores), flush=True)
+            print(pool_line(1, saturation[1], cores, args.gang_share), flush=True)
             # nginx's cost: the same client at the head directly and through the gateway,
             # both from the gateway's network namespace (the heads' firewall admits it).
             heads_env = fleet.ssh(fleet.nodes[0], f"sudo cat {CONFIG_DIR}/secrets/vllm-api.env").stdout
@@ -480,9 +576,9 @@ def main() -> int:
             gateway("return --gang gang1")
             print(gateway("pool").strip(), flush=True)
             saturation[2] = sweep(client, args.concurrency, args.seconds, show, **through_gateway)
-            print(pool_line(2, saturation[2], cores), flush=True)
+            print(pool_line(2, saturation[2], cores, args.gang_share), flush=True)
     print(gateway_line(proxied, direct))
-    print(replicas_line(saturation[1], saturation[2], cores))
+    print(replicas_line(saturation[1], saturation[2], cores, args.gang_share))
     return 0
 
 

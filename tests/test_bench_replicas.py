@@ -185,6 +185,53 @@ def test_neither_when_no_cpu_was_full():
     assert bench.limit_of(cpu(gang0=0.5, gang1=0.5, client=0.3, machine=1.3), 2, CORES) == "not the CPU"
 
 
+def test_a_gang_host_at_its_cap_is_the_engines_limit_and_one_short_of_it_is_the_machines():
+    """Capped at 0.8 of a core (GANG_SHARE), a gang host using 0.78 had all it may have:
+    the gangs are the limit; at 0.6 with the machine full, the machine is."""
+    assert bench.limit_of(cpu(gang0=0.78, gang1=0.77, machine=1.9), 2, CORES, gang_share=0.8) == "engines"
+    assert bench.limit_of(cpu(gang0=0.78, gang1=0.6, machine=1.9), 2, CORES, gang_share=0.8) == "machine"
+    assert bench.limit_of(cpu(gang0=0.78, gang1=0.77, machine=1.9), 2, CORES) == "machine"
+
+
+def test_a_cap_outside_a_core_is_refused_naming_the_option():
+    assert bench.cpu_quota(0.8) == 80_000
+    for share in (0, 1.5, -0.2):
+        with pytest.raises(ValueError, match=r"--gang-share"):
+            bench.cpu_quota(share)
+
+
+def cpu_cgroup_root():
+    try:
+        return bench.CpuCap.controller_root()
+    except (RuntimeError, OSError):
+        return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or cpu_cgroup_root() is None, reason="needs root and a CPU cgroup controller")
+def test_a_cap_holds_every_process_it_is_given_and_leaves_nothing_behind():
+    """The real cgroup: a process and its child are moved in, the quota is the share, and
+    leaving hands them back to the root group and removes the group, even on an error."""
+    child = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+    try:
+        time.sleep(0.2)  # its `sleep` forked
+        group = bench.descendants(child.pid)
+        name = f"vllm-bench-test-{os.getpid()}"
+        with pytest.raises(RuntimeError, match="the bench failed"):
+            with bench.CpuCap(name, 0.25) as cap:
+                cap.hold(lambda: sorted(group))
+                assert cap.members() == group
+                quota = cap.path / "cpu.cfs_quota_us"
+                assert (
+                    quota.read_text() if quota.exists() else (cap.path / "cpu.max").read_text().split()[0]
+                ).strip() == "25000"
+                raise RuntimeError("the bench failed")
+        assert not (cap.root / name).exists()
+        assert group <= {int(pid) for pid in (cap.root / "cgroup.procs").read_text().split()}
+    finally:
+        child.kill()
+        child.wait()
+
+
 # --- the summary lines --------------------------------------------------------------------
 
 
@@ -232,7 +279,7 @@ def test_the_replicas_line_says_which_pool_did_not_saturate_and_what_limited_it(
     two = bench.point_from_result(result(concurrency=256, rate=12.0), cpu(gang0=0.57, gang1=0.57, machine=2.0))
     assert bench.replicas_line(saturated_at(one), bench.Sweep(two, saturated=False), CORES) == (
         "replicas: 1 gang 10.00 req/s, 2 gangs 12.00 req/s, no ratio: 2 gangs still rising at concurrency 256; "
-        "at 2 gangs the machine's cores were busy and a gang host did not get its own (best at concurrency 16, 256)"
+        "at 2 gangs the machine's cores were busy and a gang host did not get its share (best at concurrency 16, 256)"
     )
 
 
