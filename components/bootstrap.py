@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from components import api_routes, image, metrics, ports, sizing, versions
+from components import api_routes, image, metrics, ports, sizing, stage_volume, versions
 from components.api_routes import DEFAULT_GENERATION_ROUTES, KNOWN_ROUTES, WORK_ROUTES
 from components.spec import (
     DEFAULT_API_RATE_LIMIT_PER_SECOND,
@@ -147,6 +147,9 @@ class NodeBoot:
     # The instance type has an instance store (catalog.InstanceType.instance_store_gb): its
     # stage is copied onto the store's mount (image.NVME_MOUNT) or not at all.
     instance_store: bool = False
+    # stageVolume ebs: the stage goes onto the node's gp3 stage volume, which it mounts
+    # (components/stage_volume.py), and a stop keeps.
+    stage_volume: bool = False
     # Who the node's host firewall admits on Ray's and vLLM's ports (host_firewall): its
     # gang's private IPs, head first, and the gateway's private IP. Empty in the user data:
     # they reach the node with its setup command, which writes the firewall.
@@ -236,6 +239,9 @@ def cluster_env(boot: NodeBoot) -> str:
         "NVIDIA_SMI": image.NVIDIA_SMI,
         "NVME_MOUNT": image.NVME_MOUNT,
         "INSTANCE_STORE": "true" if boot.instance_store else "false",
+        "STAGE_VOLUME_MOUNT": stage_volume.STAGE_VOLUME_MOUNT if boot.stage_volume else "",
+        "STAGE_VOLUME_LABEL": stage_volume.STAGE_VOLUME_LABEL,
+        "STAGE_VOLUME_DEVICE_NAME": stage_volume.STAGE_VOLUME_DEVICE_NAME,
         "SERVICE_USER": SERVICE_USER,
         "SERVICE_DEVICES": " ".join(image.SERVICE_DEVICES),
         "INSTANCE_METADATA_ADDRESSES": " ".join(image.INSTANCE_METADATA_ADDRESSES),
@@ -633,16 +639,20 @@ def model_directory(model: str, revision: str) -> str:
 LOCAL_MODEL_ROOT = f"{image.NVME_MOUNT}/vllm-cluster/models"
 
 
-def local_model_directory(model: str, revision: str) -> str:
-    """The model's directory on a node's own disk: the same path on every node, each
-    holding only the weight files of its own pipeline stages (model-stage local)."""
-    return f"{LOCAL_MODEL_ROOT}/{model}/{revision}"
+def local_model_directory(model: str, revision: str, on_stage_volume: bool = False) -> str:
+    """The model's directory on a node's own disk (the instance store, or the gp3 stage
+    volume with stageVolume ebs): the same path on every node, each holding only the
+    weight files of its own pipeline stages (model-stage local)."""
+    root = f"{stage_volume.STAGE_VOLUME_MOUNT}/vllm-cluster/models" if on_stage_volume else LOCAL_MODEL_ROOT
+    return f"{root}/{model}/{revision}"
 
 
 def serving_directory(spec: ClusterSpec) -> str:
     """Where vLLM reads the model on every node: its stage on local disk when the
     instance type has an instance store (sizing.serves_from_local_disk), else the
     shared cache itself."""
+    if spec.on_stage_volume:
+        return local_model_directory(spec.model, spec.model_revision, on_stage_volume=True)
     local, _reason = sizing.serves_from_local_disk(spec)
     if local:
         return local_model_directory(spec.model, spec.model_revision)

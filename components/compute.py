@@ -27,6 +27,7 @@ import pulumi_tls as tls
 
 from components import bootstrap, host_keys, idle_stop, image
 from components.bootstrap import compress_user_data
+from components.stage_volume import STAGE_VOLUME_DEVICE_NAME, StageVolume
 from components.tagging import renamed_from, tags
 from components.topology import (
     InterfaceSlot,
@@ -67,6 +68,8 @@ class NodeBootArgs:
     shared_model_dir: str = ""
     # The instance type has an instance store (bootstrap.NodeBoot.instance_store).
     instance_store: bool = False
+    # stageVolume ebs: each node mounts its gp3 stage volume (bootstrap.NodeBoot.stage_volume).
+    stage_volume: bool = False
 
 
 def node_boot(
@@ -109,6 +112,7 @@ def node_boot(
             login_user=boot.login_user,
             shared_model_dir=boot.shared_model_dir,
             instance_store=boot.instance_store,
+            stage_volume=boot.stage_volume,
         )
     )
 
@@ -156,6 +160,9 @@ class GpuNodesArgs:
     # The image the nodes launch from when it is not ami_id's: the baked node image
     # (components/node_image.py), built on ami_id's image. None: ami_id's.
     launch_image_id: pulumi.Input[str] | None = None
+    # stageVolume ebs: every node's gp3 stage volume (components/stage_volume.py), mapped in
+    # its gang's launch template beside the root; None: none.
+    stage_volume: StageVolume | None = None
 
 
 def node_image_query(ami_id: str | None) -> dict:
@@ -428,6 +435,26 @@ class GpuNodes(pulumi.ComponentResource):
             interfaces.append(interface)
         return interfaces
 
+    @staticmethod
+    def _stage_volume_mapping(args: GpuNodesArgs) -> list[dict]:
+        """The stage volume, made with each node and deleted with it; a stop keeps it, which
+        is its point (components/stage_volume.py)."""
+        if args.stage_volume is None:
+            return []
+        return [
+            {
+                "device_name": STAGE_VOLUME_DEVICE_NAME,
+                "ebs": {
+                    "volume_type": "gp3",
+                    "volume_size": args.stage_volume.size_gib,
+                    "iops": args.stage_volume.iops,
+                    "throughput": args.stage_volume.throughput_mib_s,
+                    "encrypted": "true",
+                    "delete_on_termination": "true",
+                },
+            }
+        ]
+
     def _launch_template(
         self,
         name: str,
@@ -461,7 +488,8 @@ class GpuNodes(pulumi.ComponentResource):
                         "encrypted": "true",
                         "delete_on_termination": "true",
                     },
-                }
+                },
+                *self._stage_volume_mapping(args),
             ],
             network_interfaces=self._interfaces(args, gang),
             placement={"group_name": placement_group_name} if placement_group_name is not None else None,

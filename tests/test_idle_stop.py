@@ -33,6 +33,15 @@ def idle():
 
 
 @pytest.fixture(scope="module")
+def idle_on_store():
+    """Idle stop with the stage kept on the instance store (stageVolume auto would choose
+    the gp3 stage volume for prod, a change of the launch template)."""
+    run = run_stack("prod", {"idleStopMinutes": 30, "stageVolume": "instance-store"})
+    assert run.error is None, run.error
+    return run
+
+
+@pytest.fixture(scope="module")
 def never():
     run = run_stack("prod", {"idleStopMinutes": None})
     assert run.error is None, run.error
@@ -54,7 +63,8 @@ def by_urn(run):
 def test_an_idle_time_shorter_than_a_wake_is_warned_at_deploy_saying_what_it_costs():
     """idleStopMinutes 1 on prod (2 x p4d.24xlarge, a 70B model) is accepted, but a wake
     takes longer than that: `pulumi up` warns, naming the key, the wake and its price."""
-    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+    # stageVolume auto chose the gp3 stage volume for prod with idle stop (tests/test_stage_volume.py).
+    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2, True)
     assert wake > 60
     short = run_stack("prod", {"idleStopMinutes": 1})
     assert short.error is None, short.error
@@ -93,12 +103,13 @@ def test_with_the_key_a_node_that_powers_off_is_stopped_not_terminated(idle):
     assert "instanceInitiatedShutdownBehavior" not in idle.of_type(TEMPLATE)[0].inputs
 
 
-def test_only_the_nodes_the_role_and_the_gateways_commands_differ_from_a_stack_without_it(idle, never):
+def test_only_the_nodes_the_role_and_the_gateways_commands_differ_from_a_stack_without_it(idle_on_store, never):
     """The gateway keeps its instance (an instance profile is associated in place), the
     nodes theirs (their shutdown behaviour changes in place); nothing else of the graph
-    changes."""
+    changes. With the stage on the instance store: stageVolume auto's gp3 stage volume is
+    a new launch template version, which replaces the nodes (tests/test_stage_volume.py)."""
     before = {(r.type, r.name): r.inputs for r in never.resources}
-    after = {(r.type, r.name): r.inputs for r in idle.resources}
+    after = {(r.type, r.name): r.inputs for r in idle_on_store.resources}
     added = {name for _, name in set(after) - set(before)}
     assert set(before) <= set(after)
     assert added == GATEWAY_RESOURCES | {"vllm-gateway-waker"}
@@ -114,7 +125,7 @@ def test_only_the_nodes_the_role_and_the_gateways_commands_differ_from_a_stack_w
         "vllm-gateway-proxy",
         "vllm-gateway-metrics",
     }
-    assert "error_page 502 504 = @vllm_waker;" in idle.named("vllm-gateway-proxy", COMMAND).inputs["stdin"]
+    assert "error_page 502 504 = @vllm_waker;" in idle_on_store.named("vllm-gateway-proxy", COMMAND).inputs["stdin"]
     gateway = {k: v for k, v in after[(INSTANCE, "vllm-gateway-host")].items() if k != "iamInstanceProfile"}
     assert gateway == before[(INSTANCE, "vllm-gateway-host")]
 
@@ -245,7 +256,8 @@ def test_each_node_turns_idle_stop_on_after_its_setup_and_destroy_never_needs_it
     for node in ("head", "worker-1"):
         command = named[f"vllm-idle-stop-{node}"]
         # And a boot whose gang never serves ends past the waker's bound (issue 34).
-        wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+        # stageVolume auto chose the gp3 stage volume for prod with idle stop (tests/test_stage_volume.py).
+        wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2, True)
         grace = idle_stop.never_served_grace_seconds(wake)
         assert grace > idle_stop.wake_give_up_seconds(wake)
         assert command.inputs["create"] == f"{NODE} idle-stop-config --minutes 30 --grace-seconds {grace}"
@@ -269,7 +281,8 @@ def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
     assert {"vllm-gateway-setup", "vllm-head", "vllm-worker-1"} <= waits_for
     config = fed_waker_config(unsecret(waker.inputs["stdin"]))
     head, worker = idle.named("vllm-head", INSTANCE), idle.named("vllm-worker-1", INSTANCE)
-    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+    # stageVolume auto chose the gp3 stage volume for prod with idle stop (tests/test_stage_volume.py).
+    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2, True)
     assert config == {
         "region": "us-east-1",
         "endpoint": "https://ec2.us-east-1.amazonaws.com",
