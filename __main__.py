@@ -313,7 +313,6 @@ def node_boot_args(**where) -> NodeBootArgs:
         login_probe_key=credentials.login_probe_public_key,
         node_lock=(node_env.ROOT / spec.node_lock).read_text(),
         instance_store=spec.instance.instance_store_gb > 0,
-        stage_volume=spec.on_stage_volume,
         **where,
     )
 

@@ -244,6 +244,9 @@ def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
         # node and its cost, and the wake with either.
         "stageVolume": {
             "chosen": spec.stage_volume,
+            # The volume only keeps a local copy of the stage: a stack that serves from the
+            # EFS cache has none (spec._resolve_stage_volume).
+            "offered": sizing.serves_from_local_disk(spec)[0],
             "sizeGiB": volume.size_gib,
             "iops": volume.iops,
             "throughputMiBs": volume.throughput_mib_s,
@@ -584,18 +587,31 @@ def _vcpu_quota_lines(plan: dict[str, Any]) -> list[str]:
 
 def _stage_volume_lines(volume: dict[str, Any]) -> list[str]:
     """Both wakes (the stage on the instance store, copied again; on a gp3 stage volume a
-    stop keeps) and what the volumes cost, whichever stageVolume chose."""
+    stop keeps) and what the volumes cost, whichever stageVolume chose, and what a change of
+    the choice does to nodes that run already."""
     wakes = volume["wakeSeconds"]
     store, ebs = wakes[stage_volume.STAGE_VOLUME_INSTANCE_STORE], wakes[stage_volume.STAGE_VOLUME_EBS]
-    return [
+    head = (
         f"  stage volume   stageVolume {volume['chosen']} (auto: ebs when idleStopMinutes is set and it wakes at "
-        f"least {idle_stop.RETRY_AFTER_SECONDS} s faster, one Retry-After)",
+        f"least {idle_stop.RETRY_AFTER_SECONDS} s faster, one Retry-After)"
+    )
+    if not volume["offered"]:
+        return [
+            head,
+            "                 not offered: this stack serves from the EFS cache, there is no local stage to keep",
+        ]
+    return [
+        head,
         f"                 instance-store: wake ~{store} s ({store / 60:.1f} min), no volume to pay",
         f"                 ebs: wake ~{ebs} s ({ebs / 60:.1f} min) with a {volume['sizeGiB']} GiB gp3 volume per node "
         f"({volume['iops']:,} IOPS, {volume['throughputMiBs']:,} MiB/s) that a stop keeps: "
         f"${volume['monthUsdPerNode']:.2f}/month per node ({volume['costBreakdown']}), "
         f"${volume['monthUsd']:.2f}/month for {volume['nodes']} node(s), billed stopped or not "
         f"({volume['pricingSource']})",
+        "                 a change of the choice replaces no node and restarts no engine: nodes running before it keep "
+        "their stage where it is (and a volume they have, and its cost) until they are made anew: each instance "
+        "declares its volume under ignoreChanges, which holds through a replacement under the same name too, so "
+        "the choice reaches nodes created new (a first up, an added gang)",
     ]
 
 

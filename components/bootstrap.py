@@ -147,9 +147,6 @@ class NodeBoot:
     # The instance type has an instance store (catalog.InstanceType.instance_store_gb): its
     # stage is copied onto the store's mount (image.NVME_MOUNT) or not at all.
     instance_store: bool = False
-    # stageVolume ebs: the stage goes onto the node's gp3 stage volume, which it mounts
-    # (components/stage_volume.py), and a stop keeps.
-    stage_volume: bool = False
     # Who the node's host firewall admits on Ray's and vLLM's ports (host_firewall): its
     # gang's private IPs, head first, and the gateway's private IP. Empty in the user data:
     # they reach the node with its setup command, which writes the firewall.
@@ -239,9 +236,19 @@ def cluster_env(boot: NodeBoot) -> str:
         "NVIDIA_SMI": image.NVIDIA_SMI,
         "NVME_MOUNT": image.NVME_MOUNT,
         "INSTANCE_STORE": "true" if boot.instance_store else "false",
-        "STAGE_VOLUME_MOUNT": stage_volume.STAGE_VOLUME_MOUNT if boot.stage_volume else "",
+        # The stage volume's facts (components/stage_volume.py), the same for every node
+        # whatever stageVolume chose: cluster.env is in the user data and the setup command,
+        # and the node decides from what it was launched with (vllm-cluster-node
+        # stage_volume_launched), so a change of the choice reaches no running node.
+        "STAGE_VOLUME_MOUNT": stage_volume.STAGE_VOLUME_MOUNT,
         "STAGE_VOLUME_LABEL": stage_volume.STAGE_VOLUME_LABEL,
         "STAGE_VOLUME_DEVICE_NAME": stage_volume.STAGE_VOLUME_DEVICE_NAME,
+        "STAGE_VOLUME_BY_ID_PREFIX": stage_volume.STAGE_VOLUME_BY_ID_PREFIX,
+        "STAGE_VOLUME_IMDS_MAPPINGS": stage_volume.IMDS_BLOCK_DEVICE_MAPPING,
+        "IMDS_TOKEN_PATH": stage_volume.IMDS_TOKEN_PATH,
+        "INSTANCE_METADATA_URL": image.INSTANCE_METADATA_URL,
+        # Where each node's stage is (local_model_directory), whichever disk holds it.
+        "LOCAL_MODEL_ROOT": LOCAL_MODEL_ROOT,
         "SERVICE_USER": SERVICE_USER,
         "SERVICE_DEVICES": " ".join(image.SERVICE_DEVICES),
         "INSTANCE_METADATA_ADDRESSES": " ".join(image.INSTANCE_METADATA_ADDRESSES),
@@ -639,20 +646,18 @@ def model_directory(model: str, revision: str) -> str:
 LOCAL_MODEL_ROOT = f"{image.NVME_MOUNT}/vllm-cluster/models"
 
 
-def local_model_directory(model: str, revision: str, on_stage_volume: bool = False) -> str:
-    """The model's directory on a node's own disk (the instance store, or the gp3 stage
-    volume with stageVolume ebs): the same path on every node, each holding only the
-    weight files of its own pipeline stages (model-stage local)."""
-    root = f"{stage_volume.STAGE_VOLUME_MOUNT}/vllm-cluster/models" if on_stage_volume else LOCAL_MODEL_ROOT
-    return f"{root}/{model}/{revision}"
+def local_model_directory(model: str, revision: str) -> str:
+    """The model's directory on a node's own disk: the same path on every node, each
+    holding only the weight files of its own pipeline stages (model-stage local), and the
+    same path whichever disk holds the stage: with a gp3 stage volume (stageVolume ebs) the
+    node binds the volume's models directory here (components/stage_volume.py)."""
+    return f"{LOCAL_MODEL_ROOT}/{model}/{revision}"
 
 
 def serving_directory(spec: ClusterSpec) -> str:
     """Where vLLM reads the model on every node: its stage on local disk when the
     instance type has an instance store (sizing.serves_from_local_disk), else the
-    shared cache itself."""
-    if spec.on_stage_volume:
-        return local_model_directory(spec.model, spec.model_revision, on_stage_volume=True)
+    shared cache itself. stageVolume does not change it: only which disk is under it."""
     local, _reason = sizing.serves_from_local_disk(spec)
     if local:
         return local_model_directory(spec.model, spec.model_revision)

@@ -234,7 +234,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "empty after a stop, so every wake copies the stage again), ebs (a gp3 volume per node sized for "
               "its stage at 2,000 MiB/s, which a stop keeps; billed stopped or not: `plan` shows both wakes and "
               "the cost), or auto: ebs when idleStopMinutes is set and it wakes at least 30 s (one "
-              "Retry-After) faster. Not with hosts.",
+              "Retry-After) faster and the stack serves from a local copy of its stage. A change reaches nodes "
+              "created from then on; running nodes keep their stage where it is. Not with hosts.",
               default="auto"),
     # Machines the user already has (components/own_hosts.py): none of the AWS resources.
     ConfigKey("hosts", "array",

@@ -1995,14 +1995,31 @@ def _check_stage_volume(reader: _Reader) -> str | None:
 
 
 def _resolve_stage_volume(spec: ClusterSpec, chosen: str | None) -> str:
-    """stageVolume auto: ebs when idleStopMinutes is set and the wake with the stage volume
-    is the shorter by at least a Retry-After (idle_stop.stage_volume_wakes_faster), else the
-    instance store."""
+    """stageVolume auto: ebs when idleStopMinutes is set, the stack serves from each node's
+    local copy of its stage (sizing.serves_from_local_disk: the volume only changes which disk
+    is under that copy's path, never vLLM's path) and the wake with the stage volume is the
+    shorter by at least a Retry-After (idle_stop.stage_volume_wakes_faster), else the
+    instance store. ebs on a stack that serves from the EFS cache is refused: there is no
+    local copy to keep."""
+    local, reason = sizing.serves_from_local_disk(spec)
+    if chosen == stage_volume.STAGE_VOLUME_EBS and not local:
+        raise SpecError(
+            [
+                Problem(
+                    "stageVolume",
+                    chosen,
+                    f"the stack serves from the EFS cache, not from a local copy of each node's stage ({reason}), "
+                    f"so there is no stage for a volume to keep. Fix: pulumi config rm {NAMESPACE}:stageVolume, or "
+                    "choose an instance type whose instance store holds the stage",
+                )
+            ]
+        )
     if chosen is not None:
         return chosen
     if (
         spec.own_hosts is None
         and spec.idle_stop_minutes
+        and local
         and idle_stop.stage_volume_wakes_faster(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
     ):
         return stage_volume.STAGE_VOLUME_EBS

@@ -25,15 +25,31 @@ STAGE_VOLUME_EBS = "ebs"
 STAGE_VOLUME_CHOICES = (STAGE_VOLUME_AUTO, STAGE_VOLUME_INSTANCE_STORE, STAGE_VOLUME_EBS)
 
 # Where a node mounts its stage volume: the program's own path, not the image's (the
-# Deep Learning AMI mounts its instance store at image.NVME_MOUNT at every boot).
+# Deep Learning AMI mounts its instance store at image.NVME_MOUNT at every boot). vLLM never
+# reads this path: the node binds the volume's models directory onto the instance store's
+# (bootstrap.LOCAL_MODEL_ROOT), so the stage's path, and with it vLLM's command, is the same
+# whichever disk holds it, and a change of stageVolume restarts no engine.
 STAGE_VOLUME_MOUNT = "/opt/vllm-cluster/stage"
-# The device name the launch template maps it to. On Nitro instances EBS volumes are NVMe
-# devices whose kernel names (nvme1n1, ...) follow discovery order, not this name, so the
+# The device name each instance maps it to (aws.ec2.Instance ebs_block_devices; not the launch
+# template, whose new version would replace every node). On Nitro instances EBS volumes are
+# NVMe devices whose kernel names (nvme1n1, ...) follow discovery order, not this name, so the
 # node finds the volume by its serial, the volume id, which udev links as
-# /dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol<id> ("Amazon EBS and NVMe":
-# https://docs.aws.amazon.com/ebs/latest/userguide/identify-nvme-ebs-device.html), and
-# takes the one EBS volume that does not hold the root file system.
+# STAGE_VOLUME_BY_ID_PREFIX<id> ("Amazon EBS and NVMe":
+# https://docs.aws.amazon.com/ebs/latest/userguide/identify-nvme-ebs-device.html), and takes
+# the one EBS volume that does not hold the root file system.
 STAGE_VOLUME_DEVICE_NAME = "/dev/sdf"
+STAGE_VOLUME_BY_ID_PREFIX = "nvme-Amazon_Elastic_Block_Store_vol"
+# Whether a node was launched with its stage volume: the instance metadata lists, under
+# block-device-mapping/, an ebsN entry for each EBS volume "present at launch time or when the
+# instance was last started", its value the device name it was mapped to (EC2 User Guide,
+# "Instance metadata categories",
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html; the
+# node accepts the name with or without /dev/). A node running before its stack chose the
+# volume has no such entry, and keeps its stage on the instance store. Read with an IMDSv2
+# token (the launch template requires one: compute.py metadata_options), from
+# image.INSTANCE_METADATA_URL.
+IMDS_BLOCK_DEVICE_MAPPING = "/latest/meta-data/block-device-mapping/"
+IMDS_TOKEN_PATH = "/latest/api/token"
 # The file system's label: formatted once, when the volume is blank; mounted by it after.
 STAGE_VOLUME_LABEL = "vllm-stage"
 
@@ -65,7 +81,7 @@ GP3_FREE_MIB_S = aws_contract.GP3_THROUGHPUT[0]
 
 @dataclass(frozen=True)
 class StageVolume:
-    """One node's gp3 stage volume: what its launch template maps, and what it costs."""
+    """One node's gp3 stage volume: what each instance declares, and what it costs."""
 
     size_gib: int
     iops: int
@@ -92,8 +108,8 @@ class StageVolume:
 
 
 def stage_volume_for(model_name: str, instance: InstanceType, nodes: int, pp: int | None = None) -> StageVolume:
-    """The volume every node of the stack gets (one launch template per gang): sized for the
-    largest node's copied stages plus headroom, at gp3's highest throughput."""
+    """The volume every node of the stack gets: sized for the largest node's copied stages
+    plus headroom, at gp3's highest throughput."""
     model = sizing.served_model_size(model_name, instance, nodes)
     largest = max(share.bytes for share in sizing.node_shares(model, nodes, pp or nodes))
     size = max(STAGE_VOLUME_MIN_GIB, math.ceil(largest * (1 + STAGE_VOLUME_HEADROOM) / sizing.GIB))

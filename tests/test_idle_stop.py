@@ -33,15 +33,6 @@ def idle():
 
 
 @pytest.fixture(scope="module")
-def idle_on_store():
-    """Idle stop with the stage kept on the instance store (stageVolume auto would choose
-    the gp3 stage volume for prod, a change of the launch template)."""
-    run = run_stack("prod", {"idleStopMinutes": 30, "stageVolume": "instance-store"})
-    assert run.error is None, run.error
-    return run
-
-
-@pytest.fixture(scope="module")
 def never():
     run = run_stack("prod", {"idleStopMinutes": None})
     assert run.error is None, run.error
@@ -103,13 +94,13 @@ def test_with_the_key_a_node_that_powers_off_is_stopped_not_terminated(idle):
     assert "instanceInitiatedShutdownBehavior" not in idle.of_type(TEMPLATE)[0].inputs
 
 
-def test_only_the_nodes_the_role_and_the_gateways_commands_differ_from_a_stack_without_it(idle_on_store, never):
+def test_only_the_nodes_the_role_and_the_gateways_commands_differ_from_a_stack_without_it(idle, never):
     """The gateway keeps its instance (an instance profile is associated in place), the
-    nodes theirs (their shutdown behaviour changes in place); nothing else of the graph
-    changes. With the stage on the instance store: stageVolume auto's gp3 stage volume is
-    a new launch template version, which replaces the nodes (tests/test_stage_volume.py)."""
+    nodes theirs (their shutdown behaviour changes in place, and the gp3 stage volume
+    stageVolume auto now chooses is under their ignoreChanges: tests/test_stage_volume.py);
+    nothing else of the graph changes."""
     before = {(r.type, r.name): r.inputs for r in never.resources}
-    after = {(r.type, r.name): r.inputs for r in idle_on_store.resources}
+    after = {(r.type, r.name): r.inputs for r in idle.resources}
     added = {name for _, name in set(after) - set(before)}
     assert set(before) <= set(after)
     assert added == GATEWAY_RESOURCES | {"vllm-gateway-waker"}
@@ -125,7 +116,7 @@ def test_only_the_nodes_the_role_and_the_gateways_commands_differ_from_a_stack_w
         "vllm-gateway-proxy",
         "vllm-gateway-metrics",
     }
-    assert "error_page 502 504 = @vllm_waker;" in idle_on_store.named("vllm-gateway-proxy", COMMAND).inputs["stdin"]
+    assert "error_page 502 504 = @vllm_waker;" in idle.named("vllm-gateway-proxy", COMMAND).inputs["stdin"]
     gateway = {k: v for k, v in after[(INSTANCE, "vllm-gateway-host")].items() if k != "iamInstanceProfile"}
     assert gateway == before[(INSTANCE, "vllm-gateway-host")]
 

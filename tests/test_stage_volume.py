@@ -1,15 +1,19 @@
 """A stage that survives a stop (issue 35 point 3; components/stage_volume.py): the wake with
 and without it, stageVolume's choice and refusals, and what the launch template receives."""
 
+import dataclasses
+
 import pytest
 import yaml
 from pulumi_mocks import run_stack, stack_config
 
 from components import aws_contract, bootstrap, idle_stop, stage_volume
 from components.catalog import CATALOG
-from components.spec import SpecError, load_spec
+from components.spec import SpecError, _resolve_stage_volume, load_spec
 
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+INSTANCE = "aws:ec2/instance:Instance"
+COMMAND = "command:remote:Command"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 
 
@@ -77,6 +81,23 @@ def test_a_stage_volume_value_that_is_none_of_the_choices_is_refused_naming_the_
     assert "gp3" in message and "pulumi config set vllm-cluster:stageVolume auto" in message
 
 
+def test_a_stage_volume_on_a_stack_that_serves_from_the_efs_cache_is_refused_and_never_chosen():
+    """Without a local copy of the stage (no instance store, or one too small for the stage)
+    there is nothing for the volume to keep, and vLLM's path is the cache's: auto keeps it
+    so, and ebs is refused. Every catalog type has a store that holds what its GPUs hold, so
+    the spec is given one without."""
+    seven_b = spec_of("dev", idleStopMinutes=30, model="Qwen/Qwen2.5-7B-Instruct")
+    assert seven_b.stage_volume == "ebs"
+    no_store = dataclasses.replace(seven_b, instance=dataclasses.replace(seven_b.instance, instance_store_gb=0))
+    assert _resolve_stage_volume(no_store, None) == "instance-store"
+    with pytest.raises(SpecError) as caught:
+        _resolve_stage_volume(no_store, "ebs")
+    assert caught.value.keys == ["stageVolume"]
+    assert "serves from the EFS cache" in str(caught.value) and "pulumi config rm vllm-cluster:stageVolume" in str(
+        caught.value
+    )
+
+
 def test_a_stage_volume_with_your_own_hosts_is_refused():
     own = yaml.safe_load(open("stacks/Pulumi.own-hosts.yaml"))["config"]
     config = {k.split(":", 1)[1]: v for k, v in own.items() if k.startswith("vllm-cluster:")}
@@ -91,12 +112,6 @@ def test_a_stage_volume_with_your_own_hosts_is_refused():
         )
 
 
-def test_the_stage_is_served_from_the_volumes_mount():
-    prod = spec_of("prod", idleStopMinutes=30)
-    assert bootstrap.serving_directory(prod).startswith(f"{stage_volume.STAGE_VOLUME_MOUNT}/vllm-cluster/models/")
-    assert bootstrap.serving_directory(spec_of("prod")).startswith("/opt/dlami/nvme/")
-
-
 @pytest.fixture(scope="module")
 def prod_with_idle_stop():
     run = run_stack("prod", {"vllm-cluster:idleStopMinutes": 30})
@@ -104,51 +119,79 @@ def prod_with_idle_stop():
     return run
 
 
-def test_the_launch_template_maps_each_nodes_stage_volume_beside_the_root(prod_with_idle_stop):
-    """As AWS receives it: a second mapping, gp3 at 2,000 MiB/s with the IOPS that needs,
-    encrypted, deleted with the instance (a stop keeps it), and no finding of the gp3 rules."""
-    templates = prod_with_idle_stop.of_type(TEMPLATE)
-    assert templates
+@pytest.fixture(scope="module")
+def prod_running():
+    """prod as it runs without idle stop: stageVolume auto keeps the stage on the instance store."""
+    run = run_stack("prod")
+    assert run.error is None, run.error
+    return run
+
+
+def gpu_nodes(run):
+    return [r for r in run.of_type(INSTANCE) if r.parent_type == "vllm-cluster:index:GpuNodes"]
+
+
+def engine_commands(run) -> dict:
+    """The commands whose inputs, changed, restart Ray or vLLM on a node."""
+    return {
+        c.name: c.inputs for c in run.of_type(COMMAND) if c.name.endswith(("-vllm", "-ray")) or "start-ray" in c.name
+    }
+
+
+def test_idle_stop_set_on_a_running_stack_replaces_no_node_and_restarts_no_engine(prod_running, prod_with_idle_stop):
+    """auto turns to ebs for prod once idleStopMinutes is set; the running nodes must keep
+    their instances (no new launch template version: its change is ForceNew on
+    aws.ec2.Instance) and their engines (vLLM's model path and Ray's inputs unchanged)."""
+    assert spec_of("prod").stage_volume == "instance-store"
+    assert spec_of("prod", idleStopMinutes=30).stage_volume == "ebs"
+    assert [t.inputs for t in prod_with_idle_stop.of_type(TEMPLATE)] == [
+        t.inputs for t in prod_running.of_type(TEMPLATE)
+    ]
+    assert engine_commands(prod_with_idle_stop) == engine_commands(prod_running)
+    assert engine_commands(prod_running), "no -ray/-vllm/start-ray command found: the check would prove nothing"
+
+
+def test_each_node_declares_its_stage_volume_under_ignore_changes(prod_running, prod_with_idle_stop):
+    """The volume is on each instance, where the engine keeps what the instance was created
+    with (ignoreChanges): a running node is left as it is, either way, and a node created
+    from then on gets it."""
     expected = stage_volume.stage_volume_for(LLAMA_70B, CATALOG["p4d.24xlarge"], 2, 2)
-    for template in templates:
-        root, stage = template.inputs["blockDeviceMappings"]
-        assert root["ebs"]["volumeSize"] == stack_config("prod").get("vllm-cluster:rootVolumeGiB", 200)
-        assert stage == {
-            "deviceName": "/dev/sdf",
-            "ebs": {
+    for node in gpu_nodes(prod_with_idle_stop):
+        assert "ebsBlockDevices" in node.ignore_changes
+        assert node.inputs["ebsBlockDevices"] == [
+            {
+                "deviceName": "/dev/sdf",
                 "volumeType": "gp3",
                 "volumeSize": expected.size_gib,
                 "iops": 8000,
                 "throughput": 2000,
-                "encrypted": "true",
-                "deleteOnTermination": "true",
-            },
-        }
-    contract = aws_contract.check(templates)
-    assert [f for f in contract.errors + contract.warnings if f.rule.startswith("gp3")] == []
+                "encrypted": True,
+                "deleteOnTermination": True,
+            }
+        ]
+    for node in gpu_nodes(prod_running):
+        assert "ebsBlockDevices" in node.ignore_changes  # removing idle stop later keeps a node's volume too
+        assert not node.inputs.get("ebsBlockDevices")
 
 
-def test_without_the_stage_volume_the_template_maps_the_root_alone():
-    run = run_stack("prod")
-    assert run.error is None, run.error
-    assert [len(t.inputs["blockDeviceMappings"]) for t in run.of_type(TEMPLATE)] == [1]
+def test_the_template_maps_the_root_alone_whichever_disk_holds_the_stage(prod_running, prod_with_idle_stop):
+    for run in (prod_running, prod_with_idle_stop):
+        assert [len(t.inputs["blockDeviceMappings"]) for t in run.of_type(TEMPLATE)] == [1]
 
 
-def test_the_node_is_told_where_to_mount_the_stage_volume():
+def test_the_stage_is_served_from_the_same_path_whichever_disk_holds_it():
+    with_volume = bootstrap.serving_directory(spec_of("prod", idleStopMinutes=30))
+    assert with_volume == bootstrap.serving_directory(spec_of("prod"))
+    assert with_volume.startswith(f"{bootstrap.LOCAL_MODEL_ROOT}/")
+
+
+def test_the_node_is_told_the_same_stage_volume_facts_whatever_the_choice():
+    """cluster.env is in the user data and the setup command: what it says must not depend on
+    the choice, or a flip would reach every node. The node decides from what it was launched
+    with (vllm-cluster-node stage_volume_launched)."""
     from tests.test_bootstrap import boot, parse_env
 
-    with_volume = parse_env(bootstrap.cluster_env(boot(1, stage_volume=True)))
-    assert with_volume["STAGE_VOLUME_MOUNT"] == stage_volume.STAGE_VOLUME_MOUNT
-    assert with_volume["STAGE_VOLUME_LABEL"] == "vllm-stage"
-    assert parse_env(bootstrap.cluster_env(boot(1)))["STAGE_VOLUME_MOUNT"] == ""
-
-
-def test_turning_idle_stop_on_with_auto_adds_the_volume_to_the_launch_template(prod_with_idle_stop):
-    """What the README warns of: the template's new version replaces the GPU nodes (their
-    stage then lands on the volume); stageVolume instance-store keeps them
-    (tests/test_idle_stop.py: only in-place changes)."""
-    never = run_stack("prod")
-    assert never.error is None, never.error
-    before = never.of_type(TEMPLATE)[0].inputs["blockDeviceMappings"]
-    after = prod_with_idle_stop.of_type(TEMPLATE)[0].inputs["blockDeviceMappings"]
-    assert after[:1] == before and len(after) == 2
+    env = parse_env(bootstrap.cluster_env(boot(1)))
+    assert env["STAGE_VOLUME_MOUNT"] == stage_volume.STAGE_VOLUME_MOUNT
+    assert env["STAGE_VOLUME_DEVICE_NAME"] == stage_volume.STAGE_VOLUME_DEVICE_NAME
+    assert env["STAGE_VOLUME_IMDS_MAPPINGS"] == stage_volume.IMDS_BLOCK_DEVICE_MAPPING
