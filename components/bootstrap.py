@@ -246,7 +246,9 @@ def cluster_env(boot: NodeBoot) -> str:
         "STAGE_VOLUME_BY_ID_PREFIX": stage_volume.STAGE_VOLUME_BY_ID_PREFIX,
         "STAGE_VOLUME_IMDS_MAPPINGS": stage_volume.IMDS_BLOCK_DEVICE_MAPPING,
         "IMDS_TOKEN_PATH": stage_volume.IMDS_TOKEN_PATH,
-        "INSTANCE_METADATA_URL": image.INSTANCE_METADATA_URL,
+        # Empty on your own hosts (hosts, which have MODEL_CACHE_SHARED_DIR): they get no
+        # stage volume from the stack, even on an EC2 machine whose metadata would answer.
+        "INSTANCE_METADATA_URL": "" if boot.shared_model_dir else image.INSTANCE_METADATA_URL,
         # Where each node's stage is (local_model_directory), whichever disk holds it.
         "LOCAL_MODEL_ROOT": LOCAL_MODEL_ROOT,
         "SERVICE_USER": SERVICE_USER,

@@ -10,6 +10,7 @@ Formatting and mounting need a block device: not run here."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -183,3 +184,17 @@ def test_two_volumes_beside_the_root_are_refused_rather_than_one_formatted_at_ra
     volumes = {ROOT_VOLUME: "nvme0n1", STAGE_VOLUME: "nvme1n1", "vol0cccccccccccccccc": "nvme2n1"}
     found = find(tmp_path, volumes, root_disk="nvme0n1")
     assert found.returncode != 0 and "found 2" in found.stderr
+
+
+def test_your_own_hosts_never_ask_the_metadata_for_one(tmp_path):
+    """A machine of your own may be an EC2 instance with a blank volume at /dev/sdf: not the
+    stack's, never formatted. cluster.env says so with an empty INSTANCE_METADATA_URL."""
+    from tests.test_bootstrap import boot, parse_env
+
+    assert parse_env(bootstrap.cluster_env(boot(1)))["INSTANCE_METADATA_URL"] == image.INSTANCE_METADATA_URL
+    own = parse_env(bootstrap.cluster_env(dataclasses.replace(boot(1), shared_model_dir="/srv/models")))
+    assert own["INSTANCE_METADATA_URL"] == ""
+    run = launched("", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "launched-without"
+    assert "no stage volume: a stack of your own hosts" in run.stderr
