@@ -4,8 +4,12 @@ start, so a wake reads the weights from it instead of copying them from the EFS 
 again (the instance store comes back empty after a stop).
 
 stageVolume chooses it: instance-store (the stage on the instance store, copied again at
-each wake), ebs (the gp3 volume), or auto, the default: ebs when idleStopMinutes is set
-and the plan's wake with the volume is the faster, else the instance store.
+each wake), ebs (the gp3 volume), or auto, the default: ebs when idleStopMinutes is set,
+the stack serves from a local copy of its stage and the plan's wake with the volume is the
+faster, else the instance store. Each instance declares the volume under ignoreChanges
+(components/compute.py), and each node decides at boot from what it was launched with
+(vllm-cluster-node stage_volume_launched): a change of the choice reaches nodes created
+from then on, and replaces no running node nor restarts its engine.
 
 The figures and their sources are here; the gp3 input limits AWS enforces are in
 components/aws_contract.py (GP3_*), which this sizes within.

@@ -1,5 +1,6 @@
 """A stage that survives a stop (issue 35 point 3; components/stage_volume.py): the wake with
-and without it, stageVolume's choice and refusals, and what the launch template receives."""
+and without it, stageVolume's choice and refusals, and what the instances and their launch
+template receive: a change of the choice must replace no running node and restart no engine."""
 
 import dataclasses
 
@@ -169,6 +170,8 @@ def test_each_node_declares_its_stage_volume_under_ignore_changes(prod_running, 
                 "deleteOnTermination": True,
             }
         ]
+    contract = aws_contract.check(gpu_nodes(prod_with_idle_stop))
+    assert [f for f in contract.errors + contract.warnings if f.rule.startswith("gp3")] == []
     for node in gpu_nodes(prod_running):
         assert "ebsBlockDevices" in node.ignore_changes  # removing idle stop later keeps a node's volume too
         assert not node.inputs.get("ebsBlockDevices")
