@@ -33,6 +33,7 @@ from components.spec import (
     model_cache_problems,
     model_cache_sharing_problems,
 )
+from components.stage_volume import stage_volume_for
 from components.storage import ExistingFileSystem, ModelStorage, ModelStorageArgs
 from components.tagging import stack_tags
 from components.topology import efa_interface_count, interface_layout, node_name, topology_summary
@@ -380,6 +381,11 @@ def ec2_machines() -> Machines:
             boot_after=[*network.ready, *security.rules, *storage.ready],
             replicas=spec.replicas,
             stop_on_shutdown=spec.idle_stop_minutes is not None,
+            stage_volume=(
+                stage_volume_for(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+                if spec.on_stage_volume
+                else None
+            ),
         ),
     )
     gateway = Gateway(
@@ -443,7 +449,9 @@ def waker_config(gangs) -> pulumi.Output[str]:
     dns_suffix = aws.get_partition_output().dns_suffix
     ids = [pulumi.Output.all(*[instance.id for instance in gang.instances]) for gang in gangs]
     names = [gang.name for gang in gangs]
-    wake = idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+    wake = idle_stop.expected_wake_seconds(
+        spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size, spec.on_stage_volume
+    )
     return pulumi.Output.all(region, dns_suffix, *ids).apply(
         lambda values: idle_stop.waker_config(
             region=values[0],
@@ -568,7 +576,9 @@ services = ClusterServices(
         idle_stop_minutes=(spec.idle_stop_minutes or 0) if spec.own_hosts is None else None,
         waker_config=machines.waker_config,
         never_served_grace_seconds=idle_stop.never_served_grace_seconds(
-            idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size),
+            idle_stop.expected_wake_seconds(
+                spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size, spec.on_stage_volume
+            ),
             spec.wake_give_up_minutes,
         ),
     ),

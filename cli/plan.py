@@ -13,7 +13,18 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from cli.stack_file import read_stack
-from components import aws_contract, bootstrap, idle_stop, image, metrics, models, prometheus_sizing, quotas, sizing
+from components import (
+    aws_contract,
+    bootstrap,
+    idle_stop,
+    image,
+    metrics,
+    models,
+    prometheus_sizing,
+    quotas,
+    sizing,
+    stage_volume,
+)
 from components.catalog import InstanceType
 from components.topology import node_name, topology_summary
 
@@ -200,10 +211,23 @@ def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
     (components/idle_stop.py: the figure the gateway's waker is told)."""
     from components.gateway import GATEWAY_ROOT_GIB  # the Gateway component's module: Pulumi, as the run above
 
+    volume = stage_volume.stage_volume_for(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
     hour = idle_stop.idle_hour(
-        spec.instance, spec.total_nodes, spec.gateway_instance_type, weights_gb, spec.root_volume_gib, GATEWAY_ROOT_GIB
+        spec.instance,
+        spec.total_nodes,
+        spec.gateway_instance_type,
+        weights_gb,
+        spec.root_volume_gib,
+        GATEWAY_ROOT_GIB,
+        volume.hour_usd if spec.on_stage_volume else 0.0,
     )
-    terms = idle_stop.wake_terms(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+    wakes = {
+        choice: idle_stop.wake_terms(
+            spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size, choice == stage_volume.STAGE_VOLUME_EBS
+        )
+        for choice in (stage_volume.STAGE_VOLUME_INSTANCE_STORE, stage_volume.STAGE_VOLUME_EBS)
+    }
+    terms = wakes[spec.stage_volume]
     return {
         "idleStopMinutes": spec.idle_stop_minutes,
         "idleHourWithoutUsd": round(hour.without_stop, 4),
@@ -215,6 +239,24 @@ def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
         "ebs": round(hour.ebs, 4),
         "ebsGiB": spec.total_nodes * spec.root_volume_gib + GATEWAY_ROOT_GIB,
         "ebsGbMonthUsd": idle_stop.EBS_GP3_GB_MONTH,
+        "stageVolumesHour": round(hour.stage_volumes, 4),
+        # stageVolume (components/stage_volume.py): the choice, the volume ebs would give each
+        # node and its cost, and the wake with either.
+        "stageVolume": {
+            "chosen": spec.stage_volume,
+            # The volume only keeps a local copy of the stage: a stack that serves from the
+            # EFS cache has none (spec._resolve_stage_volume).
+            "offered": sizing.serves_from_local_disk(spec)[0],
+            "sizeGiB": volume.size_gib,
+            "iops": volume.iops,
+            "throughputMiBs": volume.throughput_mib_s,
+            "monthUsdPerNode": round(volume.month_usd, 2),
+            "monthUsd": round(volume.month_usd * spec.total_nodes, 2),
+            "nodes": spec.total_nodes,
+            "costBreakdown": volume.cost_breakdown(),
+            "pricingSource": stage_volume.EBS_PRICING_SOURCE,
+            "wakeSeconds": {choice: round(sum(t.seconds for t in wake)) for choice, wake in wakes.items()},
+        },
         "notCounted": "data through the NAT gateway and public IPv4 addresses (the same with or without)",
         "wakeSeconds": round(sum(t.seconds for t in terms)),
         "wake": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
@@ -543,6 +585,36 @@ def _vcpu_quota_lines(plan: dict[str, Any]) -> list[str]:
     return out
 
 
+def _stage_volume_lines(volume: dict[str, Any]) -> list[str]:
+    """Both wakes (the stage on the instance store, copied again; on a gp3 stage volume a
+    stop keeps) and what the volumes cost, whichever stageVolume chose, and what a change of
+    the choice does to nodes that run already."""
+    wakes = volume["wakeSeconds"]
+    store, ebs = wakes[stage_volume.STAGE_VOLUME_INSTANCE_STORE], wakes[stage_volume.STAGE_VOLUME_EBS]
+    head = (
+        f"  stage volume   stageVolume {volume['chosen']} (auto: ebs when idleStopMinutes is set and it wakes at "
+        f"least {idle_stop.RETRY_AFTER_SECONDS} s faster, one Retry-After)"
+    )
+    if not volume["offered"]:
+        return [
+            head,
+            "                 not offered: this stack serves from the EFS cache, there is no local stage to keep",
+        ]
+    return [
+        head,
+        f"                 instance-store: wake ~{store} s ({store / 60:.1f} min), no volume to pay",
+        f"                 ebs: wake ~{ebs} s ({ebs / 60:.1f} min) with a {volume['sizeGiB']} GiB gp3 volume per node "
+        f"({volume['iops']:,} IOPS, {volume['throughputMiBs']:,} MiB/s) that a stop keeps: "
+        f"${volume['monthUsdPerNode']:.2f}/month per node ({volume['costBreakdown']}), "
+        f"${volume['monthUsd']:.2f}/month for {volume['nodes']} node(s), billed stopped or not "
+        f"({volume['pricingSource']})",
+        "                 a change of the choice replaces no node and restarts no engine: nodes running before it keep "
+        "their stage where it is (and a volume they have, and its cost) until they are made anew: each instance "
+        "declares its volume under ignoreChanges, which holds through a replacement under the same name too, so "
+        "the choice reaches nodes created new (a first up, an added gang)",
+    ]
+
+
 def _idle_stop_lines(plan: dict[str, Any]) -> list[str]:
     """What an idle hour costs with and without idleStopMinutes, and the wake time."""
     i = plan["idleStop"]
@@ -561,10 +633,12 @@ def _idle_stop_lines(plan: dict[str, Any]) -> list[str]:
         f"                 ${i['idleHourWithUsd']:.4f}/h with it, the GPU instances stopped: gateway "
         f"${i['gateway']:.4f} + NAT gateway ${i['natGateway']:.4f} + EFS ${i['modelCache']:.4f} + EBS "
         f"${i['ebs']:.4f} ({i['ebsGiB']} GiB of gp3 root volumes at ${i['ebsGbMonthUsd']}/GB-month, "
-        "billed stopped or not)",
+        "billed stopped or not)" + (f" + stage volumes ${i['stageVolumesHour']:.4f}" if i["stageVolumesHour"] else ""),
         f"  not counted    {i['notCounted']}",
+        *_stage_volume_lines(i["stageVolume"]),
         f"  wake           ~{i['wakeSeconds']} s ({i['wakeSeconds'] / 60:.1f} min) from the first request to a "
-        f"serving gang; meanwhile the gateway answers 503 with Retry-After: {i['retryAfterSeconds']}",
+        f"serving gang with stageVolume {i['stageVolume']['chosen']}; meanwhile the gateway answers 503 with "
+        f"Retry-After: {i['retryAfterSeconds']}",
     ]
     out += [f"    {t['term']:16s}{t['seconds']:6d} s   {t['assumes']}" for t in i["wake"]]
     out.append(

@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from components import api_routes, image, metrics, ports, sizing, versions
+from components import api_routes, image, metrics, ports, sizing, stage_volume, versions
 from components.api_routes import DEFAULT_GENERATION_ROUTES, KNOWN_ROUTES, WORK_ROUTES
 from components.spec import (
     DEFAULT_API_RATE_LIMIT_PER_SECOND,
@@ -236,6 +236,21 @@ def cluster_env(boot: NodeBoot) -> str:
         "NVIDIA_SMI": image.NVIDIA_SMI,
         "NVME_MOUNT": image.NVME_MOUNT,
         "INSTANCE_STORE": "true" if boot.instance_store else "false",
+        # The stage volume's facts (components/stage_volume.py), the same for every node
+        # whatever stageVolume chose: cluster.env is in the user data and the setup command,
+        # and the node decides from what it was launched with (vllm-cluster-node
+        # stage_volume_launched), so a change of the choice reaches no running node.
+        "STAGE_VOLUME_MOUNT": stage_volume.STAGE_VOLUME_MOUNT,
+        "STAGE_VOLUME_LABEL": stage_volume.STAGE_VOLUME_LABEL,
+        "STAGE_VOLUME_DEVICE_NAME": stage_volume.STAGE_VOLUME_DEVICE_NAME,
+        "STAGE_VOLUME_BY_ID_PREFIX": stage_volume.STAGE_VOLUME_BY_ID_PREFIX,
+        "STAGE_VOLUME_IMDS_MAPPINGS": stage_volume.IMDS_BLOCK_DEVICE_MAPPING,
+        "IMDS_TOKEN_PATH": stage_volume.IMDS_TOKEN_PATH,
+        # Empty on your own hosts (hosts, which have MODEL_CACHE_SHARED_DIR): they get no
+        # stage volume from the stack, even on an EC2 machine whose metadata would answer.
+        "INSTANCE_METADATA_URL": "" if boot.shared_model_dir else image.INSTANCE_METADATA_URL,
+        # Where each node's stage is (local_model_directory), whichever disk holds it.
+        "LOCAL_MODEL_ROOT": LOCAL_MODEL_ROOT,
         "SERVICE_USER": SERVICE_USER,
         "SERVICE_DEVICES": " ".join(image.SERVICE_DEVICES),
         "INSTANCE_METADATA_ADDRESSES": " ".join(image.INSTANCE_METADATA_ADDRESSES),
@@ -635,14 +650,16 @@ LOCAL_MODEL_ROOT = f"{image.NVME_MOUNT}/vllm-cluster/models"
 
 def local_model_directory(model: str, revision: str) -> str:
     """The model's directory on a node's own disk: the same path on every node, each
-    holding only the weight files of its own pipeline stages (model-stage local)."""
+    holding only the weight files of its own pipeline stages (model-stage local), and the
+    same path whichever disk holds the stage: with a gp3 stage volume (stageVolume ebs) the
+    node binds the volume's models directory here (components/stage_volume.py)."""
     return f"{LOCAL_MODEL_ROOT}/{model}/{revision}"
 
 
 def serving_directory(spec: ClusterSpec) -> str:
     """Where vLLM reads the model on every node: its stage on local disk when the
     instance type has an instance store (sizing.serves_from_local_disk), else the
-    shared cache itself."""
+    shared cache itself. stageVolume does not change it: only which disk is under it."""
     local, _reason = sizing.serves_from_local_disk(spec)
     if local:
         return local_model_directory(spec.model, spec.model_revision)

@@ -27,6 +27,7 @@ import pulumi_tls as tls
 
 from components import bootstrap, host_keys, idle_stop, image
 from components.bootstrap import compress_user_data
+from components.stage_volume import STAGE_VOLUME_DEVICE_NAME, StageVolume
 from components.tagging import renamed_from, tags
 from components.topology import (
     InterfaceSlot,
@@ -156,6 +157,9 @@ class GpuNodesArgs:
     # The image the nodes launch from when it is not ami_id's: the baked node image
     # (components/node_image.py), built on ami_id's image. None: ami_id's.
     launch_image_id: pulumi.Input[str] | None = None
+    # stageVolume ebs: every node's gp3 stage volume (components/stage_volume.py), declared on
+    # each instance beside the template's root; None: none.
+    stage_volume: StageVolume | None = None
 
 
 def node_image_query(ami_id: str | None) -> dict:
@@ -428,6 +432,27 @@ class GpuNodes(pulumi.ComponentResource):
             interfaces.append(interface)
         return interfaces
 
+    @staticmethod
+    def _stage_volume_devices(args: GpuNodesArgs) -> list[dict] | None:
+        """The stage volume, made with each node and deleted with it; a stop keeps it, which
+        is its point (components/stage_volume.py). On the instance, not in the launch
+        template: the template maps the root alone, and EC2 adds a request's mapping of a
+        device name the template does not map to the template's (FleetBlockDeviceMappingRequest:
+        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_FleetBlockDeviceMappingRequest.html)."""
+        if args.stage_volume is None:
+            return None
+        return [
+            {
+                "device_name": STAGE_VOLUME_DEVICE_NAME,
+                "volume_type": "gp3",
+                "volume_size": args.stage_volume.size_gib,
+                "iops": args.stage_volume.iops,
+                "throughput": args.stage_volume.throughput_mib_s,
+                "encrypted": True,
+                "delete_on_termination": True,
+            }
+        ]
+
     def _launch_template(
         self,
         name: str,
@@ -461,7 +486,7 @@ class GpuNodes(pulumi.ComponentResource):
                         "encrypted": "true",
                         "delete_on_termination": "true",
                     },
-                }
+                },
             ],
             network_interfaces=self._interfaces(args, gang),
             placement={"group_name": placement_group_name} if placement_group_name is not None else None,
@@ -532,6 +557,17 @@ class GpuNodes(pulumi.ComponentResource):
             # on or off replaces no GPU node. Left unset, EC2's default for an EBS-backed
             # instance is stop as well.
             instance_initiated_shutdown_behavior="stop" if args.stop_on_shutdown else None,
+            # stageVolume ebs (components/stage_volume.py): each node's gp3 stage volume. Every
+            # field of the provider's ebs_block_device is ForceNew (terraform-provider-aws
+            # internal/service/ec2/ec2_instance.go, ResourceInstance's schema), so it is under
+            # ignoreChanges below: the engine then puts the recorded value back in place of the
+            # program's, and drops the program's when none was recorded (pulumi/pulumi
+            # sdk/go/common/resource/properties_path.go, PropertyPath.Reset), so turning the
+            # volume on or off (idleStopMinutes under stageVolume auto) replaces no running
+            # node. A node created from then on gets what the program says; a node keeps what
+            # it was created with, even when replaced under its own name for another reason
+            # (the replacement is made from the same recorded inputs).
+            ebs_block_devices=self._stage_volume_devices(args),
             tags=tags(
                 f"{name}-{node_name(index, gang)}",
                 **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
@@ -548,7 +584,7 @@ class GpuNodes(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=list(args.boot_after),
-                ignore_changes=["userDataBase64"],
+                ignore_changes=["userDataBase64", "ebsBlockDevices"],
                 delete_before_replace=args.capacity_reservation_id is not None,
             ),
         )

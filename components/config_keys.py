@@ -229,6 +229,14 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               f"{MAX_FABRIC_FLOOR_GBPS}. Gangs of one node have no gate. Empty: a quarter of the instance type's "
               "network bandwidth (components/fabric.py).",
               default="", auto=True),
+    ConfigKey("stageVolume", "string",
+              "Where each GPU node keeps its copy of its pipeline stages: instance-store (the instance store, "
+              "empty after a stop, so every wake copies the stage again), ebs (a gp3 volume per node sized for "
+              "its stage at 2,000 MiB/s, which a stop keeps; billed stopped or not: `plan` shows both wakes and "
+              "the cost), or auto: ebs when idleStopMinutes is set and it wakes at least 30 s (one "
+              "Retry-After) faster and the stack serves from a local copy of its stage. A change reaches nodes "
+              "created from then on; running nodes keep their stage where it is. Not with hosts.",
+              default="auto"),
     # Machines the user already has (components/own_hosts.py): none of the AWS resources.
     ConfigKey("hosts", "array",
               "Run on GPU machines you already have instead of creating EC2 instances: one item per gang, "

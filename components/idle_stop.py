@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from components import aws_contract, sizing
+from components import aws_contract, sizing, stage_volume
 from components.catalog import InstanceType
 
 SHUTDOWN_BEHAVIOR_DOC = (
@@ -162,16 +162,21 @@ class WakeTerm:
     assumes: str
 
 
-def wake_terms(model_name: str, instance: InstanceType, nodes: int, pp: int | None = None) -> list[WakeTerm]:
+def wake_terms(
+    model_name: str, instance: InstanceType, nodes: int, pp: int | None = None, on_stage_volume: bool = False
+) -> list[WakeTerm]:
     """From StartInstances to a gang that serves: the instances boot, Ray starts, each node
     copies its stage to the instance store again when it serves from there (a stop empties
     the instance store), the engine reads the weights and starts. What a cold `pulumi up`
     adds on top (efs-utils build, wheels, install, download) is on the EBS root volume or
-    the shared cache already."""
+    the shared cache already. With `on_stage_volume` (stageVolume ebs) each node's stage is on
+    its gp3 stage volume, which a stop keeps: nothing is copied, the engine reads it there."""
     model = sizing.served_model_size(model_name, instance, nodes)
     loads = sizing.node_loads(model, instance, nodes, pp)
     slowest_copy = max(loads, key=lambda load: load.copy_seconds)
     slowest_load = max(loads, key=lambda load: load.load_seconds)
+    if on_stage_volume:
+        return _wake_terms_with_stage_volume(model, instance, nodes, pp)
     terms = [
         WakeTerm(
             "instance start",
@@ -206,8 +211,57 @@ def wake_terms(model_name: str, instance: InstanceType, nodes: int, pp: int | No
     return terms
 
 
-def expected_wake_seconds(model_name: str, instance: InstanceType, nodes: int, pp: int | None = None) -> int:
-    return round(sum(term.seconds for term in wake_terms(model_name, instance, nodes, pp)))
+def _start_terms() -> list[WakeTerm]:
+    return [
+        WakeTerm(
+            "instance start",
+            sizing.INSTANCE_BOOT_SECONDS,
+            "start to SSH, taken as the launch-to-SSH figure of a cold start (the same image and EBS root)",
+        ),
+        WakeTerm("ray start", RAY_START_SECONDS, "estimate: Ray's units start at boot and the nodes join the head"),
+    ]
+
+
+def _wake_terms_with_stage_volume(
+    model: sizing.ModelSize, instance: InstanceType, nodes: int, pp: int | None
+) -> list[WakeTerm]:
+    """The wake when each node's stage is on its gp3 stage volume (components/stage_volume.py):
+    EBS keeps a volume's data across a stop, and a volume the instance wrote itself (not one
+    restored from a snapshot) reads at its provisioned rate from the first block."""
+    volume = stage_volume.stage_volume_for(model.name, instance, nodes, pp)
+    largest = max(share.bytes for share in sizing.node_shares(model, nodes, pp or nodes))
+    return [
+        *_start_terms(),
+        WakeTerm("stage copy", 0.0, f"none: each node's stage is on its {volume.size_gib} GiB gp3 stage volume, kept"),
+        WakeTerm(
+            "model load",
+            largest / (volume.throughput_mib_s * sizing.MIB),
+            f"~{largest / sizing.GB:.1f} GB per node from the stage volume at {volume.throughput_mib_s:,} MiB/s",
+        ),
+        WakeTerm(
+            "engine start",
+            sizing.engine_start_seconds(model.params_b),
+            f"{sizing.ENGINE_START_BASE_SECONDS} s + {sizing.ENGINE_START_SECONDS_PER_B} s per billion parameters",
+        ),
+    ]
+
+
+def expected_wake_seconds(
+    model_name: str, instance: InstanceType, nodes: int, pp: int | None = None, on_stage_volume: bool = False
+) -> int:
+    return round(sum(term.seconds for term in wake_terms(model_name, instance, nodes, pp, on_stage_volume)))
+
+
+def stage_volume_wakes_faster(model_name: str, instance: InstanceType, nodes: int, pp: int | None = None) -> bool:
+    """stageVolume auto's test: whether a wake with the gp3 stage volume is shorter than one
+    without (the instance store copied again, or the engine reading the EFS cache) by at
+    least one Retry-After: clients waiting out a wake retry that often, so a shorter saving
+    is mostly not seen, while the volumes are paid every hour (a small model's stage copies
+    in seconds)."""
+    saving = expected_wake_seconds(model_name, instance, nodes, pp, False) - expected_wake_seconds(
+        model_name, instance, nodes, pp, True
+    )
+    return saving >= RETRY_AFTER_SECONDS
 
 
 def short_idle_warning(
@@ -319,16 +373,18 @@ class IdleHour:
     nat_gateway: float
     model_cache: float
     ebs: float  # the GPU nodes' and the gateway's root volumes
+    # stageVolume ebs: the GPU nodes' gp3 stage volumes (components/stage_volume.py).
+    stage_volumes: float = 0.0
 
     @property
     def without_stop(self) -> float:
-        return self.gpu_nodes + self.gateway + self.nat_gateway + self.model_cache + self.ebs
+        return self.gpu_nodes + self.gateway + self.nat_gateway + self.model_cache + self.ebs + self.stage_volumes
 
     @property
     def with_stop(self) -> float:
         # Stopped instances are not billed for usage; their volumes, the gateway, the NAT
         # gateway and EFS are.
-        return self.gateway + self.nat_gateway + self.model_cache + self.ebs
+        return self.gateway + self.nat_gateway + self.model_cache + self.ebs + self.stage_volumes
 
 
 def idle_hour(
@@ -338,6 +394,7 @@ def idle_hour(
     weights_gb: float,
     root_volume_gib: int,
     gateway_root_gib: int,
+    stage_volume_hour_usd: float = 0.0,
 ) -> IdleHour:
     """At the planner's prices (sizing.cost) plus the EBS root volumes, which cost the same
     running or stopped. Not counted, with or without: data through the NAT gateway and public
@@ -350,4 +407,5 @@ def idle_hour(
         nat_gateway=cost.nat_gateway,
         model_cache=cost.model_cache,
         ebs=volumes_gib * EBS_GP3_GB_MONTH / sizing.HOURS_PER_MONTH,
+        stage_volumes=nodes * stage_volume_hour_usd,
     )

@@ -139,6 +139,8 @@ SERVICE_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm")
 
 # [imds] The addresses the service user is kept from (vllm-cluster-node guard-service).
 INSTANCE_METADATA_ADDRESSES = ("169.254.169.254", "fd00:ec2::254")
+# [imds] Where a node asks its own metadata (vllm-cluster-node stage_volume_launched).
+INSTANCE_METADATA_URL = f"http://{INSTANCE_METADATA_ADDRESSES[0]}"
 
 # [unverified] iptables (with its owner match) keeps the service user from the metadata
 # service. Ubuntu's server images carry it for ufw, and Docker on the DLAMI needs it; setup

@@ -19,7 +19,17 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from components import api_routes, aws_contract, catalog, host_keys, idle_stop, node_env, sizing, versions
+from components import (
+    api_routes,
+    aws_contract,
+    catalog,
+    host_keys,
+    idle_stop,
+    node_env,
+    sizing,
+    stage_volume,
+    versions,
+)
 from components.catalog import InstanceType
 
 # CONFIG_KEYS, NAMESPACE and the gateway defaults are also imported from here by the
@@ -196,6 +206,14 @@ class ClusterSpec:
     wake_give_up_minutes: int | None = None
     # nodeImage (NodeStorage.node_image): bake, none or an AMI id launched as is.
     node_image: str = NODE_IMAGE_BAKE
+    # stageVolume, resolved: "ebs" (each node's stage on a gp3 stage volume that a stop
+    # keeps, components/stage_volume.py) or "instance-store" (today's: the instance store
+    # when the stage fits there, else the EFS cache).
+    stage_volume: str = stage_volume.STAGE_VOLUME_INSTANCE_STORE
+
+    @property
+    def on_stage_volume(self) -> bool:
+        return self.stage_volume == stage_volume.STAGE_VOLUME_EBS
 
     @property
     def bakes_node_image(self) -> bool:
@@ -1950,6 +1968,64 @@ def _check_fabric_floor(reader: _Reader) -> float | None:
     return floor
 
 
+def _check_stage_volume(reader: _Reader) -> str | None:
+    """stageVolume: auto (None here: resolved once the spec is whole), instance-store or ebs.
+    Refused with hosts: machines of the user's own get no EC2 volume, and their stage goes
+    where modelCacheDir's host puts it."""
+    value = reader.string("stageVolume")
+    if value is None or value == stage_volume.STAGE_VOLUME_AUTO:
+        return None
+    if value not in stage_volume.STAGE_VOLUME_CHOICES:
+        reader.fail(
+            "stageVolume",
+            f"is neither {', '.join(stage_volume.STAGE_VOLUME_CHOICES)}: where each GPU node keeps its copy of its "
+            f"pipeline stages. Fix: pulumi config set {NAMESPACE}:stageVolume {stage_volume.STAGE_VOLUME_AUTO} "
+            "(a gp3 volume that a stop keeps when idleStopMinutes is set and it wakes faster), "
+            f"{stage_volume.STAGE_VOLUME_EBS} or {stage_volume.STAGE_VOLUME_INSTANCE_STORE}",
+        )
+        return None
+    if _hosts_listed(reader):
+        reader.fail(
+            "stageVolume",
+            f"is {value} with {NAMESPACE}:hosts set: those are machines of your own, which get no EC2 volume and no "
+            f"instance store from the stack. Fix: pulumi config rm {NAMESPACE}:stageVolume",
+        )
+        return None
+    return value
+
+
+def _resolve_stage_volume(spec: ClusterSpec, chosen: str | None) -> str:
+    """stageVolume auto: ebs when idleStopMinutes is set, the stack serves from each node's
+    local copy of its stage (sizing.serves_from_local_disk: the volume only changes which disk
+    is under that copy's path, never vLLM's path) and the wake with the stage volume is the
+    shorter by at least a Retry-After (idle_stop.stage_volume_wakes_faster), else the
+    instance store. ebs on a stack that serves from the EFS cache is refused: there is no
+    local copy to keep."""
+    local, reason = sizing.serves_from_local_disk(spec)
+    if chosen == stage_volume.STAGE_VOLUME_EBS and not local:
+        raise SpecError(
+            [
+                Problem(
+                    "stageVolume",
+                    chosen,
+                    f"the stack serves from the EFS cache, not from a local copy of each node's stage ({reason}), "
+                    f"so there is no stage for a volume to keep. Fix: pulumi config rm {NAMESPACE}:stageVolume, or "
+                    "choose an instance type whose instance store holds the stage",
+                )
+            ]
+        )
+    if chosen is not None:
+        return chosen
+    if (
+        spec.own_hosts is None
+        and spec.idle_stop_minutes
+        and local
+        and idle_stop.stage_volume_wakes_faster(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+    ):
+        return stage_volume.STAGE_VOLUME_EBS
+    return stage_volume.STAGE_VOLUME_INSTANCE_STORE
+
+
 def load_spec(
     raw: Mapping[str, Any],
     *,
@@ -1987,6 +2063,7 @@ def load_spec(
     idle_stop_minutes = _check_idle_stop(reader)
     wake_give_up_minutes = _check_wake_give_up(reader, idle_stop_minutes)
     fabric_floor_gbps = _check_fabric_floor(reader)
+    chosen_stage_volume = _check_stage_volume(reader)
     _check_engine_fit(reader, source, engine, shape)
     if reader.problems:
         raise SpecError(reader.problems)
@@ -2001,9 +2078,12 @@ def load_spec(
         wake_give_up_minutes=wake_give_up_minutes,
         fabric_floor_gbps=fabric_floor_gbps,
     )
+    spec = dataclasses.replace(spec, stage_volume=_resolve_stage_volume(spec, chosen_stage_volume))
     if idle_stop_minutes:
         # The wake the planner prints and the waker is told (components/idle_stop.py).
-        wake = idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+        wake = idle_stop.expected_wake_seconds(
+            spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size, spec.on_stage_volume
+        )
         warnings = [
             idle_stop.short_idle_warning(idle_stop_minutes, wake, spec.nodes, spec.instance.price_per_hour_usd),
             idle_stop.short_give_up_warning(wake_give_up_minutes, wake),

@@ -54,7 +54,8 @@ def by_urn(run):
 def test_an_idle_time_shorter_than_a_wake_is_warned_at_deploy_saying_what_it_costs():
     """idleStopMinutes 1 on prod (2 x p4d.24xlarge, a 70B model) is accepted, but a wake
     takes longer than that: `pulumi up` warns, naming the key, the wake and its price."""
-    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+    # stageVolume auto chose the gp3 stage volume for prod with idle stop (tests/test_stage_volume.py).
+    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2, True)
     assert wake > 60
     short = run_stack("prod", {"idleStopMinutes": 1})
     assert short.error is None, short.error
@@ -95,8 +96,9 @@ def test_with_the_key_a_node_that_powers_off_is_stopped_not_terminated(idle):
 
 def test_only_the_nodes_the_role_and_the_gateways_commands_differ_from_a_stack_without_it(idle, never):
     """The gateway keeps its instance (an instance profile is associated in place), the
-    nodes theirs (their shutdown behaviour changes in place); nothing else of the graph
-    changes."""
+    nodes theirs (their shutdown behaviour changes in place, and the gp3 stage volume
+    stageVolume auto now chooses is under their ignoreChanges: tests/test_stage_volume.py);
+    nothing else of the graph changes."""
     before = {(r.type, r.name): r.inputs for r in never.resources}
     after = {(r.type, r.name): r.inputs for r in idle.resources}
     added = {name for _, name in set(after) - set(before)}
@@ -245,7 +247,8 @@ def test_each_node_turns_idle_stop_on_after_its_setup_and_destroy_never_needs_it
     for node in ("head", "worker-1"):
         command = named[f"vllm-idle-stop-{node}"]
         # And a boot whose gang never serves ends past the waker's bound (issue 34).
-        wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+        # stageVolume auto chose the gp3 stage volume for prod with idle stop (tests/test_stage_volume.py).
+        wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2, True)
         grace = idle_stop.never_served_grace_seconds(wake)
         assert grace > idle_stop.wake_give_up_seconds(wake)
         assert command.inputs["create"] == f"{NODE} idle-stop-config --minutes 30 --grace-seconds {grace}"
@@ -269,7 +272,8 @@ def test_the_gateway_waker_is_told_every_gangs_instances_head_first(idle):
     assert {"vllm-gateway-setup", "vllm-head", "vllm-worker-1"} <= waits_for
     config = fed_waker_config(unsecret(waker.inputs["stdin"]))
     head, worker = idle.named("vllm-head", INSTANCE), idle.named("vllm-worker-1", INSTANCE)
-    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2)
+    # stageVolume auto chose the gp3 stage volume for prod with idle stop (tests/test_stage_volume.py).
+    wake = idle_stop.expected_wake_seconds("meta-llama/Llama-3.1-70B-Instruct", CATALOG["p4d.24xlarge"], 2, 2, True)
     assert config == {
         "region": "us-east-1",
         "endpoint": "https://ec2.us-east-1.amazonaws.com",

@@ -19,6 +19,8 @@ import sys
 
 from node_scratch import install_node_script
 
+from components import stage_volume
+
 NODE_ENV = "NODE_IP=10.0.0.1\nHEAD_IP=10.0.0.1\nGPUS_PER_NODE=1\n"
 
 
@@ -27,6 +29,17 @@ def prepare(tmp_path, copy_exit: int) -> tuple[subprocess.CompletedProcess, obje
     script = install_node_script(root, NODE_ENV)
     install = root / "opt/vllm-cluster"
     cluster_env = f"SERVICE_USER=vllm\nINSTANCE_STORE=false\nNVME_MOUNT={tmp_path}/nvme\n"
+    # No instance metadata answers here (as on your own hosts): no stage volume
+    # (tests/test_stage_volume_node.py has the node launched with one).
+    cluster_env += f"INSTANCE_METADATA_URL=http://127.0.0.1:9\nLOCAL_MODEL_ROOT={tmp_path}/nvme/vllm-cluster/models\n"
+    cluster_env += "".join(
+        f"{key}={value}\n"
+        for key, value in (
+            ("IMDS_TOKEN_PATH", stage_volume.IMDS_TOKEN_PATH),
+            ("STAGE_VOLUME_IMDS_MAPPINGS", stage_volume.IMDS_BLOCK_DEVICE_MAPPING),
+            ("STAGE_VOLUME_DEVICE_NAME", stage_volume.STAGE_VOLUME_DEVICE_NAME),
+        )
+    )
     (root / "etc/vllm-cluster/cluster.env").write_text(cluster_env)
     (install / "venv/bin").mkdir(parents=True)
     # The copy: model-stage local, run by the venv's Python (a stand-in that exits as told).

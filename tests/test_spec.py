@@ -776,7 +776,9 @@ def test_a_wake_give_up_bound_shorter_than_the_stacks_wake_is_warned_with_the_fi
     """The user may know their wake better than the estimate; a bound under it gives up
     every wake the estimate is right about, so it is said at deploy, not refused."""
     spec = spec_of(idleStopMinutes=30)
-    wake = idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+    wake = idle_stop.expected_wake_seconds(
+        spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size, spec.on_stage_volume
+    )
     short = max(5, wake // 60 - 1)
     assert short * 60 < wake, "the test stack's wake must be longer than 6 minutes"
     warned = [w for w in spec_of(idleStopMinutes=30, wakeGiveUpMinutes=short).warnings if "wakeGiveUpMinutes" in w]

@@ -187,12 +187,23 @@ class _Server:
 class InstanceMetadataDouble(_Server):
     """IMDSv2 on address:port with one instance role, `role`, whose credentials come from
     `credentials` and last `lifetime_seconds` (renewed when less than 5 minutes are left,
-    as EC2 makes new ones available at least five minutes before the old ones expire)."""
+    as EC2 makes new ones available at least five minutes before the old ones expire), and
+    the instance's block-device-mapping (`block_devices`: entry -> value, as EC2 lists them,
+    e.g. {"ami": "/dev/sda1", "root": "/dev/sda1", "ebs1": "sdf"}; "Instance metadata
+    categories", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html)."""
 
     def __init__(
-        self, address: str, port: int, *, role: str, credentials: CredentialStore, lifetime_seconds: int = 21600
+        self,
+        address: str,
+        port: int,
+        *,
+        role: str,
+        credentials: CredentialStore,
+        lifetime_seconds: int = 21600,
+        block_devices: dict[str, str] | None = None,
     ):
         self.role, self.store = role, credentials
+        self.block_devices = dict(block_devices or {})
         self.lifetime = dt.timedelta(seconds=lifetime_seconds)
         self.tokens: dict[str, dt.datetime] = {}
         self.current: IssuedCredentials | None = None
@@ -249,6 +260,11 @@ class InstanceMetadataDouble(_Server):
                     valid = token in double.tokens and double.tokens[token] > utc_now()
                 if not valid:
                     return self.answer(401, "Unauthorized")
+                mappings = "/latest/meta-data/block-device-mapping/"
+                if self.path == mappings:
+                    return self.answer(200, "\n".join(sorted(double.block_devices)))
+                if self.path.startswith(mappings) and self.path[len(mappings) :] in double.block_devices:
+                    return self.answer(200, double.block_devices[self.path[len(mappings) :]])
                 prefix = "/latest/meta-data/iam/security-credentials/"
                 if self.path == prefix:
                     return self.answer(200, double.role)
