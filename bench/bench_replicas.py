@@ -6,8 +6,8 @@ vLLM engine, its CPU build); the one-gang figures are taken with gang 1 drained 
 the gateway's pool (`vllm-cluster-gateway drain`, as a rolling update does), so both
 come from the same hosts, engines and gateway.
 
-    make bench-replicas    (or: venv/bin/python bench/bench_replicas.py [--concurrency 1 4 16 64 256] [--seconds 20]
-                            [--gang-share 0.8])
+    make bench-replicas    (or: venv/bin/python bench/bench_replicas.py [--concurrency 1 4 16 64 256 512] [--seconds 20]
+                            [--gang-share 0.7])
 
 The client is the one the community compares serving systems with: streaming chat
 completions (the tiny test model has a chat template, tests/tiny_model.py), its random
@@ -70,9 +70,12 @@ from localhosts.fleet import Fleet, fleet_venv, why_no_fleet  # noqa: E402
 INPUT_TOKENS = 128
 OUTPUT_TOKENS = 64
 SEED = 0
-# Up to twice vLLM's default batch on its CPU platform (max_num_seqs 128 for the API
-# server, vllm/engine/arg_utils.py): two gangs' batches full, one gang's queueing.
-CONCURRENCY_LEVELS = (1, 4, 16, 64, 256)
+# Up to four times vLLM's default batch on its CPU platform (max_num_seqs 128 for the API
+# server, vllm/engine/arg_utils.py): at 256 two gangs' batches are just full and one
+# gang's queue; a pool saturates only once requests queue, so 512 is the step that shows
+# whether two gangs stopped rising (2026-12-06: both pools still rose by 11-24% from 64
+# to 256).
+CONCURRENCY_LEVELS = (1, 4, 16, 64, 256, 512)
 # A step of the sweep that adds less than this to the best throughput so far ends it:
 # more requests in flight only queue.
 RISE_FACTOR = 1.10
@@ -85,12 +88,13 @@ ROUNDS_PER_RUN = 4
 FULL_CORE = 0.9
 # Each gang host's cap, in cores (a CPU cgroup's quota over its period). vLLM's CPU
 # engine keeps a core full while it serves, so uncapped, two gang hosts want both of this
-# machine's cores, and the client and the gateway (about 0.3 of a core at saturation,
-# measured with this bench on 2026-12-06) take theirs from the engines: the two-gang
-# figure then measures the machine, not the pool. Capped, two gangs take 1.6 cores and
-# leave the rest to the client and the gateway, and a gang host at its cap is the limit
-# at either pool size, so the ratio compares like with like.
-GANG_SHARE = 0.8
+# machine's cores, and the client and the gateway take theirs from the engines: the
+# two-gang figure then measures the machine, not the pool. Capped, two gangs take 1.4
+# cores and leave the rest to the client and the gateway (0.47 of a core at 256 in flight
+# to two gangs, measured with this bench on 2026-12-06, when a cap of 0.8 still left the
+# machine the limit), and a gang host at its cap is the limit at either pool size, so the
+# ratio compares like with like.
+GANG_SHARE = 0.7
 CPU_PERIOD_US = 100_000
 # The machine counts as busy with this share of all its cores in use.
 BUSY_MACHINE = 0.9
