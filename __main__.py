@@ -454,6 +454,8 @@ def waker_config(gangs) -> pulumi.Output[str]:
             idle_stop_minutes=spec.idle_stop_minutes,
             expected_wake_seconds=wake,
             give_up_minutes=spec.wake_give_up_minutes,
+            replicas=spec.replicas,
+            max_replicas=spec.max_replicas,
         )
     )
 
@@ -571,6 +573,8 @@ services = ClusterServices(
             idle_stop.expected_wake_seconds(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size),
             spec.wake_give_up_minutes,
         ),
+        replicas=spec.replicas,
+        max_replicas=spec.max_replicas,
     ),
 )
 
