@@ -462,6 +462,8 @@ def waker_config(gangs) -> pulumi.Output[str]:
             idle_stop_minutes=spec.idle_stop_minutes,
             expected_wake_seconds=wake,
             give_up_minutes=spec.wake_give_up_minutes,
+            replicas=spec.replicas,
+            max_replicas=spec.max_replicas,
         )
     )
 
@@ -581,6 +583,8 @@ services = ClusterServices(
             ),
             spec.wake_give_up_minutes,
         ),
+        replicas=spec.replicas,
+        max_replicas=spec.max_replicas,
     ),
 )
 

@@ -87,8 +87,15 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "Number of GPU nodes: one head plus nodes - 1 workers.", default=1),
     ConfigKey("replicas", "integer",
               "Copies of the model: independent gangs of `nodes` nodes each (own Ray cluster and placement "
-              "group) behind the one gateway, which balances across them and rolls changes one gang at a time.",
+              "group) behind the one gateway, which balances across them and rolls changes one gang at a time. "
+              "0 (every gang may sleep) only with maxReplicas and idleStopMinutes.",
               default=1),
+    ConfigKey("maxReplicas", "integer",
+              "Warm pool (issue 36, not yet supported: refused above replicas): every gang, the `replicas` "
+              "that always serve and warm gangs kept stopped that the gateway starts when requests stay "
+              "queued. Needs idleStopMinutes; not with capacityReservationId, capacityBlock or hosts; at "
+              f"least replicas, 1 to {MAX_REPLICAS}. 0: replicas.",
+              default=0, auto=True),
     ConfigKey("tensorParallelSize", "integer",
               "Tensor-parallel size; stays inside one node. 0: the GPUs of one node.", default=0, auto=True),
     ConfigKey("pipelineParallelSize", "integer",

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from components import aws_contract, sizing, stage_volume
+from components import aws_contract, metrics, ports, sizing, stage_volume
 from components.catalog import InstanceType
 
 SHUTDOWN_BEHAVIOR_DOC = (
@@ -325,6 +325,49 @@ def short_give_up_warning(minutes: int | None, wake_seconds: int) -> str | None:
     )
 
 
+# --- warm gangs (maxReplicas, issue 36) ----------------------------------------------------
+#
+# When the gateway's waker starts one more warm gang: requests waiting per serving gang above
+# this, at every look for this long (scripts/gateway/vllm-cluster-waker scale_decision). It
+# reads vLLM's vllm:num_requests_waiting, which vLLM sets from its scheduler's
+# len(self.waiting) (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record:
+# gauge_scheduler_waiting.set(scheduler_stats.num_waiting_reqs); vllm/v1/core/sched/
+# scheduler.py make_stats: num_waiting_reqs=len(self.waiting)). The V1 scheduler moves a
+# request from waiting to running at every step unless the running batch holds max_num_seqs
+# requests, the KV cache has no room for it, or the step's token budget
+# (max_num_batched_tokens) is spent (scheduler.py schedule(): "while self.waiting and
+# token_budget > 0: if len(self.running) == self.max_num_running_reqs: break", then the KV
+# allocation, which may fail). A spent token budget clears at the next step, milliseconds
+# later; a full batch or a full cache clears only as requests finish. So the gauge counts the
+# requests beyond what the engine can run, and a queue still there at every scrape for a
+# minute (four or more of Prometheus's looks, 15 s apart: metrics.SCRAPE_INTERVAL) is an
+# engine that is full, not a burst of long prompts. Every such request waits a whole
+# running request's time before its first token, and a wake takes minutes: the threshold
+# is no request waiting per serving gang (more than 0), and the hold time, not a larger
+# threshold, keeps a short burst from starting a gang. (A fraction of max_num_seqs, as the
+# issue suggests, would let 64 or more requests queue per gang at vLLM's defaults before
+# anything starts: minutes of added latency on top of the wake.)
+SCALE_OUT_WAITING_PER_GANG = 0.0
+SCALE_OUT_HOLD_SECONDS = 60
+# Prometheus on the gateway as the waker (on the same host) reaches it: loopback, under the
+# route prefix every endpoint is served at.
+PROMETHEUS_ON_GATEWAY = f"http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX}"
+
+
+def scales(replicas: int | None, max_replicas: int | None) -> bool:
+    """Whether the stack has warm gangs: more gangs than always serve."""
+    return replicas is not None and max_replicas is not None and max_replicas > replicas
+
+
+def gang_idle_minutes(gang: int, replicas: int, max_replicas: int | None, idle_stop_minutes: int) -> int:
+    """The idle time a gang's nodes are told (vllm-cluster-node idle-stop-config; 0: never
+    stop). With warm gangs, the first `replicas` gangs always serve: they never stop for
+    idleness, only the warm ones (and with replicas 0, every gang) sleep by the idle rule."""
+    if scales(replicas, max_replicas) and gang < replicas:
+        return 0
+    return idle_stop_minutes
+
+
 def waker_config(
     *,
     region: str,
@@ -336,9 +379,23 @@ def waker_config(
     expected_wake_seconds: int,
     give_up_minutes: int | None = None,
     retry_after_seconds: int = RETRY_AFTER_SECONDS,
+    replicas: int | None = None,
+    max_replicas: int | None = None,
 ) -> str:
     """The JSON `vllm-cluster-gateway waker-config` reads on stdin: where EC2 is, which tags
-    the stack's instances carry, each gang's instance ids (head first, gangs in order)."""
+    the stack's instances carry, each gang's instance ids (head first, gangs in order); with
+    warm gangs (max_replicas above replicas) when to start one and where the queue is read."""
+    scaling = (
+        {
+            "replicas": replicas,
+            "max_replicas": max_replicas,
+            "scale_out_waiting_per_gang": SCALE_OUT_WAITING_PER_GANG,
+            "scale_out_hold_seconds": SCALE_OUT_HOLD_SECONDS,
+            "prometheus": PROMETHEUS_ON_GATEWAY,
+        }
+        if scales(replicas, max_replicas)
+        else {}
+    )
     return (
         json.dumps(
             {
@@ -351,6 +408,7 @@ def waker_config(
                 "retry_after_seconds": retry_after_seconds,
                 "expected_wake_seconds": expected_wake_seconds,
                 "give_up_seconds": wake_give_up_seconds(expected_wake_seconds, give_up_minutes),
+                **scaling,
             },
             indent=2,
         )

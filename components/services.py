@@ -49,7 +49,7 @@ from typing import Sequence
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap, fabric, image, metrics, ports
+from components import bootstrap, fabric, idle_stop, image, metrics, ports
 from components.bootstrap import GATEWAY_COMMAND, LOGIN_READY_WORD, NODE_COMMAND
 from components.compute import NodeBootArgs, node_boot
 from components.spec import ClusterSpec, Secret
@@ -180,6 +180,10 @@ class ServicesArgs:
     # With minutes: how long a boot whose engine never answers keeps a node up
     # (idle_stop.never_served_grace_seconds: past the waker's give-up bound).
     never_served_grace_seconds: int = 0
+    # Warm gangs (maxReplicas, issue 36): the first `replicas` gangs always serve and never
+    # stop for idleness (idle_stop.gang_idle_minutes); None: every gang as idle_stop_minutes.
+    replicas: int | None = None
+    max_replicas: int | None = None
 
     @property
     def rolling(self) -> bool:
@@ -659,12 +663,16 @@ class ClusterServices(pulumi.ComponentResource):
         else, neither Ray nor vLLM. Declared with 0 too, and without a delete: unsetting
         the key turns the timer off by running it again, and `pulumi destroy` never has to
         reach a node, which may be stopped then."""
+        minutes = args.idle_stop_minutes
+        if minutes and args.replicas is not None:
+            # With warm gangs, an always-on gang never stops for idleness.
+            minutes = idle_stop.gang_idle_minutes(gang.index, args.replicas, args.max_replicas, minutes)
         for index in range(len(gang.node_ips)):
             self._run(
                 f"idle-stop-{gang.node(index)}",
                 self._on_node(gang, index),
-                f"sudo {NODE_COMMAND} idle-stop-config --minutes {args.idle_stop_minutes}"
-                + (f" --grace-seconds {args.never_served_grace_seconds}" if args.idle_stop_minutes else ""),
+                f"sudo {NODE_COMMAND} idle-stop-config --minutes {minutes}"
+                + (f" --grace-seconds {args.never_served_grace_seconds}" if minutes else ""),
                 after=[nodes[index].setup],
                 # A replaced node is a new machine: it needs its timer turned on again.
                 triggers=[gang.instances[index].id],

@@ -210,6 +210,11 @@ class ClusterSpec:
     # keeps, components/stage_volume.py) or "instance-store" (today's: the instance store
     # when the stage fits there, else the EFS cache).
     stage_volume: str = stage_volume.STAGE_VOLUME_INSTANCE_STORE
+    # maxReplicas (issue 36): every gang the stack declares, the `replicas` that always
+    # serve and the warm ones the gateway starts on the queue. Equal to replicas until the
+    # warm pool is supported (_check_max_replicas refuses more); None only in a spec built
+    # by hand.
+    max_replicas: int | None = None
 
     @property
     def on_stage_volume(self) -> bool:
@@ -879,14 +884,17 @@ def _check_replicas(reader: _Reader, nodes: int | None) -> int | None:
     replicas = reader.integer("replicas")
     if replicas is None:
         return None
-    if not 1 <= replicas <= MAX_REPLICAS:
+    if not 0 <= replicas <= MAX_REPLICAS:
         reader.fail(
             "replicas",
-            f"must be between 1 and {MAX_REPLICAS}: each replica is a gang of `nodes` GPU nodes serving its own "
-            f"copy of the model. Fix: pulumi config set {NAMESPACE}:replicas 2",
+            f"must be between 0 and {MAX_REPLICAS}: each replica is a gang of `nodes` GPU nodes serving its own "
+            f"copy of the model (0: every gang may sleep, with maxReplicas and idleStopMinutes). Fix: pulumi config "
+            f"set {NAMESPACE}:replicas 2",
         )
         return None
-    if replicas == 1:
+    if replicas <= 1:
+        # 0 and 1: one gang's placement at most here; more gangs by maxReplicas are
+        # checked with it (_check_max_replicas).
         return replicas
     if reader.string("placementGroupName") is not None:
         if reader.string("capacityReservationId") is not None:
@@ -1951,6 +1959,108 @@ def _check_wake_give_up(reader: _Reader, idle_stop_minutes: int | None) -> int |
     return minutes
 
 
+def _check_max_replicas(reader: _Reader, replicas: int | None, idle_stop_minutes: int | None) -> int | None:
+    """maxReplicas (issue 36): every gang, `replicas` always serving and the rest warm
+    (stopped until the queue needs them). Unset: replicas. Above replicas (or replicas 0)
+    it needs idleStopMinutes (a warm gang sleeps again by the idle rule), and is refused
+    with reserved capacity (paid whether its instances run or not: a stopped warm gang
+    saves nothing) and with hosts (nothing could start them). Then refused as not yet
+    supported: see WARM_POOL_NOT_YET."""
+    most = reader.integer("maxReplicas")
+    if replicas is None:
+        return None  # replicas is refused already; nothing to hold maxReplicas to
+    if not most:
+        if replicas == 0:
+            reader.fail(
+                "replicas",
+                f"is 0 (every gang may sleep) without {NAMESPACE}:maxReplicas, so the stack would have no gang at "
+                f"all. Fix: pulumi config set {NAMESPACE}:maxReplicas 1 (one gang, woken by the first request; "
+                f"with {NAMESPACE}:idleStopMinutes), or pulumi config set {NAMESPACE}:replicas 1",
+            )
+            return None
+        return replicas
+    if not 1 <= most <= MAX_REPLICAS:
+        reader.fail(
+            "maxReplicas",
+            f"must be from 1 to {MAX_REPLICAS}: every gang of the stack, the `replicas` that always serve and the "
+            f"warm ones the gateway starts when requests queue. Fix: pulumi config set {NAMESPACE}:maxReplicas "
+            f"{max(replicas + 1, 2)}, or pulumi config rm {NAMESPACE}:maxReplicas for replicas ({replicas})",
+        )
+        return None
+    if most < replicas:
+        reader.fail(
+            "maxReplicas",
+            f"is {most}, below replicas ({replicas}): the gangs that always serve are among the stack's gangs. "
+            f"Fix: pulumi config set {NAMESPACE}:maxReplicas {replicas} or more, or pulumi config rm "
+            f"{NAMESPACE}:maxReplicas",
+        )
+        return None
+    if most == replicas:
+        return most
+    key = "replicas" if replicas == 0 else "maxReplicas"
+    what = (
+        f"replicas is 0 (every gang may sleep; maxReplicas {most})"
+        if replicas == 0
+        else f"maxReplicas is {most}, above replicas ({replicas})"
+    )
+    refused = False
+    if reader.string("capacityReservationId") is not None or _set_beyond_default(reader, "capacityBlock"):
+        reservation = "capacityReservationId" if reader.present("capacityReservationId") else "capacityBlock"
+        reader.fail(
+            key,
+            f"{what} with {NAMESPACE}:{reservation} set: reserved capacity is paid whether its instances run or "
+            "not, so a warm gang kept stopped saves nothing. Fix: pulumi config rm "
+            f"{NAMESPACE}:maxReplicas and set {NAMESPACE}:replicas to the gangs you want (or drop the "
+            f"reservation: pulumi config rm {NAMESPACE}:{reservation})",
+            raw=reader.raw.get(key),
+        )
+        refused = True
+    if _hosts_listed(reader):
+        reader.fail(
+            key,
+            f"{what} with {NAMESPACE}:hosts set: a warm gang is kept stopped and started by the gateway through "
+            f"EC2, and nothing can start machines of your own. Fix: pulumi config rm {NAMESPACE}:maxReplicas",
+            raw=reader.raw.get(key),
+        )
+        refused = True
+    refused_idle_stop = any(problem.key == "idleStopMinutes" for problem in reader.problems)
+    if not idle_stop_minutes and not refused_idle_stop and not refused:
+        reader.fail(
+            key,
+            f"{what} without {NAMESPACE}:idleStopMinutes: a warm gang goes back to sleep by the idle rule, and "
+            f"without it a gang woken once would run until the stack is destroyed. Fix: pulumi config set "
+            f"{NAMESPACE}:idleStopMinutes 30, or pulumi config rm {NAMESPACE}:maxReplicas",
+            raw=reader.raw.get(key),
+        )
+        refused = True
+    if reader.string("placementGroupName") is not None and most > 1:
+        reader.fail(
+            "maxReplicas",
+            f"is {most}, but placementGroupName names one existing group, and each gang needs a cluster "
+            f"placement group of its own. Fix: pulumi config rm {NAMESPACE}:placementGroupName (the stack then "
+            "makes one group per gang)",
+        )
+        refused = True
+    if refused or refused_idle_stop:
+        return None
+    reader.fail(key, f"{what}: {WARM_POOL_NOT_YET}", raw=reader.raw.get(key))
+    return None
+
+
+# Why maxReplicas above replicas is refused for now (issue 36 is half built): the gateway's
+# waker can start one warm gang when requests queue (scripts/gateway/vllm-cluster-waker
+# scale_decision), but the program would still start every gang at `pulumi up` and keep none
+# stopped, the always-on gangs would still stop for idleness, and the gateway's pool balances
+# over every gang, so under any steady load all maxReplicas gangs would run and be billed
+# while the stack asked for `replicas`. A refusal costs nothing; GPU hours nobody asked for do.
+WARM_POOL_NOT_YET = (
+    "warm gangs are not yet supported: the gateway can start a stopped gang when requests queue, but the stack "
+    "would still start every gang at `pulumi up` and its pool would keep them all busy, so you would pay for "
+    "maxReplicas gangs, not replicas (issue 36). Fix: pulumi config rm vllm-cluster:maxReplicas and set "
+    "vllm-cluster:replicas to the gangs you want serving (with idleStopMinutes each sleeps when idle)"
+)
+
+
 def _check_fabric_floor(reader: _Reader) -> float | None:
     """fabricFloorGBps: a bus bandwidth in GB/s above 0 and at most MAX_FABRIC_FLOOR_GBPS."""
     floor = reader.number("fabricFloorGBps")
@@ -2062,6 +2172,7 @@ def load_spec(
     tls = _check_user_certificate(reader, secret_keys)
     idle_stop_minutes = _check_idle_stop(reader)
     wake_give_up_minutes = _check_wake_give_up(reader, idle_stop_minutes)
+    max_replicas = _check_max_replicas(reader, shape.replicas, idle_stop_minutes)
     fabric_floor_gbps = _check_fabric_floor(reader)
     chosen_stage_volume = _check_stage_volume(reader)
     _check_engine_fit(reader, source, engine, shape)
@@ -2077,6 +2188,7 @@ def load_spec(
         idle_stop_minutes=idle_stop_minutes,
         wake_give_up_minutes=wake_give_up_minutes,
         fabric_floor_gbps=fabric_floor_gbps,
+        max_replicas=max_replicas,
     )
     spec = dataclasses.replace(spec, stage_volume=_resolve_stage_volume(spec, chosen_stage_volume))
     if idle_stop_minutes:

@@ -12,7 +12,7 @@ import pytest
 from fleet_ec2 import fed_waker_config
 from pulumi_mocks import run_stack, unsecret
 
-from components import idle_stop, sizing
+from components import idle_stop, metrics, ports, sizing
 from components.catalog import CATALOG
 from tests.doubles.ec2_api import policy_allows
 
@@ -434,3 +434,44 @@ def test_the_readmes_wake_time_of_dev_is_the_plans():
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert f"{plan.build_plan('dev')['idleStop']['wakeSeconds']} s for `dev`" in readme
+
+
+# --- warm gangs (maxReplicas, issue 36) -----------------------------------------------------
+
+
+def warm_waker_config(**scaling) -> str:
+    return idle_stop.waker_config(
+        region="us-east-1",
+        endpoint="https://ec2.us-east-1.amazonaws.com",
+        stack="prod",
+        project="vllm-cluster",
+        gangs={"gang0": ["i-0a000000000000001"], "gang1": ["i-0b000000000000001"]},
+        idle_stop_minutes=30,
+        expected_wake_seconds=600,
+        **scaling,
+    )
+
+
+def test_the_waker_is_told_to_scale_only_with_warm_gangs_and_reads_what_it_is_told():
+    from tests.test_waker import waker
+
+    plain = waker.parse_config(warm_waker_config())
+    assert not waker.scales(plain)
+    assert not waker.scales(waker.parse_config(warm_waker_config(replicas=2, max_replicas=2)))
+    told = waker.parse_config(warm_waker_config(replicas=1, max_replicas=2))
+    assert waker.scales(told)
+    assert (told["replicas"], told["max_replicas"]) == (1, 2)
+    assert told["scale_out_hold_seconds"] == idle_stop.SCALE_OUT_HOLD_SECONDS
+    assert told["scale_out_waiting_per_gang"] == idle_stop.SCALE_OUT_WAITING_PER_GANG
+    # Prometheus on the gateway's loopback, under its route prefix (components/metrics.py).
+    assert told["prometheus"] == f"http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX}"
+
+
+def test_with_warm_gangs_the_always_on_gangs_never_stop_for_idleness():
+    """replicas 2, maxReplicas 4: gangs 0 and 1 always serve (their nodes are told 0, never),
+    gangs 2 and 3 sleep by the idle rule. Without warm gangs every gang keeps the idle
+    time, and with replicas 0 every gang may sleep."""
+    assert [idle_stop.gang_idle_minutes(gang, 2, 4, 30) for gang in range(4)] == [0, 0, 30, 30]
+    assert [idle_stop.gang_idle_minutes(gang, 2, 2, 30) for gang in range(2)] == [30, 30]
+    assert [idle_stop.gang_idle_minutes(gang, 2, None, 30) for gang in range(2)] == [30, 30]
+    assert [idle_stop.gang_idle_minutes(gang, 0, 2, 30) for gang in range(2)] == [30, 30]

@@ -368,3 +368,12 @@ def test_with_real_crypto_every_stack_draws_its_own_api_key_and_ray_tokens_and_k
     assert len(first.outputs["apiKey"]) == 48 and first.outputs["apiKey"].isalnum()
     derived = run_program(config, stack="own", secret_keys=["sshPrivateKey"])
     assert derived.outputs["apiKey"] not in (first.outputs["apiKey"], other.outputs["apiKey"])
+
+
+def test_warm_gangs_are_refused_with_hosts_which_nothing_can_start():
+    """maxReplicas keeps gangs stopped for the gateway to start through EC2 (issue 36)."""
+    problems = problems_of(maxReplicas=3)
+    assert [p for p in problems if p.startswith("vllm-cluster:maxReplicas = 3")] == [
+        next(p for p in problems if "nothing can start machines of your own" in p)
+    ]
+    assert spec_of(maxReplicas=2).max_replicas == 2  # hosts lists 2 gangs: as many as replicas

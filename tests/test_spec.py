@@ -814,3 +814,82 @@ def test_a_fabric_floor_that_is_no_bus_bandwidth_is_refused_naming_key_value_and
     assert error.keys == ["fabricFloorGBps"]
     assert str(value) in str(error)
     assert "pulumi config set vllm-cluster:fabricFloorGBps" in str(error)
+
+
+# --- maxReplicas and replicas 0 (issue 36, point 1) -------------------------------------------
+
+
+def test_max_replicas_defaults_to_replicas():
+    assert spec_of().max_replicas == 1
+    assert spec_of(replicas=2).max_replicas == 2
+    assert spec_of(replicas=2, maxReplicas=0).max_replicas == 2  # Pulumi.yaml's default: replicas
+    assert spec_of(replicas=2, maxReplicas="2").max_replicas == 2
+
+
+@pytest.mark.parametrize("value", [-1, 17])
+def test_max_replicas_outside_1_to_16_is_refused_with_the_fix(value):
+    error = problems_of(maxReplicas=value, idleStopMinutes=30)
+    assert error.keys == ["maxReplicas"]
+    assert f"vllm-cluster:maxReplicas = {value}" in str(error) and "must be from 1 to 16" in str(error)
+    assert "pulumi config rm vllm-cluster:maxReplicas" in str(error)
+
+
+def test_max_replicas_below_replicas_is_refused_naming_both():
+    error = problems_of(replicas=3, maxReplicas=2, idleStopMinutes=30)
+    assert error.keys == ["maxReplicas"]
+    assert "below replicas (3)" in str(error) and "pulumi config set vllm-cluster:maxReplicas 3 or more" in str(error)
+
+
+def test_replicas_below_0_is_refused_with_the_range():
+    error = problems_of(replicas=-1)
+    assert error.keys == ["replicas"] and "between 0 and 16" in str(error)
+
+
+def test_replicas_0_without_max_replicas_is_refused_as_a_stack_of_no_gang():
+    error = problems_of(replicas=0, idleStopMinutes=30)
+    assert error.keys == ["replicas"]
+    assert "vllm-cluster:replicas = 0" in str(error) and "pulumi config set vllm-cluster:maxReplicas 1" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [({"replicas": 1, "maxReplicas": 2}, "maxReplicas"), ({"replicas": 0, "maxReplicas": 1}, "replicas")],
+)
+def test_warm_gangs_without_idle_stop_are_refused_naming_the_fix(changes, key):
+    """A warm gang sleeps again by the idle rule; without it one woken would run for ever,
+    and replicas 0 would never sleep at all."""
+    error = problems_of(**changes)
+    assert error.keys == [key]
+    assert "without vllm-cluster:idleStopMinutes" in str(error)
+    assert "pulumi config set vllm-cluster:idleStopMinutes 30" in str(error)
+
+
+@pytest.mark.parametrize("reservation", [{"capacityReservationId": "cr-0123456789abcdef0"}, {"capacityBlock": True}])
+def test_warm_gangs_with_reserved_capacity_are_refused_naming_both_keys(reservation):
+    """Reserved capacity is paid whether its instances run or not: a warm gang kept stopped
+    saves nothing. (idleStopMinutes is refused with it too, on its own key; a Capacity Block
+    without a reservation id is a problem of its own as well.)"""
+    error = problems_of(maxReplicas=2, idleStopMinutes=30, availabilityZone="us-east-1a", **reservation)
+    assert {"idleStopMinutes", "maxReplicas"} <= set(error.keys)
+    problem = next(p for p in error.problems if p.key == "maxReplicas")
+    assert f"vllm-cluster:{next(iter(reservation))} set" in problem.message
+    assert "paid whether its instances run or not" in problem.message
+    assert "pulumi config rm vllm-cluster:maxReplicas" in problem.message
+
+
+def test_warm_gangs_with_an_existing_placement_group_are_refused():
+    error = problems_of(maxReplicas=2, idleStopMinutes=30, placementGroupName="mine")
+    assert error.keys == ["maxReplicas"] and "placement group of its own" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"), [({"maxReplicas": 3}, "maxReplicas"), ({"replicas": 0, "maxReplicas": 1}, "replicas")]
+)
+def test_a_valid_warm_pool_is_refused_as_not_yet_supported_saying_why(changes, key):
+    """Until the program keeps warm gangs stopped (issue 36), declaring them would start and
+    bill every gang: refused, before any resource, saying so and what to set instead."""
+    error = problems_of(idleStopMinutes=30, **changes)
+    assert error.keys == [key]
+    message = str(error)
+    assert "not yet supported" in message and "pay for maxReplicas gangs, not replicas" in message
+    assert "pulumi config rm vllm-cluster:maxReplicas" in message
