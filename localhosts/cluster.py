@@ -170,6 +170,12 @@ def instance_ips(nodes: int, replicas: int = 1, network: Network = MAIN_NETWORK)
     return ips
 
 
+def declared_gangs(config: dict[str, Any]) -> int:
+    """The gangs the stack declares: maxReplicas when set (its warm gangs are instances
+    too, stopped or not), else replicas (components/spec.py)."""
+    return int(config.get("maxReplicas", config.get("replicas", 1)))
+
+
 def fleet_program(
     nodes: int,
     key_store: dict,
@@ -183,7 +189,7 @@ def fleet_program(
     run = run_program(
         fleet_config(nodes, network, **overrides),
         stack="fleet",
-        instance_ips={**instance_ips(nodes, int(overrides.get("replicas", 1)), network), **(moved or {})},
+        instance_ips={**instance_ips(nodes, declared_gangs(overrides), network), **(moved or {})},
         public_ips={"vllm-gateway-ip": network.gateway_ip},
         secret_keys=["apiKey"],
         real_crypto=True,

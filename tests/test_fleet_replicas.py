@@ -721,3 +721,137 @@ def test_a_wake_whose_capacity_never_comes_back_is_given_up_and_leaves_no_instan
     assert id1 not in stand_in.started[booted:]
     assert stand_in.state(id1) == "stopped" and not is_up(head1)
     stand_in.capacity_back(id1)
+
+
+# --- a warm pool: gangs that follow the load (issue 36) -----------------------------------------
+
+# The gateway command that parks the warm gangs once a deploy made them ready.
+PARK_COMMAND = "vllm-gateway-park"
+# The fleet's engines run two requests at once (localhosts/cluster.py --max-num-seqs=2):
+# eight clients keep about six waiting on one gang, at every look, which is what the
+# waker scales out on (idle_stop.SCALE_OUT_WAITING_PER_GANG, SCALE_OUT_HOLD_SECONDS).
+QUEUEING_CLIENTS = 8
+# A queue held for the hold time, seen by Prometheus (every 15 s) and by the waker's look
+# (every 15 s), then StartInstances.
+SCALES_OUT_WITHIN = 60 + 15 + 15 + 60
+# A warm gang parks once its last client request is IDLE_MINUTES old, at the waker's next
+# look (15 s), Prometheus's scrape (15 s), the drain and the poweroff.
+PARKS_WITHIN = IDLE_MINUTES * 60 + 150
+
+
+def power(cluster) -> dict[str, dict]:
+    """The waker's record of each gang (power.json on the gateway)."""
+    printed = gateway_shell(cluster, "sudo cat /var/lib/vllm-cluster/gateway/power.json").stdout
+    return json.loads(printed)["gangs"]
+
+
+def wait_for(check, timeout: float, what: str):
+    """check()'s first true answer within `timeout` seconds; fails naming `what`."""
+    started = time.monotonic()
+    while True:
+        answer = check()
+        if answer:
+            return answer
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout:.0f} s"
+        time.sleep(3)
+
+
+def every_gang_serves(cluster) -> bool:
+    code, report = status(cluster)
+    return code == 0 and all(g["verdict"] == "serving" for g in report["gangs"])
+
+
+def later_up(cluster, stand_in, **changes):
+    """The stack again with `changes`, its changed commands replayed as `pulumi up` runs
+    them (scripts/deploy starts a stopped gang first: the test wakes them before); returns
+    the changed commands' names and outcomes."""
+    run = cluster.program(moved=current_ips(cluster), **changes)
+    old = {c.name: c.inputs for c in cluster.run.of_type(COMMAND)}
+    changed = {c.name for c in run.of_type(COMMAND) if old.get(c.name) != c.inputs}
+    assert not [name for name in changed if name.endswith(("-vllm", "-ray")) or "start-ray" in name], changed
+    stand_in.refresh(run)
+    outcomes = replay(run, only=changed)
+    cluster.run = run
+    cluster.config = {**cluster.config, **{key: str(value) for key, value in changes.items()}}
+    return changed, outcomes
+
+
+def test_a_warm_gang_is_parked_woken_by_a_queue_and_parked_again_when_idle_failing_no_request(gangs, ec2):
+    """replicas 1, maxReplicas 2 on the running stack: the up parks gang 1 (drained, then
+    stopped through EC2's API); a load that keeps requests waiting on gang 0 wakes it; both
+    serve; once the load stops gang 1 drains and powers off, gang 0 serving on. Clients
+    sending completions throughout see no failed request."""
+    stand_in = ec2["stand_in"]
+    head0, head1 = heads(gangs)
+    id1 = stand_in.instance_of(head1)
+    # What the earlier tests left stopped (gang 1, whose wake was given up) starts first, as
+    # scripts/deploy starts a stack's stopped nodes before `pulumi up` reaches them.
+    woke = gangs.operator("wake")
+    assert woke.returncode == 0, woke.stderr
+    wait_for(lambda: every_gang_serves(gangs), SERVES_AGAIN_WITHIN, "every gang serving before the up")
+    with Load(gangs, clients=1) as steady:
+        changed, outcomes = later_up(gangs, stand_in, replicas=1, maxReplicas=2)
+    assert PARK_COMMAND in changed, changed
+    print(f"park: {outcomes[PARK_COMMAND].stdout.strip()}")
+    took = wait_until_off(head1, 120)
+    print(f"gang1 parked {took:.0f} s after the up")
+    assert steady.failed == [] and steady.sent > 0, (steady.sent, steady.failed[:3])
+    records = power(gangs)
+    assert records["gang0"]["role"] == "always-on" and records["gang1"]["role"] == "warm", records
+    assert "parked after deploy" in records["gang1"]["why"], records["gang1"]
+    assert pool(gangs)["gang1"][1] == "drained", pool(gangs)
+    assert is_up(head0) and gangs.completion() == 200
+
+    # Scale out: requests wait on gang 0; the waker starts gang 1 through EC2's API.
+    started_before = len(stand_in.started)
+    asked = time.monotonic()
+    with Load(gangs, clients=QUEUEING_CLIENTS) as load:
+        wait_for(lambda: id1 in stand_in.started[started_before:], SCALES_OUT_WITHIN, "gang1 started by the queue")
+        print(f"scale out: gang1 started {time.monotonic() - asked:.0f} s after the queue began")
+        assert "scale out" in power(gangs)["gang1"]["why"], power(gangs)["gang1"]
+        wait_for(lambda: pool(gangs)["gang1"][1:] == ["in-pool", "serving"], SERVES_AGAIN_WITHIN, "gang1 in the pool")
+        print(f"scale out: gang1 serves in the pool {time.monotonic() - asked:.0f} s after the queue began")
+        served = served_requests(gangs, 1)
+        wait_for(lambda: served_requests(gangs, 1) > served, 60, "gang1 taking requests from the pool")
+    print(f"scale out: {load.sent} completions sent, {len(load.failed)} failed")
+    assert load.failed == [] and load.sent >= 50, (load.sent, load.failed[:3])
+    assert len(stand_in.started[started_before:]) == 1, stand_in.started[started_before:]
+
+    # Scale in: nobody sends (the pool spreads even one client's requests over both gangs,
+    # so a warm gang idles only when the load is gone); gang 1 drains and powers off, gang 0
+    # serves on.
+    ended = time.monotonic()
+    took = wait_until_off(head1, PARKS_WITHIN)
+    print(f"scale in: gang1 off {took:.0f} s after the load ended")
+    assert time.monotonic() - ended >= IDLE_MINUTES * 60
+    assert "scaled in" in power(gangs)["gang1"]["why"], power(gangs)["gang1"]
+    assert is_up(head0) and gangs.completion() == 200
+    code, report = status(gangs)
+    assert [(g["name"], g["role"]) for g in report["gangs"]] == [("gang0", "always-on"), ("gang1", "warm")], report
+    assert code == 0, report["problems"]
+
+
+def test_replicas_0_sleeps_completely_and_the_first_request_wakes_one_gang(gangs, ec2):
+    stand_in = ec2["stand_in"]
+    head0, head1 = heads(gangs)
+    later_up(gangs, stand_in, replicas=0, maxReplicas=2)
+    # Gang 0 is warm now: idle, it parks too.
+    took = wait_until_off(head0, PARKS_WITHIN + 60)
+    print(f"replicas 0: gang0 off {took:.0f} s after the up")
+    wait_for(lambda: status(gangs)[0] == 4, 60, "status: every gang stopped")
+    started_before = len(stand_in.started)
+    asked = time.monotonic()
+    answer, headers, body = completion_answer(gangs)
+    assert answer == 503 and int(headers["Retry-After"]) > 0, (answer, headers, body)
+    wait_for(lambda: len(stand_in.started) > started_before, 30, "one gang started by the request")
+    tries = 1
+    while answer != 200:
+        assert time.monotonic() - asked < SERVES_AGAIN_WITHIN, (answer, body)
+        time.sleep(int(headers.get("Retry-After", "10")))
+        answer, headers, body = completion_answer(gangs)
+        tries += 1
+        assert answer in (200, 503), (answer, body)
+    print(f"replicas 0: the first completion after {time.monotonic() - asked:.0f} s and {tries} tries")
+    # One gang woke, not both.
+    assert len(stand_in.started[started_before:]) == 1, stand_in.started[started_before:]
+    assert sum(is_up(head) for head in (head0, head1)) == 1
