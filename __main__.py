@@ -275,7 +275,7 @@ credentials = Credentials(
     CredentialsArgs(
         api_key=spec.api_key,
         previous_api_key=spec.previous_api_key,
-        replicas=spec.replicas,
+        gang_count=spec.declared_gangs,
         ssh_private_key=spec.own_hosts.ssh_private_key if spec.own_hosts is not None else None,
     ),
 )
@@ -335,7 +335,7 @@ def ec2_machines() -> Machines:
             vpc_id=network.vpc_id,
             api_allowed_cidrs=spec.api_allowed_cidrs,
             admin_cidrs=spec.admin_cidrs,
-            replicas=spec.replicas,
+            gang_count=spec.declared_gangs,
         ),
     )
     storage = ModelStorage(
@@ -379,7 +379,9 @@ def ec2_machines() -> Machines:
             wheelhouse_access_point_arn=storage.wheelhouse_access_point_arn,
             boot=node_boot,
             boot_after=[*network.ready, *security.rules, *storage.ready],
-            replicas=spec.replicas,
+            # Warm gangs too: created, set up and made ready like any gang, so that a later
+            # wake is only a power-on; the park command stops them after (issue 36).
+            gang_count=spec.declared_gangs,
             stop_on_shutdown=spec.idle_stop_minutes is not None,
             stage_volume=(
                 stage_volume_for(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
@@ -599,7 +601,8 @@ pulumi.export(
 )
 pulumi.export("metricsLogin", pulumi.Output.concat(f"{metrics.METRICS_USER}:", credentials.metrics_password))
 pulumi.export("gatewayPublicIp", machines.gateway_public_address)
-# Gang 0's, as before replicas; `gangs` has every gang's nodes, head first.
+# Gang 0's, as before replicas; `gangs` has every declared gang's nodes, head first, and with
+# warm gangs (maxReplicas above replicas) each gang's role (topology.gang_role).
 head_ips = machines.gangs[0][0]
 pulumi.export("headPrivateIp", head_ips[0])
 pulumi.export("workerPrivateIps", pulumi.Output.all(*head_ips[1:]))
@@ -609,6 +612,7 @@ pulumi.export(
         {
             "name": gang.name,
             "nodes": [{"name": node_name(index, gang.index), "ip": ip} for index, ip in enumerate(gang.node_ips)],
+            **({"role": spec.gang_role(gang.index)} if spec.has_warm_gangs else {}),
         }
         for gang in serving_gangs
     ],
@@ -667,6 +671,11 @@ else:
 pulumi.export(
     "topology",
     topology_summary(
-        spec.nodes, spec.gpus_per_node, spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.replicas
+        spec.nodes,
+        spec.gpus_per_node,
+        spec.tensor_parallel_size,
+        spec.pipeline_parallel_size,
+        spec.replicas,
+        spec.declared_gangs,
     ),
 )

@@ -1,8 +1,9 @@
-"""The GPU nodes: an instance role, and per gang (one per replica) a cluster
-placement group, a launch template and the head plus nodes - 1 workers, all in the
-private subnet without public IPs. Gang 0's resources keep the names they had
-before replicas existed (topology.gang_prefix), so a stack of one replica replaces
-nothing; the other gangs' names carry their gang (vllm-gang1-head).
+"""The GPU nodes: an instance role, and per gang (maxReplicas of them, the always-on and
+the warm ones alike: topology.gang_role) a cluster placement group, a launch template
+and the head plus nodes - 1 workers, all in the private subnet without public IPs.
+Gang 0's resources keep the names they had before replicas existed
+(topology.gang_prefix), so a stack of one replica replaces nothing; the other gangs'
+names carry their gang (vllm-gang1-head).
 
 The launch template carries what every node shares: the Deep Learning Base AMI
 (NVIDIA driver and EFA software preinstalled, so nothing compiles at boot), IMDSv2
@@ -150,8 +151,9 @@ class GpuNodesArgs:
     # Resources a node needs in place when it boots (routes, security group rules,
     # the EFS mount target): EC2 would otherwise start it before they exist.
     boot_after: Sequence[pulumi.Resource] = ()
-    # Gangs: independent copies of the model, each node_count nodes in a placement group of its own.
-    replicas: int = 1
+    # Every gang the stack declares (maxReplicas: the always-on and the warm ones alike):
+    # independent copies of the model, each node_count nodes in a placement group of its own.
+    gang_count: int = 1
     # idleStopMinutes is set: a node that powers itself off is stopped, not terminated.
     stop_on_shutdown: bool = False
     # The image the nodes launch from when it is not ami_id's: the baked node image
@@ -299,12 +301,12 @@ class GpuNodes(pulumi.ComponentResource):
         )
         # The other gangs' nodes read the model tree and write nothing on the cache: what
         # they could write there, gang 0's next node would load (topology.writes_model_tree).
-        reader_profile = self._instance_profile(name, "reader", args, []) if args.replicas > 1 else None
+        reader_profile = self._instance_profile(name, "reader", args, []) if args.gang_count > 1 else None
         if args.capacity_reservation_id is not None:
             pulumi.log.warn(replacement_notice(args.capacity_reservation_id), resource=self)
         templates = []
         self.gangs = []
-        for gang in range(args.replicas):
+        for gang in range(args.gang_count):
             # Per gang: the placement group is part of the launch template.
             placement_group_name = self._placement_group(name, gang, args)
             gang_profile = profile if writes_model_tree(gang) else reader_profile
@@ -537,7 +539,7 @@ class GpuNodes(pulumi.ComponentResource):
                 )
             )
         )
-        gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.replicas > 1 else {}
+        gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.gang_count > 1 else {}
         instance = aws.ec2.Instance(
             f"{name}-{node_name(index, gang)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},

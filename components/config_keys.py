@@ -91,8 +91,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "0 (every gang may sleep) only with maxReplicas and idleStopMinutes.",
               default=1),
     ConfigKey("maxReplicas", "integer",
-              "Warm pool (issue 36, not yet supported: refused above replicas): every gang, the `replicas` "
-              "that always serve and warm gangs kept stopped that the gateway starts when requests stay "
+              "Warm pool (issue 36): every gang the stack creates, the `replicas` that always serve and warm "
+              "gangs, set up at `pulumi up` and then kept stopped, that the gateway starts when requests stay "
               "queued. Needs idleStopMinutes; not with capacityReservationId, capacityBlock or hosts; at "
               f"least replicas, 1 to {MAX_REPLICAS}. 0: replicas.",
               default=0, auto=True),

@@ -54,8 +54,8 @@ class CredentialsArgs:
     api_key: Secret | None
     # previousApiKey: still accepted while clients move to apiKey; None: no other key.
     previous_api_key: Secret | None = None
-    # Serving gangs: one Ray token each.
-    replicas: int = 1
+    # Every gang the stack declares (maxReplicas, warm ones too): one Ray token each.
+    gang_count: int = 1
     # hosts: the user's key that logs in on their machines (no key is made, no key pair).
     ssh_private_key: Secret | None = None
 
@@ -120,7 +120,7 @@ class Credentials(pulumi.ComponentResource):
                     f"{name}-{gang_prefix(gang)}ray-token", length=RAY_TOKEN_LENGTH, special=False, opts=child
                 ).result
             )
-            for gang in range(args.replicas)
+            for gang in range(args.gang_count)
         ]
         self.ray_token = self.ray_tokens[0]
 

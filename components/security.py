@@ -37,8 +37,8 @@ class SecurityArgs:
     vpc_id: pulumi.Input[str]
     api_allowed_cidrs: tuple[str, ...]
     admin_cidrs: tuple[str, ...]
-    # Gangs: each gets a cluster group of its own.
-    replicas: int = 1
+    # Every gang the stack declares (maxReplicas, warm ones too): each gets a cluster group of its own.
+    gang_count: int = 1
 
 
 def _cidr_args(cidr: str) -> dict[str, str]:
@@ -78,7 +78,7 @@ class SecurityGroups(pulumi.ComponentResource):
                 args.vpc_id,
                 "vllm-cluster GPU nodes among themselves: EFA, Ray, NCCL" + (f" (gang {gang} only)" if gang else ""),
             )
-            for gang in range(args.replicas)
+            for gang in range(args.gang_count)
         ]
         efs = self._group("efs", args.vpc_id, "vllm-cluster model cache (EFS mount target)")
         self._gateway_rules(gateway, nodes, args)

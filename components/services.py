@@ -10,7 +10,9 @@
     -> the gang's head into the gateway's pool -> readiness: the stack's probe (a real
     request of the model's task, components/api_routes.py) through the gateway.
   The gateway: setup -> login probe key -> (waits for the nodes); certificate and
-  key -> nginx site (the gang pool).
+  key -> nginx site (the gang pool). With warm gangs (maxReplicas above replicas) every
+  gang goes through all of the above, and then, last of all, the gateway parks the warm
+  ones (drained and stopped by its waker), so that a later wake is only a power-on.
 
 Replacing nodes is blue/green. A launch-template change replaces every GPU node, and
 Pulumi creates the new instances first and deletes the old ones at the end of `pulumi
@@ -181,7 +183,9 @@ class ServicesArgs:
     # (idle_stop.never_served_grace_seconds: past the waker's give-up bound).
     never_served_grace_seconds: int = 0
     # Warm gangs (maxReplicas, issue 36): the first `replicas` gangs always serve and never
-    # stop for idleness (idle_stop.gang_idle_minutes); None: every gang as idle_stop_minutes.
+    # stop for idleness (idle_stop.gang_idle_minutes); the others (`gangs` holds every
+    # declared gang) are parked by the stack's last command. None: every gang as
+    # idle_stop_minutes, nothing parked.
     replicas: int | None = None
     max_replicas: int | None = None
 
@@ -306,6 +310,10 @@ class ClusterServices(pulumi.ComponentResource):
         # would see no change of their inputs and leave the new host bare: they re-run
         # with the instance.
         self._gateway_triggers = [resource.id for resource in args.gateway]
+        # Every command declared, and every gang's readiness triggers: the park command
+        # (warm gangs) comes after all of them and re-runs with any of the latter.
+        self._commands: list[command.remote.Command] = []
+        self._readiness_triggers: list = []
         gateway = self._gateway_proxy(args)
         model = None
         drained = None
@@ -323,6 +331,8 @@ class ClusterServices(pulumi.ComponentResource):
             reports.append(self._serving(args, gang, nodes, ray, model, gateway).stdout)
         if args.idle_stop_minutes:
             self._waker(args, gateway)
+        if idle_stop.scales(args.replicas, args.max_replicas):
+            self._park(args)
         self.readiness = (
             reports[0]
             if len(reports) == 1
@@ -357,7 +367,7 @@ class ClusterServices(pulumi.ComponentResource):
     ) -> command.remote.Command:
         """One remote command. Its name is part of the fleet's replay and of the deployed
         stacks' URNs: do not rename one without an alias."""
-        return command.remote.Command(
+        declared = command.remote.Command(
             f"{self._name}-{resource}",
             connection=connection,
             create=create,
@@ -373,6 +383,8 @@ class ClusterServices(pulumi.ComponentResource):
                 additional_secret_outputs=SECRET_OUTPUTS if secret else None,
             ),
         )
+        self._commands.append(declared)
+        return declared
 
     # --- what restarts a gang's Ray or vLLM -----------------------------------------------
 
@@ -696,6 +708,23 @@ class ClusterServices(pulumi.ComponentResource):
             triggers=self._gateway_triggers,
         )
 
+    def _park(self, args: ServicesArgs) -> command.remote.Command:
+        """Warm gangs (maxReplicas, issue 36): the stack creates, sets up and readies every
+        gang, so that a later wake is only a power-on, then parks the warm ones: `park`
+        asks the gateway's waker to drain and stop every warm gang with no request running
+        or waiting (scripts/gateway/vllm-cluster-gateway). The stack's last command: after
+        every other one (no command may find a warm gang stopped under it), and again
+        whenever any gang's readiness check ran again (the same triggers; scripts/deploy
+        starts the stack's stopped gangs before `pulumi up` reaches them) or the gateway
+        was replaced (a fresh waker). No delete: destroy has nothing to park."""
+        return self._run(
+            "gateway-park",
+            self._on_gateway(),
+            f"sudo {GATEWAY_COMMAND} park",
+            after=list(self._commands),
+            triggers=[*self._readiness_triggers, *self._gateway_triggers],
+        )
+
     def _stage_model(
         self, args: ServicesArgs, gang: ServingGang, nodes: list[NodeCommands], ray: RayCommands
     ) -> command.remote.Command:
@@ -822,6 +851,9 @@ class ClusterServices(pulumi.ComponentResource):
             # answered the probe (on the first `pulumi up` nothing serves anyway).
             served = gateway.proxy = self._pool(args, [gateway.tls, gateway.api_keys, gateway.metrics, serve])
         proxy = gateway.proxy if args.rolling else served
+        # Check again whenever vLLM may have restarted: new settings, key, version or Ray.
+        triggers = [gang.vllm_settings, pulumi.Output.secret(args.heads_api_key), *vllm_restarts]
+        self._readiness_triggers += triggers
         return self._run(
             gang.command("readiness"),
             on_head,
@@ -835,8 +867,7 @@ class ClusterServices(pulumi.ComponentResource):
             # A self-signed certificate is the trust anchor; a public one is checked by the system store.
             stdin=args.tls_certificate_pem if args.tls_self_signed else "",
             after=[served, proxy] if args.rolling else [serve, proxy],
-            # Check again whenever vLLM may have restarted: new settings, key, version or Ray.
-            triggers=[gang.vllm_settings, pulumi.Output.secret(args.heads_api_key), *vllm_restarts],
+            triggers=triggers,
         )
 
     def _preflight(

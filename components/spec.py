@@ -28,6 +28,7 @@ from components import (
     node_env,
     sizing,
     stage_volume,
+    topology,
     versions,
 )
 from components.catalog import InstanceType
@@ -211,9 +212,9 @@ class ClusterSpec:
     # when the stage fits there, else the EFS cache).
     stage_volume: str = stage_volume.STAGE_VOLUME_INSTANCE_STORE
     # maxReplicas (issue 36): every gang the stack declares, the `replicas` that always
-    # serve and the warm ones the gateway starts on the queue. Equal to replicas until the
-    # warm pool is supported (_check_max_replicas refuses more); None only in a spec built
-    # by hand.
+    # serve and the warm ones the gateway starts on the queue. load_spec sets it (replicas
+    # when the key is unset); None only in a spec built by hand, which then means replicas
+    # (declared_gangs).
     max_replicas: int | None = None
 
     @property
@@ -247,8 +248,29 @@ class ClusterSpec:
         return self.nodes - 1
 
     @property
+    def declared_gangs(self) -> int:
+        """Every gang the stack declares (maxReplicas): each has its instances, security,
+        Ray token and commands, whether it always serves or is warm."""
+        return self.max_replicas if self.max_replicas is not None else self.replicas
+
+    @property
+    def has_warm_gangs(self) -> bool:
+        """More gangs than always serve: the waker starts and parks the rest."""
+        return self.declared_gangs > self.replicas
+
+    def gang_role(self, gang: int) -> str:
+        """topology.ALWAYS_ON for the first `replicas` gangs, topology.WARM for the rest."""
+        return topology.gang_role(gang, self.replicas)
+
+    @property
     def total_nodes(self) -> int:
-        """Every GPU node of the stack, all gangs."""
+        """Every GPU node of the stack, all declared gangs (warm ones too: they are
+        created, hold their volumes, and run when the load needs them)."""
+        return self.nodes * self.declared_gangs
+
+    @property
+    def always_on_nodes(self) -> int:
+        """The GPU nodes of the gangs that always serve (0 with replicas 0)."""
         return self.nodes * self.replicas
 
     @property
@@ -1964,8 +1986,7 @@ def _check_max_replicas(reader: _Reader, replicas: int | None, idle_stop_minutes
     (stopped until the queue needs them). Unset: replicas. Above replicas (or replicas 0)
     it needs idleStopMinutes (a warm gang sleeps again by the idle rule), and is refused
     with reserved capacity (paid whether its instances run or not: a stopped warm gang
-    saves nothing) and with hosts (nothing could start them). Then refused as not yet
-    supported: see WARM_POOL_NOT_YET."""
+    saves nothing) and with hosts (nothing could start them)."""
     most = reader.integer("maxReplicas")
     if replicas is None:
         return None  # replicas is refused already; nothing to hold maxReplicas to
@@ -2043,22 +2064,7 @@ def _check_max_replicas(reader: _Reader, replicas: int | None, idle_stop_minutes
         refused = True
     if refused or refused_idle_stop:
         return None
-    reader.fail(key, f"{what}: {WARM_POOL_NOT_YET}", raw=reader.raw.get(key))
-    return None
-
-
-# Why maxReplicas above replicas is refused for now (issue 36 is half built): the gateway's
-# waker can start one warm gang when requests queue (scripts/gateway/vllm-cluster-waker
-# scale_decision), but the program would still start every gang at `pulumi up` and keep none
-# stopped, the always-on gangs would still stop for idleness, and the gateway's pool balances
-# over every gang, so under any steady load all maxReplicas gangs would run and be billed
-# while the stack asked for `replicas`. A refusal costs nothing; GPU hours nobody asked for do.
-WARM_POOL_NOT_YET = (
-    "warm gangs are not yet supported: the gateway can start a stopped gang when requests queue, but the stack "
-    "would still start every gang at `pulumi up` and its pool would keep them all busy, so you would pay for "
-    "maxReplicas gangs, not replicas (issue 36). Fix: pulumi config rm vllm-cluster:maxReplicas and set "
-    "vllm-cluster:replicas to the gangs you want serving (with idleStopMinutes each sleeps when idle)"
-)
+    return most
 
 
 def _check_fabric_floor(reader: _Reader) -> float | None:

@@ -38,6 +38,18 @@ def gang_name(gang: int) -> str:
     return f"gang{gang}"
 
 
+# A gang's role (maxReplicas, issue 36): the first `replicas` gangs always serve; the rest
+# are warm, kept stopped until the gateway's waker starts one for the queue. With
+# replicas 0 every gang is warm. power.json and the stack's `gangs` output name them so.
+ALWAYS_ON = "always-on"
+WARM = "warm"
+
+
+def gang_role(gang: int, replicas: int) -> str:
+    """ALWAYS_ON for the first `replicas` gangs, WARM for every gang after them."""
+    return ALWAYS_ON if gang < replicas else WARM
+
+
 def gang_prefix(gang: int) -> str:
     """What a gang adds in front of its nodes' and its commands' names. Gang 0 adds
     nothing: a stack of one replica keeps the names it had before replicas existed
@@ -88,11 +100,15 @@ def rank_layout(nodes: int, gpus_per_node: int, tp: int, pp: int) -> list[RankPl
     return placements
 
 
-def topology_summary(nodes: int, gpus_per_node: int, tp: int, pp: int, replicas: int = 1) -> dict:
+def topology_summary(
+    nodes: int, gpus_per_node: int, tp: int, pp: int, replicas: int = 1, max_replicas: int | None = None
+) -> dict:
     """The `topology` stack output: per node of one gang its role, GPUs, ranks and
     pipeline stages, plus the flat rank list (node 0 is the head). Every gang has the
-    same layout; `replicas` says how many there are (the key only with more than one,
-    so a stack of one replica keeps its output as it was)."""
+    same layout; `replicas` says how many always serve and `gangs` names every declared
+    one (the keys only with more than one gang, so a stack of one replica keeps its output
+    as it was); with warm gangs (`max_replicas` above replicas) `maxReplicas` says how many
+    gangs there are in all."""
     layout = rank_layout(nodes, gpus_per_node, tp, pp)
     per_node = []
     for index in range(nodes):
@@ -116,9 +132,12 @@ def topology_summary(nodes: int, gpus_per_node: int, tp: int, pp: int, replicas:
             {"rank": p.rank, "node": p.node, "gpu": p.gpu, "tpRank": p.tp_rank, "ppRank": p.pp_rank} for p in layout
         ],
     }
-    if replicas > 1:
+    declared = replicas if max_replicas is None else max_replicas
+    if declared > 1 or declared > replicas:
         summary["replicas"] = replicas
-        summary["gangs"] = [gang_name(gang) for gang in range(replicas)]
+        summary["gangs"] = [gang_name(gang) for gang in range(declared)]
+    if declared > replicas:
+        summary["maxReplicas"] = declared
     return summary
 
 

@@ -152,6 +152,13 @@ def own_hosts_program(config: dict[str, Any], key_store: dict) -> ProgramRun:
     return run
 
 
+def fleet_gangs(overrides: dict[str, Any]) -> int:
+    """How many gangs of hosts a fleet of fleet_config's stack with `overrides` needs: every
+    gang the stack declares (maxReplicas when set above 0, warm gangs too, else replicas),
+    as spec.declared_gangs counts them."""
+    return int(overrides.get("maxReplicas") or 0) or int(overrides.get("replicas", 1))
+
+
 def node_hosts(nodes: int, replicas: int = 1) -> dict[str, str]:
     """Instance resource name -> the fleet's host for it: gang by gang, head first
     (node0 is gang 0's head; with two gangs of one node, node1 is gang 1's head)."""
@@ -170,12 +177,6 @@ def instance_ips(nodes: int, replicas: int = 1, network: Network = MAIN_NETWORK)
     return ips
 
 
-def declared_gangs(config: dict[str, Any]) -> int:
-    """The gangs the stack declares: maxReplicas when set (its warm gangs are instances
-    too, stopped or not), else replicas (components/spec.py)."""
-    return int(config.get("maxReplicas", config.get("replicas", 1)))
-
-
 def fleet_program(
     nodes: int,
     key_store: dict,
@@ -189,7 +190,7 @@ def fleet_program(
     run = run_program(
         fleet_config(nodes, network, **overrides),
         stack="fleet",
-        instance_ips={**instance_ips(nodes, declared_gangs(overrides), network), **(moved or {})},
+        instance_ips={**instance_ips(nodes, fleet_gangs(overrides), network), **(moved or {})},
         public_ips={"vllm-gateway-ip": network.gateway_ip},
         secret_keys=["apiKey"],
         real_crypto=True,
@@ -577,7 +578,7 @@ def start_cluster(
     (localhosts/boot_check.py) raises HostBootError, the machinery's fault. On failure,
     removes what it made."""
     key_store: dict = {}
-    replicas = int(overrides.get("replicas", 1))
+    replicas = fleet_gangs(overrides)
     if own_hosts:
         # The user's own key, which the machines authorize before any stack exists, and
         # the machines' own host keys, which the user gives the stack (hostKeys).

@@ -882,14 +882,23 @@ def test_warm_gangs_with_an_existing_placement_group_are_refused():
     assert error.keys == ["maxReplicas"] and "placement group of its own" in str(error)
 
 
-@pytest.mark.parametrize(
-    ("changes", "key"), [({"maxReplicas": 3}, "maxReplicas"), ({"replicas": 0, "maxReplicas": 1}, "replicas")]
-)
-def test_a_valid_warm_pool_is_refused_as_not_yet_supported_saying_why(changes, key):
-    """Until the program keeps warm gangs stopped (issue 36), declaring them would start and
-    bill every gang: refused, before any resource, saying so and what to set instead."""
-    error = problems_of(idleStopMinutes=30, **changes)
-    assert error.keys == [key]
-    message = str(error)
-    assert "not yet supported" in message and "pay for maxReplicas gangs, not replicas" in message
-    assert "pulumi config rm vllm-cluster:maxReplicas" in message
+def test_a_valid_warm_pool_declares_every_gang_the_first_replicas_always_on():
+    """maxReplicas gangs are declared (issue 36): the first `replicas` always serve, the
+    rest are warm; the stack's nodes (quotas, cost of all on, EBS) count every gang."""
+    spec = spec_of(replicas=1, maxReplicas=3, idleStopMinutes=30)
+    assert (spec.replicas, spec.max_replicas, spec.declared_gangs) == (1, 3, 3)
+    assert spec.has_warm_gangs
+    assert [spec.gang_role(gang) for gang in range(3)] == ["always-on", "warm", "warm"]
+    assert spec.total_nodes == 3 * spec.nodes and spec.always_on_nodes == spec.nodes
+
+
+def test_replicas_0_declares_every_gang_warm():
+    spec = spec_of(replicas=0, maxReplicas=2, idleStopMinutes=30)
+    assert (spec.declared_gangs, spec.always_on_nodes) == (2, 0)
+    assert [spec.gang_role(gang) for gang in range(2)] == ["warm", "warm"]
+
+
+def test_without_max_replicas_every_gang_is_always_on():
+    spec = spec_of(replicas=2)
+    assert (spec.declared_gangs, spec.has_warm_gangs, spec.total_nodes) == (2, False, 2 * spec.nodes)
+    assert [spec.gang_role(gang) for gang in range(2)] == ["always-on", "always-on"]
