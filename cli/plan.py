@@ -119,7 +119,8 @@ def build_plan(
     if busy_hours is not None:
         warm_pool_cost.parse_busy_hours(str(busy_hours))
         if not _has_warm_gangs(the_stack.spec):
-            raise ValueError(_NO_WARM_GANGS.format(hours=busy_hours, stack=stack, replicas=the_stack.spec.replicas))
+            replicas = the_stack.spec.replicas
+            raise ValueError(_NO_WARM_GANGS.format(hours=busy_hours, stack=stack, replicas=replicas, more=replicas + 1))
     from cli.mock_runtime import run_program  # the engine: only the planner pays for it
 
     spec, secret_keys = the_stack.spec, the_stack.secret_keys
@@ -290,8 +291,8 @@ def _has_warm_gangs(spec) -> bool:
 _NO_WARM_GANGS = (
     f"{warm_pool_cost.BUSY_HOURS_FLAG} {{hours}}: stack {{stack}} has no warm gang (maxReplicas is not above "
     "replicas), so its cost does not follow the busy hours. Fix: drop "
-    f"{warm_pool_cost.BUSY_HOURS_FLAG}, or pulumi config set vllm-cluster:maxReplicas {{replicas}} plus the gangs to "
-    "start when requests queue (with vllm-cluster:idleStopMinutes)"
+    f"{warm_pool_cost.BUSY_HOURS_FLAG}, or pulumi config set vllm-cluster:maxReplicas {{more}} or more ({{replicas}} "
+    "always on, the rest warm: started when requests queue; with vllm-cluster:idleStopMinutes)"
 )
 
 

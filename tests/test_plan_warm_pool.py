@@ -83,7 +83,7 @@ def test_busy_hours_on_a_stack_without_warm_gangs_is_refused_naming_the_fix(caps
     assert cli_main.main(["plan", "--stack", "dev", "--busy-hours", "8"]) == 2
     error = capsys.readouterr().err
     assert "--busy-hours 8: stack dev has no warm gang" in error
-    assert "Fix: drop --busy-hours, or pulumi config set vllm-cluster:maxReplicas 1 plus" in error
+    assert "Fix: drop --busy-hours, or pulumi config set vllm-cluster:maxReplicas 2 or more (1 always on" in error
 
 
 # --- the plan of a warm pool stack ---------------------------------------------------------
