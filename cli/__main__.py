@@ -17,6 +17,16 @@ def positive_number(text: str) -> float:
     return value
 
 
+def busy_hours(text: str) -> int:
+    """--busy-hours: an integer from 0 to 24 (components/warm_pool_cost.py says why not)."""
+    from components.warm_pool_cost import parse_busy_hours
+
+    try:
+        return parse_busy_hours(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def deployed_stack_arguments(sub: argparse.ArgumentParser) -> None:
     """What every tool that looks at a deployed stack takes: the stack, its file, its outputs."""
     sub.add_argument("--stack", required=True)
@@ -38,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         "--params-b", type=positive_number, help="model size in billions of parameters (models not in the table)"
     )
     plan.add_argument("--dtype", help="weight type: bf16, fp16, fp32, fp8, int8, int4")
+    plan.add_argument(
+        "--busy-hours",
+        type=busy_hours,
+        metavar="N",
+        help="maxReplicas above replicas: price a day of N hours (0-24) at maxReplicas gangs, the rest at replicas",
+    )
 
     for name, text in (
         ("preflight", "check every node before vLLM starts"),
@@ -97,8 +113,10 @@ def run_command(args: argparse.Namespace) -> int:
         from cli import plan as planner
 
         try:
-            document = planner.build_plan(args.stack, args.params_b, args.dtype, stack_file=args.stack_file)
-        except ValueError as error:  # a model outside the table without --params-b, or an unknown --dtype
+            document = planner.build_plan(
+                args.stack, args.params_b, args.dtype, stack_file=args.stack_file, busy_hours=args.busy_hours
+            )
+        except ValueError as error:  # a model outside the table without --params-b, an unknown --dtype, --busy-hours
             print(f"vllm-cluster plan: {error}", file=sys.stderr)
             return 2
         print(

@@ -24,6 +24,7 @@ from components import (
     quotas,
     sizing,
     stage_volume,
+    warm_pool_cost,
 )
 from components.catalog import InstanceType
 from components.topology import node_name, topology_summary
@@ -104,11 +105,22 @@ def _cost(the_cost: sizing.Cost, instance: InstanceType) -> dict[str, Any]:
 
 
 def build_plan(
-    stack: str, params_b: float | None = None, dtype: str | None = None, stack_file: str | None = None
+    stack: str,
+    params_b: float | None = None,
+    dtype: str | None = None,
+    stack_file: str | None = None,
+    busy_hours: int | None = None,
 ) -> dict[str, Any]:
     """The plan of stacks/Pulumi.<stack>.yaml (or `stack_file`). Raises StackFileError
-    when the stack file cannot be read or its config is refused."""
+    when the stack file cannot be read or its config is refused; ValueError when
+    `busy_hours` (--busy-hours, a day's busy hours of a warm pool) is out of 0..24 or the
+    stack has no warm gang to price it with."""
     the_stack = read_stack(stack, stack_file)  # first: a bad stack file is reported before the engine loads
+    if busy_hours is not None:
+        warm_pool_cost.parse_busy_hours(str(busy_hours))
+        if not _has_warm_gangs(the_stack.spec):
+            replicas = the_stack.spec.replicas
+            raise ValueError(_NO_WARM_GANGS.format(hours=busy_hours, stack=stack, replicas=replicas, more=replicas + 1))
     from cli.mock_runtime import run_program  # the engine: only the planner pays for it
 
     spec, secret_keys = the_stack.spec, the_stack.secret_keys
@@ -173,6 +185,8 @@ def build_plan(
         "cost": _cost(the_cost, instance),
         "vcpuQuotas": _vcpu_quotas(spec) if spec.own_hosts is None else None,
         "idleStop": _idle_stop(spec, the_fit.weights_gb) if spec.own_hosts is None else None,
+        # maxReplicas above replicas (issue 36): the cost of the range and the time to add a gang.
+        "warmPool": _warm_pool(spec, the_fit.weights_gb, busy_hours) if _has_warm_gangs(spec) else None,
         "prometheus": prometheus,
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
         "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
@@ -266,6 +280,78 @@ def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
         "giveUpSeconds": idle_stop.wake_give_up_seconds(
             round(sum(t.seconds for t in terms)), spec.wake_give_up_minutes
         ),
+    }
+
+
+def _has_warm_gangs(spec) -> bool:
+    """maxReplicas above replicas on AWS (the spec refuses it with hosts of the user's own)."""
+    return spec.own_hosts is None and idle_stop.scales(spec.replicas, spec.max_replicas)
+
+
+_NO_WARM_GANGS = (
+    f"{warm_pool_cost.BUSY_HOURS_FLAG} {{hours}}: stack {{stack}} has no warm gang (maxReplicas is not above "
+    "replicas), so its cost does not follow the busy hours. Fix: drop "
+    f"{warm_pool_cost.BUSY_HOURS_FLAG}, or pulumi config set vllm-cluster:maxReplicas {{more}} or more ({{replicas}} "
+    "always on, the rest warm: started when requests queue; with vllm-cluster:idleStopMinutes)"
+)
+
+
+def _warm_pool(spec, weights_gb: float, busy_hours: int | None) -> dict[str, Any]:
+    """The cost of the range a warm pool spans (components/warm_pool_cost.py) at the
+    prices the cost and idle stop above use, and how long adding a gang takes: the
+    waker's scale-out hold, then a wake (the terms idle stop prints)."""
+    from components.gateway import GATEWAY_ROOT_GIB  # the Gateway component's module: Pulumi, as the run above
+
+    the_cost = sizing.cost(spec.instance, spec.nodes, spec.gateway_instance_type, weights_gb)
+    volume = stage_volume.stage_volume_for(spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size)
+    stage_hour = volume.hour_usd if spec.on_stage_volume else 0.0
+    ebs_hour_per_gib = idle_stop.EBS_GP3_GB_MONTH / sizing.HOURS_PER_MONTH
+    pool = warm_pool_cost.WarmPoolCost(
+        replicas=spec.replicas,
+        max_replicas=spec.max_replicas,
+        nodes=spec.nodes,
+        node_hour=spec.instance.price_per_hour_usd,
+        node_volumes_hour=spec.root_volume_gib * ebs_hour_per_gib + stage_hour,
+        shared_hour=the_cost.gateway
+        + the_cost.nat_gateway
+        + the_cost.model_cache
+        + GATEWAY_ROOT_GIB * ebs_hour_per_gib,
+    )
+    terms = idle_stop.wake_terms(
+        spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size, spec.on_stage_volume
+    )
+    wake = round(sum(t.seconds for t in terms))
+    hold = idle_stop.SCALE_OUT_HOLD_SECONDS
+    return {
+        "replicas": spec.replicas,
+        "maxReplicas": spec.max_replicas,
+        "nodesPerGang": spec.nodes,
+        "gangHourUsd": round(pool.gang_hour, 4),
+        "sharedHourUsd": round(pool.shared_hour, 4),
+        "stoppedGangHourUsd": round(pool.gang_volumes_hour, 4),
+        "rootGiBPerNode": spec.root_volume_gib,
+        "stageVolumeGiBPerNode": volume.size_gib if spec.on_stage_volume else 0,
+        "allOn": {
+            "gangs": spec.max_replicas,
+            "hourUsd": round(pool.all_on_hour, 4),
+            "monthUsd": round(pool.month(pool.all_on_hour), 2),
+        },
+        "replicasOn": {
+            "gangs": spec.replicas,
+            "hourUsd": round(pool.replicas_hour, 4),
+            "monthUsd": round(pool.month(pool.replicas_hour), 2),
+        },
+        "busyHours": busy_hours,
+        "mixMonthUsd": round(pool.mix_month(busy_hours), 2) if busy_hours is not None else None,
+        "hoursPerMonth": sizing.HOURS_PER_MONTH,
+        # Adding a gang: requests waiting on the serving gangs above the threshold for the
+        # hold time (the waker's scale_decision), then a wake of a stopped gang.
+        "scaleOutWaitingPerGang": idle_stop.SCALE_OUT_WAITING_PER_GANG,
+        "scaleOutHoldSeconds": hold,
+        "wakeSeconds": wake,
+        "wake": [{"term": t.name, "seconds": round(t.seconds)} for t in terms],
+        "addGangSeconds": hold + wake,
+        "retryAfterSeconds": idle_stop.RETRY_AFTER_SECONDS,
     }
 
 
@@ -648,6 +734,67 @@ def _idle_stop_lines(plan: dict[str, Any]) -> list[str]:
     return out
 
 
+def _gangs(count: int) -> str:
+    return f"{count} gang{'s' if count != 1 else ''}"
+
+
+def _warm_pool_lines(plan: dict[str, Any]) -> list[str]:
+    """The cost of the range of gangs on (every one, only `replicas`, a day's mix) and the
+    time to add a gang; nothing for a stack without warm gangs."""
+    w, c = plan["warmPool"], plan["cluster"]
+    if w is None:
+        return []
+    most, least = w["maxReplicas"], w["replicas"]
+    warm = most - least
+    all_on, base = w["allOn"], w["replicasOn"]
+    shared = f"gateway, NAT gateway, EFS ${w['sharedHourUsd']:.4f}"
+    volumes = f"{w['rootGiBPerNode']} GiB root" + (
+        f" + {w['stageVolumeGiBPerNode']} GiB stage volume" if w["stageVolumeGiBPerNode"] else ""
+    )
+    ebs = f"every gang's EBS ${most * w['stoppedGangHourUsd']:.4f}"
+    out = [
+        f"Warm pool (maxReplicas {most}, replicas {least}: {_gangs(least)} always on, {warm} warm: kept stopped, "
+        "started when requests queue, stopped again when idle)",
+        f"  all on         ${all_on['hourUsd']:.4f}/h, ${all_on['monthUsd']:,.2f}/month: {_gangs(most)} of "
+        f"{w['nodesPerGang']} x {c['instanceType']} ${most * w['gangHourUsd']:.4f} + {ebs} + {shared}",
+        f"  replicas on    ${base['hourUsd']:.4f}/h, ${base['monthUsd']:,.2f}/month: "
+        + (f"{_gangs(least)} ${least * w['gangHourUsd']:.4f}" if least else "no gang on, GPU instances $0")
+        + f" + {ebs} + {shared}; a stopped gang still pays its EBS, ${w['stoppedGangHourUsd']:.4f}/h "
+        f"({w['nodesPerGang']} x {volumes}, billed stopped or not)",
+    ]
+    if w["busyHours"] is None:
+        out.append(
+            f"  a day's mix    scripts/vllm-cluster plan --stack {plan['stack']} --busy-hours N (0-24): N hours a day "
+            f"at {_gangs(most)}, the rest at {least}, per month"
+        )
+    else:
+        busy = w["busyHours"]
+        label = f"busy {busy} h/day"
+        out.append(
+            f"  {label:15s}${w['mixMonthUsd']:,.2f}/month: {busy} h a day at {_gangs(most)}, "
+            f"{24 - busy} h at {least} (--busy-hours {busy})"
+        )
+    wake = " + ".join(f"{t['term']} {t['seconds']} s" for t in w["wake"])
+    hold = (
+        f"requests waiting, more than {w['scaleOutWaitingPerGang']:g} per serving gang, at every look for "
+        f"{w['scaleOutHoldSeconds']} s, then a wake of ~{w['wakeSeconds']} s ({wake})"
+    )
+    if least:
+        out.append(
+            f"  add a gang     ~{w['addGangSeconds']} s ({w['addGangSeconds'] / 60:.1f} min): {hold}; the serving "
+            "gangs answer meanwhile"
+        )
+    else:
+        out += [
+            f"  first gang     ~{w['wakeSeconds']} s ({w['wakeSeconds'] / 60:.1f} min): with replicas 0 the first "
+            f"request wakes one gang at once; the gateway answers 503 with Retry-After: {w['retryAfterSeconds']} "
+            "until it serves",
+            f"  add a gang     ~{w['addGangSeconds']} s ({w['addGangSeconds'] / 60:.1f} min) more each: {hold}",
+        ]
+    out.append(f"  a month        {w['hoursPerMonth']} h (as every monthly figure of the plan)")
+    return out
+
+
 def _prometheus_lines(plan: dict[str, Any]) -> list[str]:
     """The series per node, the stack's, and what they take of the gateway's memory and disk."""
     p = plan["prometheus"]
@@ -827,13 +974,16 @@ def render(plan: dict[str, Any]) -> str:
         _cost_lines,
         _vcpu_quota_lines,
         _idle_stop_lines,
+        _warm_pool_lines,
         _prometheus_lines,
         _model_bytes_lines,
         _time_to_first_token_lines,
         _warning_lines,
         _serve_lines,
     ):
-        out += ["", *section(plan)]
+        lines = section(plan)
+        if lines:  # a section that does not apply (a warm pool) prints nothing, not a blank line
+            out += ["", *lines]
     if plan["secretsNotRead"]:
         out += ["", f"(secrets not read offline: {', '.join(plan['secretsNotRead'])})"]
     return "\n".join(out) + "\n"

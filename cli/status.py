@@ -23,6 +23,10 @@ stopped, stopping or starting, as the stack was asked to do; the next request, o
 pool makes the pool degraded, named: during a roll that is the truth (it serves with
 less), and a roll that failed leaves it so until an operator returns it.
 
+With warm gangs (maxReplicas above replicas, issue 36) each gang shows its role,
+always-on or warm, and why the waker last woke or stopped it (the waker's power.json);
+neither changes a verdict.
+
 Beside the verdicts, from Prometheus on the gateway (cli/prometheus_view.py): each
 gang's serving figures over the rules' window (TTFT, inter-token latency, tokens/s,
 the queue, the KV cache), the active alerts, and with --watch the trends of the last
@@ -59,6 +63,24 @@ DRAINED = "drained"  # the gateway's word for a gang out of its pool
 # Prometheus's questions on the gateway: three curls of prometheus_view.CURL_MAX_TIME
 # at most, and the SSH login.
 PROMETHEUS_TIMEOUT = 30
+# A gang's role (issue 36): always-on gangs (the first `replicas`) always serve; warm ones
+# are kept stopped and started by the waker when requests queue, stopped again when idle.
+ALWAYS_ON, WARM = "always-on", "warm"
+ROLES = {
+    ALWAYS_ON: "always-on (serves always, never stopped for idleness)",
+    WARM: "warm (started when requests queue, stopped again when idle)",
+}
+# The waker's state file on the gateway (scripts/gateway/vllm-cluster-waker STATE_DIR, its
+# header's "Writes"): per gang its record, with the role and why it was last woken or
+# stopped (why, why_at) from issue 36 on. Read in the same login as `power`, after a line
+# of its own.
+POWER_FILE = "/var/lib/vllm-cluster/gateway/power.json"
+POWER_FILE_MARK = "--- power.json"
+
+
+def power_command() -> str:
+    """`power`'s lines, then (when it succeeded) the mark and power.json: one login."""
+    return f"sudo {bootstrap.GATEWAY_COMMAND} power && echo '{POWER_FILE_MARK}' && sudo cat {POWER_FILE}"
 
 
 def _head_answer(result) -> dict:
@@ -90,19 +112,55 @@ def _gateway_pool(result) -> dict:
     return {"view": None, "error": error or f"exit {result.returncode}"}
 
 
+def _power_records(text: str) -> dict[str, dict]:
+    """power.json's gang records; none when it is missing or unreadable (a waker that
+    never wrote it)."""
+    try:
+        gangs = json.loads(text).get("gangs")
+    except (ValueError, AttributeError):
+        return {}
+    return {name: record for name, record in (gangs or {}).items() if isinstance(record, dict)}
+
+
+def _in_trouble(record: dict) -> bool:
+    """Whether the waker's `power` line carries trouble for this record: a start EC2
+    refuses during a wake, or a wake given up (the waker's trouble())."""
+    wake, failed = record.get("wake"), record.get("failed")
+    return bool((wake and wake.get("refusal")) or (failed and not wake))
+
+
 def _gateway_power(result) -> dict:
     """The waker's view as `vllm-cluster-gateway power` prints it, one gang a line
     (`gang1 stopped 2026-12-02T12:03:00Z`, `gang0 serving -`, and after them what EC2
-    refused or why a wake was given up): {view: name -> {state, since (None for -),
-    trouble (None when nothing went wrong)}, error}; view None when the gateway gave none."""
+    refused or why a wake was given up), then power.json after POWER_FILE_MARK:
+    {view: name -> {state, since (None for -), trouble (None when nothing went wrong),
+    role, why, whyAt (None when power.json does not say)}, error}; view None when the
+    gateway gave none."""
+    lines = result.stdout.splitlines()
+    if POWER_FILE_MARK in lines:  # `power` succeeded (&&); power.json may still be missing
+        at = lines.index(POWER_FILE_MARK)
+        lines, records, listed = lines[:at], _power_records("\n".join(lines[at + 1 :])), True
+    else:
+        records, listed = {}, result.returncode == 0
     view = {}
-    if result.returncode == 0:
-        for line in result.stdout.splitlines():
+    if listed:
+        for line in lines:
             fields = line.split(None, 3)
             if len(fields) >= 2 and fields[0].startswith("gang"):
                 since = fields[2] if len(fields) > 2 and fields[2] != "-" else None
                 trouble = fields[3].strip() if len(fields) > 3 else None
-                view[fields[0]] = {"state": fields[1], "since": since, "trouble": trouble}
+                record = records.get(fields[0])
+                if record is not None and not _in_trouble(record):
+                    trouble = None  # the rest of the line is not trouble (a waker that prints more)
+                role = (record or {}).get("role")
+                view[fields[0]] = {
+                    "state": fields[1],
+                    "since": since,
+                    "trouble": trouble,
+                    "role": role if role in ROLES else None,
+                    "why": (record or {}).get("why") or None,
+                    "whyAt": (record or {}).get("why_at") or None,
+                }
     if view:
         return {"view": view, "error": None}
     error = " ".join(result.stderr.split()) if result.returncode else "it listed no gang"
@@ -131,7 +189,7 @@ def snapshot(cluster: Cluster, spec, trends: bool = False) -> dict:
     facts_command = f"sudo {bootstrap.NODE_COMMAND} status-facts"
     power = {"view": None, "error": None}
     if getattr(spec, "idle_stop_minutes", None):
-        power = _gateway_power(cluster.ssh_gateway(f"sudo {bootstrap.GATEWAY_COMMAND} power"))
+        power = _gateway_power(cluster.ssh_gateway(power_command()))
     asleep = {gang.name: _powered_down(power, gang.name) for gang in cluster.gangs}
     all_asleep = power["view"] is not None and all(asleep.values())
     with ThreadPoolExecutor(len(cluster.gangs) + 3) as pool:
@@ -293,6 +351,15 @@ def _gang_problem(gang: dict) -> str:
     return f"{gang['name']} {GANG_STATES[gang['verdict']]}: " + "; ".join(problems)
 
 
+def gang_role(index: int, replicas: int, power_entry: dict | None) -> str:
+    """A gang's role as the waker's power.json says it (issue 36); from a waker before it,
+    the stack's: the first `replicas` gangs always on, the others warm."""
+    role = (power_entry or {}).get("role")
+    if role in ROLES:
+        return role
+    return ALWAYS_ON if index < replicas else WARM
+
+
 def assess(cluster: Cluster, spec, snap: dict) -> dict:
     """The pool's verdict from every gang's and the endpoint's. The top-level nodes,
     ray, vllm and metrics are gang 0's (as before replicas); verdict, exitCode,
@@ -303,6 +370,10 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         assess_gang(gang, spec, answer, None if view is None else view.get(gang.name), power.get(gang.name))
         for gang, answer in zip(cluster.gangs, snap["gangs"], strict=True)
     ]
+    for index, (gang, report) in enumerate(zip(cluster.gangs, gangs, strict=True)):
+        # Its role, and why the waker last woke or stopped it (None from a waker before issue 36).
+        entry = power.get(gang.name) or {}
+        report.update(role=gang_role(index, spec.replicas, entry), why=entry.get("why"), whyAt=entry.get("whyAt"))
     asleep = [g for g in gangs if g["verdict"] in POWERED_DOWN]
     drained = {g["name"] for g in gangs if (g["pool"] or {}).get("state") == DRAINED}
     completion = snap["completion"]
@@ -361,6 +432,8 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
             "drained": None if view is None else sorted(drained),
             "asleep": {g["name"]: g["described"] for g in asleep},
             "gatewayError": snap["gateway"]["error"],
+            "replicas": spec.replicas,
+            "maxReplicas": getattr(spec, "max_replicas", None) or spec.replicas,
         },
         "gangs": gangs,
         "nodes": first["nodes"],
@@ -406,13 +479,35 @@ def _gang_lines(gang: dict, width: int) -> list[str]:
     return lines
 
 
-def _asleep_lines(gang: dict) -> list[str]:
+def _utc(stamp: str) -> str:
+    """An ISO time as the other times of status print (UTC to the minute); as given when
+    it is not one."""
+    try:
+        moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return stamp
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _role_lines(gang: dict, scales: bool) -> list[str]:
+    """Its role (with warm gangs only) and why the waker last woke or stopped it."""
+    lines = [f"  {'role':12s}{ROLES[gang['role']]}"] if scales and gang.get("role") in ROLES else []
+    if gang.get("why"):
+        at = f" ({_utc(gang['whyAt'])})" if gang.get("whyAt") else ""
+        lines.append(f"  {'why':12s}{gang['why']}{at}")
+    return lines
+
+
+def _asleep_lines(gang: dict, scales: bool = False) -> list[str]:
     """A stopped, stopping or waking gang: its state (and idle time), its nodes unasked."""
     nodes = ", ".join(node["node"] for node in gang["nodes"])
     doing = {"stopped": "stopped", "stopping": "stopping", "waking": "starting"}[gang["verdict"]]
     return [
         f"  {gang['name']:12s}{gang['verdict'].upper()}"
         + (f" (idle since {gang['idleSince']})" if gang["idleSince"] else ""),
+        *_role_lines(gang, scales),
         f"  {'':12s}{nodes}: not asked, their instances are {doing}",
         *([f"  {'':12s}{gang['wakeTrouble']}"] if gang.get("wakeTrouble") else []),
     ]
@@ -440,14 +535,17 @@ def render(stack: str, report: dict, endpoint: str) -> str:
     gangs = report["gangs"]
     width = max(10, *(len(n["node"]) + 2 for g in gangs for n in g["nodes"]))
     lines = [f"vllm-cluster status: stack {stack}   {stamp}"]
+    pool = report["pool"]
+    scales = pool.get("maxReplicas", 0) > pool.get("replicas", 0)
     for gang in gangs:
         lines.append("")
         if gang["verdict"] in POWERED_DOWN:
-            lines += _asleep_lines(gang)
+            lines += _asleep_lines(gang, scales)
             continue
         if len(gangs) > 1:
             where = f", {gang['pool']['state']}" if gang["pool"] else ""
             lines.append(f"  {gang['name']:12s}{gang['verdict'].upper()}{where}")
+        lines += _role_lines(gang, scales)
         lines += _gang_lines(gang, width)
         if len(gangs) > 1:
             lines += [f"    - {problem}" for problem in gang["problems"]]

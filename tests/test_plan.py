@@ -135,7 +135,7 @@ def test_what_aws_would_refuse_is_a_problem_of_the_stack_before_anything_exists(
     printed = plan.render(document)
     assert "PROBLEMS  AWS would refuse 1 input(s)" in printed and f"  - {problem}" in printed
     args = argparse.Namespace(
-        command="plan", stack="dev", stack_file=str(stack_file), json=False, params_b=None, dtype=None
+        command="plan", stack="dev", stack_file=str(stack_file), json=False, params_b=None, dtype=None, busy_hours=None
     )
     assert run_command(args) == 1
     assert f"  - {problem}" in capsys.readouterr().out

@@ -778,17 +778,23 @@ IDLE_SPEC = dataclasses.replace(SPEC, idle_stop_minutes=30)
 
 
 class PoweredCluster(AskedCluster):
-    """AskedCluster whose gateway also answers `vllm-cluster-gateway power`, and whose
-    endpoint records whether a completion was sent (one would wake a stopped service)."""
+    """AskedCluster whose gateway also answers `vllm-cluster-gateway power` and, in the
+    same login, power.json as the waker wrote it (`power_json`; None: the waker never
+    wrote one, so `cat` fails after the mark, as the shell would), and whose endpoint
+    records whether a completion was sent (one would wake a stopped service)."""
 
-    def __init__(self, outputs, answers, power_lines, pool_lines=""):
+    def __init__(self, outputs, answers, power_lines, pool_lines="", power_json=None):
         super().__init__(outputs, answers, pool_lines)
-        self.power_lines, self.completions = power_lines, 0
+        self.power_lines, self.power_json, self.completions = power_lines, power_json, 0
 
     def ssh_gateway(self, command, timeout=30):
-        if command.endswith(" power"):
+        if command == status.power_command():
             self.asked.append(("gateway", command, timeout))
-            return subprocess.CompletedProcess([], 0, self.power_lines, "")
+            shown = self.power_lines + status.POWER_FILE_MARK + "\n"
+            if self.power_json is None:
+                missing = f"cat: {status.POWER_FILE}: No such file or directory"
+                return subprocess.CompletedProcess([], 1, shown, missing)
+            return subprocess.CompletedProcess([], 0, shown + json.dumps(self.power_json, indent=1) + "\n", "")
         return super().ssh_gateway(command, timeout)
 
     def probe(self, probe, timeout=60):
@@ -864,7 +870,136 @@ def test_a_wake_ec2_refuses_is_named_by_status_and_is_a_problem_not_an_idle_gang
 def test_without_idle_stop_status_never_asks_the_waker():
     cluster = PoweredCluster(BASE_OUTPUTS, {IPS[0]: head(IPS)["facts"]}, "gang0 stopped -\n")
     status.snapshot(cluster, SPEC)
-    assert not [a for a in cluster.asked if a[1].endswith(" power")]
+    assert not [a for a in cluster.asked if " power" in a[1] or status.POWER_FILE in a[1]]
+
+
+# --- warm gangs (maxReplicas, issue 36): each gang's role and why it was woken or stopped ----
+
+# replicas 1 of maxReplicas 2: gang0 always on, gang1 warm.
+WARM_SPEC = dataclasses.replace(SPEC, idle_stop_minutes=10, replicas=1, max_replicas=2)
+SCALED_IN = "scaled in: no request for 10 min"
+
+
+def power_json(**gangs: dict) -> dict:
+    """power.json as the waker writes it (Waker._write): per gang its state, since,
+    stopped_at, instances, wake and failed, and from issue 36 on role, why and why_at."""
+    records = {
+        name: {"stopped_at": None, "instances": {}, "wake": None, "failed": None, **record}
+        for name, record in gangs.items()
+    }
+    return {"updated": "2026-12-06T05:50:00Z", "error": None, "gangs": records}
+
+
+def warm_cluster(power_lines: str, document: dict | None) -> PoweredCluster:
+    return PoweredCluster(
+        {**BASE_OUTPUTS, "gangs": gangs_output(IPS, GANG1_IPS)},
+        {IPS[0]: head(IPS)["facts"], GANG1_IPS[0]: None},
+        power_lines,
+        "gang0 10.0.0.1:8000 in-pool serving\ngang1 10.0.1.1:8000 drained not-serving\n",
+        power_json=document,
+    )
+
+
+def test_each_gang_shows_its_role_and_why_the_waker_last_woke_or_stopped_it():
+    document = power_json(
+        gang0={
+            "state": "serving",
+            "since": "2026-12-06T04:00:00Z",
+            "role": "always-on",
+            "why": "woken: a request while every gang was stopped",
+            "why_at": "2026-12-06T04:00:00Z",
+        },
+        gang1={
+            "state": "stopped",
+            "since": "2026-12-06T05:40:00Z",
+            "stopped_at": "2026-12-06T05:40:00Z",
+            "role": "warm",
+            "why": SCALED_IN,
+            "why_at": "2026-12-06T05:40:12Z",
+        },
+    )
+    cluster = warm_cluster("gang0 serving 2026-12-06T04:00:00Z\ngang1 stopped 2026-12-06T05:40:00Z\n", document)
+    report = status.assess(cluster, WARM_SPEC, status.snapshot(cluster, WARM_SPEC))
+    assert ("gateway", status.power_command()) in [a[:2] for a in cluster.asked]
+    assert report["exitCode"] == status.HEALTHY, report["problems"]
+    gang0, gang1 = report["gangs"]
+    assert (gang0["role"], gang0["why"], gang0["whyAt"]) == (
+        "always-on",
+        "woken: a request while every gang was stopped",
+        "2026-12-06T04:00:00Z",
+    )
+    assert (gang1["role"], gang1["why"], gang1["whyAt"]) == ("warm", SCALED_IN, "2026-12-06T05:40:12Z")
+    assert (report["pool"]["replicas"], report["pool"]["maxReplicas"]) == (1, 2)
+    text = status.render("t", report, "https://x/v1")
+    assert block_of(text, "  gang0       SERVING").splitlines()[1:3] == [
+        "  role        always-on (serves always, never stopped for idleness)",
+        "  why         woken: a request while every gang was stopped (2026-12-06 04:00 UTC)",
+    ]
+    assert block_of(text, "  gang1       STOPPED").splitlines()[1:3] == [
+        "  role        warm (started when requests queue, stopped again when idle)",
+        f"  why         {SCALED_IN} (2026-12-06 05:40 UTC)",
+    ]
+    # status --json carries them as the report does.
+    assert [(g["role"], g["why"]) for g in json.loads(json.dumps(report))["gangs"]] == [
+        ("always-on", "woken: a request while every gang was stopped"),
+        ("warm", SCALED_IN),
+    ]
+
+
+@pytest.mark.parametrize("document", [power_json(gang0={"state": "serving"}, gang1={"state": "stopped"}), None])
+def test_a_waker_from_before_roles_gets_them_from_replicas_and_no_why(document):
+    """A power.json without role and why (or none at all): gang0 is among the `replicas`
+    first gangs, so always-on, gang1 warm; nothing is printed for a why nobody said."""
+    cluster = warm_cluster("gang0 serving -\ngang1 stopped 2026-12-06T05:40:00Z\n", document)
+    report = status.assess(cluster, WARM_SPEC, status.snapshot(cluster, WARM_SPEC))
+    assert [(g["role"], g["why"], g["whyAt"]) for g in report["gangs"]] == [
+        ("always-on", None, None),
+        ("warm", None, None),
+    ]
+    text = status.render("t", report, "https://x/v1")
+    assert "  role        warm (started when requests queue" in text and "  why " not in text
+    assert report["exitCode"] == status.HEALTHY and report["gangs"][1]["verdict"] == "stopped"
+
+
+def test_with_replicas_0_every_gang_is_warm():
+    spec = dataclasses.replace(WARM_SPEC, replicas=0)
+    cluster = warm_cluster("gang0 serving -\ngang1 stopped -\n", None)
+    report = status.assess(cluster, spec, status.snapshot(cluster, spec))
+    assert [g["role"] for g in report["gangs"]] == ["warm", "warm"]
+
+
+def test_a_stack_without_warm_gangs_prints_no_role_but_the_why_it_is_told():
+    document = power_json(
+        gang0={"state": "serving", "role": "always-on"},
+        gang1={"state": "stopped", "role": "always-on", "why": "stopped: no request for 30 min", "why_at": "x"},
+    )
+    cluster = warm_cluster("gang0 serving -\ngang1 stopped 2026-12-02T12:40:00Z\n", document)
+    report = status.assess(cluster, IDLE_SPEC, status.snapshot(cluster, IDLE_SPEC))
+    text = status.render("t", report, "https://x/v1")
+    assert "  role " not in text and "  why         stopped: no request for 30 min (x)" in text
+
+
+def test_what_follows_the_since_on_a_power_line_is_trouble_only_when_power_json_says_so():
+    """A waker that prints more on a `power` line than NAME STATE SINCE [trouble] (its
+    role and why, say) makes no problem of it: power.json tells whether a wake was
+    refused or given up; one given up is still named."""
+    calm = power_json(gang0={"state": "serving"}, gang1={"state": "stopped", "role": "warm", "why": SCALED_IN})
+    cluster = warm_cluster(f"gang0 serving -\ngang1 stopped 2026-12-06T05:40:00Z warm {SCALED_IN}\n", calm)
+    report = status.assess(cluster, WARM_SPEC, status.snapshot(cluster, WARM_SPEC))
+    assert report["gangs"][1]["wakeTrouble"] is None and report["problems"] == [], report["problems"]
+    failed = {"at": "2026-12-06T05:40:00Z", "reason": "it did not serve", "retry_at": "2026-12-06T06:10:00Z"}
+    given_up = power_json(gang0={"state": "serving"}, gang1={"state": "stopped", "failed": failed})
+    note = "The last wake of gang1 was given up at 2026-12-06T05:40:00Z: it did not serve."
+    cluster = warm_cluster(f"gang0 serving -\ngang1 stopped 2026-12-06T05:40:00Z {note}\n", given_up)
+    report = status.assess(cluster, WARM_SPEC, status.snapshot(cluster, WARM_SPEC))
+    assert report["gangs"][1]["wakeTrouble"] == note and report["problems"] == [f"gang1: {note}"]
+
+
+def test_the_power_file_status_reads_is_the_one_the_waker_writes():
+    waker = (ROOT / "scripts" / "gateway" / "vllm-cluster-waker").read_text()
+    [state_dir] = re.findall(r'^STATE_DIR = "([^"]+)"$', waker, re.MULTILINE)
+    assert status.POWER_FILE == f"{state_dir}/power.json"
+    assert f"  {status.POWER_FILE}\n" in waker  # its header's "Writes:"
 
 
 def test_status_marks_its_completion_through_the_endpoint_as_a_probe_the_waker_does_not_wake_for(monkeypatch):
