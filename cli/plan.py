@@ -362,7 +362,8 @@ def _prometheus(spec) -> dict[str, Any]:
     from components.gateway import GATEWAY_ROOT_GIB  # the Gateway component's module: Pulumi, as the run above
 
     sized = prometheus_sizing.gateway_sizing(
-        spec.replicas,
+        # Every declared gang is scraped, stopped warm ones too (their targets stay listed).
+        spec.declared_gangs,
         spec.nodes,
         spec.gpus_per_node,
         spec.gateway_instance_type if spec.own_hosts is None else OWN_GATEWAY,

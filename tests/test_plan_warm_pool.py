@@ -11,7 +11,6 @@ from cli import __main__ as cli_main
 from cli import plan
 from cli.stack_file import read_stack
 from components import idle_stop, sizing, stage_volume
-from components import spec as spec_module
 from components.catalog import CATALOG
 from components.gateway import GATEWAY_ROOT_GIB
 from components.warm_pool_cost import WarmPoolCost, parse_busy_hours
@@ -89,26 +88,6 @@ def test_busy_hours_on_a_stack_without_warm_gangs_is_refused_naming_the_fix(caps
 # --- the plan of a warm pool stack ---------------------------------------------------------
 
 
-@pytest.fixture
-def warm_pool_allowed(monkeypatch):
-    """Lets the spec take maxReplicas above replicas in this test only: the spec of this
-    branch still refuses a valid warm pool as not yet supported (WARM_POOL_NOT_YET, lifted
-    by the program's half of issue 36). Every other check of maxReplicas still applies; once
-    the refusal is gone this changes nothing."""
-    check = spec_module._check_max_replicas
-    not_yet = getattr(spec_module, "WARM_POOL_NOT_YET", None)
-
-    def without_the_not_yet_refusal(reader, replicas, idle_stop_minutes):
-        result = check(reader, replicas, idle_stop_minutes)
-        refusals = [p for p in reader.problems if not_yet and not_yet in p.message]
-        if not refusals:
-            return result
-        reader.problems.remove(refusals[0])
-        return reader.integer("maxReplicas")
-
-    monkeypatch.setattr(spec_module, "_check_max_replicas", without_the_not_yet_refusal)
-
-
 def _stack_file(tmp_path, stack: str, *lines: str) -> str:
     text = (ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text()
     stack_file = tmp_path / f"Pulumi.{stack}.yaml"
@@ -120,7 +99,7 @@ def _dev_1_of_2(tmp_path) -> str:
     return _stack_file(tmp_path, "dev", "vllm-cluster:replicas: 1", "vllm-cluster:maxReplicas: 2")
 
 
-def test_the_range_is_priced_as_idle_stop_prices_the_same_gangs(tmp_path, warm_pool_allowed):
+def test_the_range_is_priced_as_idle_stop_prices_the_same_gangs(tmp_path):
     """All on is what an hour of both gangs costs without idle stop; replicas on is both
     gangs stopped (idle stop's figure, their EBS still billed) plus one gang's instances."""
     stack_file = _dev_1_of_2(tmp_path)
@@ -139,7 +118,7 @@ def test_the_range_is_priced_as_idle_stop_prices_the_same_gangs(tmp_path, warm_p
     assert w["busyHours"] == 8 and w["mixMonthUsd"] == pytest.approx(expected, abs=0.01)
 
 
-def test_adding_a_gang_takes_the_scale_out_hold_and_a_wake(tmp_path, warm_pool_allowed):
+def test_adding_a_gang_takes_the_scale_out_hold_and_a_wake(tmp_path):
     stack_file = _dev_1_of_2(tmp_path)
     spec = read_stack("dev", stack_file).spec
     w = plan.build_plan("dev", stack_file=stack_file)["warmPool"]
@@ -149,7 +128,7 @@ def test_adding_a_gang_takes_the_scale_out_hold_and_a_wake(tmp_path, warm_pool_a
     assert [t["term"] for t in w["wake"]] == [t["term"] for t in plan.build_plan("dev")["idleStop"]["wake"]]
 
 
-def test_the_printed_plan_of_1_of_2_gangs(tmp_path, warm_pool_allowed, capsys):
+def test_the_printed_plan_of_1_of_2_gangs(tmp_path, capsys):
     stack_file = _dev_1_of_2(tmp_path)
     assert cli_main.main(["plan", "--stack", "dev", "--stack-file", stack_file, "--busy-hours", "8"]) == 0
     printed = capsys.readouterr().out
@@ -168,7 +147,7 @@ def test_the_printed_plan_of_1_of_2_gangs(tmp_path, warm_pool_allowed, capsys):
     assert printed.index("\nIdle stop") < printed.index("\nWarm pool") < printed.index("\nMetrics on the gateway")
 
 
-def test_without_busy_hours_the_plan_says_how_to_ask_for_a_days_mix(tmp_path, warm_pool_allowed):
+def test_without_busy_hours_the_plan_says_how_to_ask_for_a_days_mix(tmp_path):
     printed = plan.render(plan.build_plan("dev", stack_file=_dev_1_of_2(tmp_path)))
     assert (
         "  a day's mix    scripts/vllm-cluster plan --stack dev --busy-hours N (0-24): N hours a day at 2 gangs, "
@@ -176,10 +155,10 @@ def test_without_busy_hours_the_plan_says_how_to_ask_for_a_days_mix(tmp_path, wa
     ) in printed
 
 
-def test_replicas_0_prices_no_gang_on_and_says_the_first_request_waits_a_wake():
-    """replicas 0 (every gang may sleep): the spec's own check; the section from the spec."""
-    spec = dataclasses.replace(read_stack("dev").spec, replicas=0, max_replicas=2)
-    document = {"stack": "dev", "cluster": {"instanceType": "g6.xlarge"}, "warmPool": plan._warm_pool(spec, 3.1, None)}
+def test_replicas_0_prices_no_gang_on_and_says_the_first_request_waits_a_wake(tmp_path):
+    """replicas 0 (every gang may sleep), read from a stack file as the planner reads it."""
+    stack_file = _stack_file(tmp_path, "dev", "vllm-cluster:replicas: 0", "vllm-cluster:maxReplicas: 2")
+    document = plan.build_plan("dev", stack_file=stack_file)
     w = document["warmPool"]
     assert w["replicasOn"]["gangs"] == 0
     assert w["replicasOn"]["hourUsd"] == pytest.approx(w["sharedHourUsd"] + 2 * w["stoppedGangHourUsd"], abs=1e-4)
