@@ -1,4 +1,4 @@
-"""vllm-cluster operator tools: `plan`, `preflight`, `status`, `wake`, `stop`. Run through
+"""vllm-cluster operator tools: `plan`, `preflight`, `status`, `wake`, `stop`, `park`. Run through
 scripts/vllm-cluster from the repository root (it finds the virtualenv)."""
 
 from __future__ import annotations
@@ -68,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in (
         ("wake", "start a stack's stopped gangs (idleStopMinutes) and wait until they serve"),
         ("stop", "power a stack's GPU nodes off now (idleStopMinutes) and wait until they are stopped"),
+        ("park", "drain and stop a stack's idle warm gangs now (maxReplicas), as the stack does after pulumi up"),
     ):
         sub = commands.add_parser(name, help=text)
         deployed_stack_arguments(sub)
-        sub.add_argument("--timeout", type=float, help="seconds to wait (wake: 1200, stop: 600)")
+        if name != "park":  # the gateway parks and answers; nothing to wait for
+            sub.add_argument("--timeout", type=float, help="seconds to wait (wake: 1200, stop: 600)")
 
     args = parser.parse_args(argv)
     end_on_hangup_and_terminate()
@@ -105,7 +107,7 @@ def end_on_hangup_and_terminate() -> None:
 
 
 # Exit codes for "the tool could not look": status documents 3 (unknown) for it.
-CANNOT_LOOK = {"plan": 2, "preflight": 2, "status": 3, "wake": 2, "stop": 2}
+CANNOT_LOOK = {"plan": 2, "preflight": 2, "status": 3, "wake": 2, "stop": 2, "park": 2}
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -124,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
         )
         # What AWS would refuse (components/aws_contract.py): `pulumi up` fails there.
         return 1 if document["problems"] else 0
-    if args.command in ("wake", "stop"):
+    if args.command in ("wake", "stop", "park"):
         from cli import power
 
         return power.main(args)

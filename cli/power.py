@@ -111,6 +111,20 @@ def wake(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) ->
     return 0 if _every_gang(cluster, "serving", timeout, say) else 1
 
 
+def park(cluster: Cluster, say: Callable[[str], None] = _say) -> int:
+    """Ask the gateway's waker to park the warm gangs now (`vllm-cluster-gateway park`:
+    each warm gang with no request running or waiting is drained, then stopped), and say
+    what it did. scripts/deploy runs it after `pulumi up`, which it woke every gang for."""
+    result = cluster.ssh_gateway(f"sudo {bootstrap.GATEWAY_COMMAND} park")
+    for line in result.stdout.splitlines():
+        say(line)
+    if result.returncode != 0:
+        said = " ".join(result.stderr.split()) or f"exit {result.returncode}"
+        say(f"the gateway's waker refused: {said}")
+        return 2 if NO_WAKER in said else 1
+    return 0
+
+
 def stop(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) -> int:
     command = f"sudo {bootstrap.NODE_COMMAND} stop-now"
     # A gang that idled out already is powered off: a login to it would only time out.
@@ -146,8 +160,17 @@ def main(args) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.command == "park" and not spec.has_warm_gangs:
+        # Not an error: scripts/deploy asks every stack with idle stop, warm gangs or not.
+        print(
+            f"vllm-cluster park: stack {args.stack} has no warm gang (maxReplicas above replicas): nothing to park",
+            file=sys.stderr,
+        )
+        return 0
     cluster = Cluster(stack_outputs(args.stack, args.outputs))
     try:
+        if args.command == "park":
+            return park(cluster)
         if args.command == "wake":
             return wake(cluster, args.timeout if args.timeout is not None else WAKE_TIMEOUT_SECONDS)
         return stop(cluster, args.timeout if args.timeout is not None else STOP_TIMEOUT_SECONDS)

@@ -166,6 +166,8 @@ def test_a_deployed_stack_with_idle_stop_is_woken_before_pulumi_up_reaches_its_n
     assert woke < args.index(["up", "--stack", "dev", "--yes"])
     assert "starting any that are stopped first" in result.stdout
     assert "pulumi up goes on" in result.stderr
+    # After the up, the warm gangs the wake started are parked again (dev has none: said so).
+    assert result.stderr.index("pulumi up goes on") < result.stderr.index("vllm-cluster park: stack dev has no warm")
 
 
 def test_a_deployed_stack_without_idle_stop_is_not_woken(tmp_path):

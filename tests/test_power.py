@@ -144,3 +144,44 @@ def test_wake_on_a_gateway_without_a_waker_says_so_and_exits_2(monkeypatch):
     said = []
     assert power.wake(cluster, 60, said.append) == 2
     assert "no idle stop" in said[0]
+
+
+def test_park_asks_the_gateway_and_relays_what_it_parked(monkeypatch):
+    cluster = Cluster(["gang1: parked (drained, StopInstances i-1)\n"])
+    said = []
+    assert power.park(cluster, said.append) == 0
+    assert cluster.asked == [("gateway", f"sudo {bootstrap.GATEWAY_COMMAND} park")]
+    assert said == ["gang1: parked (drained, StopInstances i-1)"]
+
+
+def test_park_that_the_gateway_refuses_fails_saying_why():
+    cluster = Cluster([])
+    cluster.ssh_gateway = lambda command, timeout=30: subprocess.CompletedProcess([], 1, "", "waker not running\n")
+    said = []
+    assert power.park(cluster, said.append) == 1
+    assert said == ["the gateway's waker refused: waker not running"]
+
+
+def test_park_on_a_stack_without_warm_gangs_has_nothing_to_do_and_logs_in_nowhere(monkeypatch, capsys):
+    """scripts/deploy asks every stack with idle stop to park: one without warm gangs answers
+    at once, from its stack file."""
+    spec = dataclasses.replace(SPEC, idle_stop_minutes=30)
+    monkeypatch.setattr(power, "read_stack", lambda stack, stack_file: SimpleNamespace(spec=spec))
+
+    def no_outputs(*args):
+        raise AssertionError("read the stack's outputs (about to log in) for a stack without warm gangs")
+
+    monkeypatch.setattr(power, "stack_outputs", no_outputs)
+    assert power.main(SimpleNamespace(command="park", stack="t", stack_file=None, outputs=None)) == 0
+    assert "has no warm gang" in capsys.readouterr().err
+
+
+def test_park_on_a_warm_pool_stack_goes_to_the_gateway(monkeypatch):
+    spec = dataclasses.replace(SPEC, idle_stop_minutes=30, replicas=1, max_replicas=2)
+    monkeypatch.setattr(power, "read_stack", lambda stack, stack_file: SimpleNamespace(spec=spec))
+    monkeypatch.setattr(power, "stack_outputs", lambda stack, outputs_file: {})
+    parked = []
+    monkeypatch.setattr(power, "Cluster", lambda outputs: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(power, "park", lambda cluster: parked.append(cluster) or 0)
+    assert power.main(SimpleNamespace(command="park", stack="t", stack_file=None, outputs=None)) == 0
+    assert len(parked) == 1
