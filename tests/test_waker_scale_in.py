@@ -344,3 +344,46 @@ def test_park_reports_a_drain_that_failed_as_a_failure(two_serving, aws, tmp_pat
         server.server_close()
     assert code == 1 and aws.stopped == []
     assert "failed gang1: drain failed, not stopped: drain gang1: gave up after 60 s" in capsys.readouterr().out
+
+
+# --- the first request when nothing serves (decision 4) -----------------------------------------
+
+
+def all_stopped(make, heads, aws, **overrides):  # noqa: F811 - the fixture's name
+    for head in heads.values():
+        head.stop()
+    for instance_id in [*GANG0, *GANG1]:
+        aws.states[instance_id] = "stopped"
+    woken = make(**overrides)
+    assert woken.states() == {"gang0": "stopped", "gang1": "stopped"}
+    return woken
+
+
+def test_with_replicas_0_a_request_wakes_one_gang_not_all(two_serving, aws):  # noqa: F811
+    make, heads = two_serving
+    woken = all_stopped(make, heads, aws, replicas=0)
+    status, headers, body = woken.fallback(502)
+    assert status == 503 and headers["Retry-After"] == "30"
+    assert sorted(aws.started) == sorted(GANG0)
+    assert "starting: gang0," in json.loads(body)["error"]["message"]
+    assert woken.power["gang0"]["why"] == "woken: a request no gang could take"
+    # gang0 on its way is capacity: the next requests start nothing more.
+    for _ in range(3):
+        assert woken.fallback(502)[0] == 503
+    assert sorted(aws.started) == sorted(GANG0) and "wake" not in (woken.power["gang1"].get("why") or "")
+
+
+def test_with_replicas_0_a_gang_held_off_by_a_wake_given_up_is_passed_over(two_serving, aws):  # noqa: F811
+    make, heads = two_serving
+    woken = all_stopped(make, heads, aws, replicas=0)
+    woken.power["gang0"]["failed"] = {"retry_at": "2999-01-01T00:00:00Z", "reason": "it never served", "at": "x"}
+    assert woken.fallback(502)[0] == 503
+    assert aws.started == GANG1
+
+
+def test_with_replicas_1_a_request_wakes_the_always_on_gang_not_the_warm_ones(two_serving, aws):  # noqa: F811
+    make, heads = two_serving
+    woken = all_stopped(make, heads, aws)
+    status, _, body = woken.fallback(502)
+    assert status == 503 and sorted(aws.started) == sorted(GANG0)
+    assert "gang1" not in json.loads(body)["error"]["message"]
