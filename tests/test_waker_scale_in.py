@@ -387,3 +387,35 @@ def test_with_replicas_1_a_request_wakes_the_always_on_gang_not_the_warm_ones(tw
     status, _, body = woken.fallback(502)
     assert status == 503 and sorted(aws.started) == sorted(GANG0)
     assert "gang1" not in json.loads(body)["error"]["message"]
+
+
+# --- power.json and `power`: each gang's role and why (decision 5) --------------------------------
+
+
+def test_power_prints_each_gangs_role_and_why_after_its_first_three_columns(two_serving, aws, tmp_path, capsys):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    idle_out(woken, IDLE + 2 * POLL)
+    assert aws.stopped == GANG1
+    settings = tmp_path / "waker.json"
+    settings.write_text(json.dumps(woken.config))
+    assert waker.main(["--config", str(settings), "--state-dir", woken.state_dir, "power"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    gang0, gang1 = (line.split() for line in lines)
+    assert gang0[:2] == ["gang0", "serving"] and gang0[3:] == ["always-on"]
+    assert gang1[:2] == ["gang1", "stopped"] and gang1[2].endswith("Z") and gang1[3] == "warm"
+    why_at = woken.power["gang1"]["why_at"]
+    assert lines[1].endswith(f" warm why: scaled in: no client request for {MINUTES} min (at {why_at})")
+    assert waker.main(["--config", str(settings), "--state-dir", woken.state_dir, "power", "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)["gangs"]
+    assert records["gang1"]["role"] == "warm" and records["gang1"]["why"].startswith("scaled in")
+    assert records["gang0"]["role"] == "always-on"
+
+
+def test_a_wake_given_up_is_the_why_of_the_gang(two_serving, aws):  # noqa: F811
+    make, heads = two_serving
+    woken = all_stopped(make, heads, aws, give_up_seconds=1)
+    woken.fallback(502)
+    woken.power["gang0"]["wake"]["give_up_at"] = "2000-01-01T00:00:00Z"
+    woken.poll()
+    assert woken.power["gang0"]["why"].startswith("wake given up: it did not serve within 1 s")
