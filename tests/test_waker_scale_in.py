@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from components import metrics
 from tests.doubles.prometheus_api import CLIENT_FINISHED_QUERY, RUNNING_QUERY, PrometheusQueryDouble
 from tests.test_waker import GANG0, GANG1, STACK_TAGS, Head, aws, config, waker  # noqa: F401 - aws: the fixture
 from tests.test_waker_scale import Clock, scaling
@@ -419,3 +420,29 @@ def test_a_wake_given_up_is_the_why_of_the_gang(two_serving, aws):  # noqa: F811
     woken.power["gang0"]["wake"]["give_up_at"] = "2000-01-01T00:00:00Z"
     woken.poll()
     assert woken.power["gang0"]["why"].startswith("wake given up: it did not serve within 1 s")
+
+
+# --- the pool's size to Prometheus (decision 6) ---------------------------------------------------
+
+
+def test_the_exposition_counts_the_pools_gangs_by_state_and_its_bounds(two_serving, aws):  # noqa: F811
+    make, _ = two_serving
+    woken = make(replicas=0)
+    idle_out(woken, IDLE + 2 * POLL)  # gang1 parked; gang0, the last, parks too (nothing runs)
+    lines = waker.exposition(woken.states(), woken.power, woken.pool_bounds()).decode().splitlines()
+    assert 'vllm_cluster_pool_gangs{state="serving"} 0' in lines
+    assert 'vllm_cluster_pool_gangs{state="stopped"} 2' in lines
+    assert (
+        'vllm_cluster_pool_gangs{state="waking"} 0' in lines and 'vllm_cluster_pool_gangs{state="stopping"} 0' in lines
+    )
+    assert "vllm_cluster_pool_max_gangs 2" in lines and "vllm_cluster_pool_replicas 0" in lines
+    wait = str(waker.PARK_WAIT_SECONDS)
+    assert woken.pool_command.of("drain") == [
+        ["drain", "--gang", "gang1", "--timeout", "600", "--wait", wait, "--park"],
+        ["drain", "--gang", "gang0", "--timeout", "600", "--wait", wait, "--park", "--last"],
+    ]
+    # Without warm gangs: none of them.
+    assert "vllm_cluster_pool" not in waker.exposition(woken.states(), woken.power).decode()
+    # The names the alert rule reads (components/metrics.py).
+    named = (waker.POOL_GANGS_METRIC, waker.POOL_MAX_METRIC, waker.POOL_REPLICAS_METRIC)
+    assert named == (metrics.POOL_GANGS, metrics.POOL_MAX_GANGS, metrics.POOL_REPLICAS)
