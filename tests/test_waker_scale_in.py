@@ -18,7 +18,18 @@ import pytest
 
 from components import metrics
 from tests.doubles.prometheus_api import CLIENT_FINISHED_QUERY, RUNNING_QUERY, PrometheusQueryDouble
-from tests.test_waker import GANG0, GANG1, STACK_TAGS, Head, aws, config, waker  # noqa: F401 - aws: the fixture
+from tests.test_waker import (  # noqa: F401 - aws, head, gateway_host: the fixtures
+    GANG0,
+    GANG1,
+    STACK_TAGS,
+    Head,
+    aws,
+    config,
+    eventually,
+    gateway_host,
+    head,
+    waker,
+)
 from tests.test_waker_scale import Clock, scaling
 
 POLL = waker.POLL_SECONDS
@@ -134,13 +145,13 @@ def prometheus():
 def two_serving(tmp_path, aws, prometheus):  # noqa: F811 - the fixture
     """gang0 always-on and gang1 warm (replicas 1, maxReplicas 2), both serving, both idle."""
     heads = {"gang0": Head(), "gang1": Head()}
-    for head in heads.values():
-        head.start()
+    for server in heads.values():
+        server.start()
     for instance_id in GANG1:
         aws.tags[instance_id] = dict(STACK_TAGS)
     state_dir = tmp_path / "state"
     state_dir.mkdir()
-    (state_dir / "gangs").write_text("".join(f"{name} 127.0.0.1:{head.port}\n" for name, head in heads.items()))
+    (state_dir / "gangs").write_text("".join(f"{name} 127.0.0.1:{server.port}\n" for name, server in heads.items()))
     prometheus.running = {"gang0": 0, "gang1": 0}
     prometheus.waiting = {"gang0": 0, "gang1": 0}
     prometheus.client_finished = {"gang0": 3, "gang1": 7}
@@ -161,8 +172,8 @@ def two_serving(tmp_path, aws, prometheus):  # noqa: F811 - the fixture
         return woken
 
     yield make, heads
-    for head in heads.values():
-        head.stop()
+    for server in heads.values():
+        server.stop()
 
 
 def look(woken, seconds: float = POLL):
@@ -351,8 +362,8 @@ def test_park_reports_a_drain_that_failed_as_a_failure(two_serving, aws, tmp_pat
 
 
 def all_stopped(make, heads, aws, **overrides):  # noqa: F811 - the fixture's name
-    for head in heads.values():
-        head.stop()
+    for server in heads.values():
+        server.stop()
     for instance_id in [*GANG0, *GANG1]:
         aws.states[instance_id] = "stopped"
     woken = make(**overrides)
@@ -446,3 +457,17 @@ def test_the_exposition_counts_the_pools_gangs_by_state_and_its_bounds(two_servi
     # The names the alert rule reads (components/metrics.py).
     named = (waker.POOL_GANGS_METRIC, waker.POOL_MAX_METRIC, waker.POOL_REPLICAS_METRIC)
     assert named == (metrics.POOL_GANGS, metrics.POOL_MAX_GANGS, metrics.POOL_REPLICAS)
+
+
+def test_the_gateways_park_asks_the_running_waker_and_needs_one(aws, head, gateway_host):  # noqa: F811
+    """`sudo vllm-cluster-gateway park`, as the stack's last command runs it: through the
+    waker's port in waker.env to the running waker; without a waker it says so and fails."""
+    refused = gateway_host.run("park")
+    assert refused.returncode == 1 and "this stack has no idle stop" in refused.stderr
+    gateway_host.install_waker()
+    document = json.dumps(config(endpoint=aws.endpoint, imds=aws.imds.url, ca_file=aws.ca))
+    assert gateway_host.run("waker-config", stdin=document).returncode == 0
+    eventually(lambda: gateway_host.run("power").stdout.startswith("gang0 serving"), what="the waker up")
+    parked = gateway_host.run("park")
+    assert parked.returncode == 0, parked.stderr
+    assert parked.stdout == "left gang0: no warm gangs: maxReplicas is replicas\n"
