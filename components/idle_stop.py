@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from components import aws_contract, metrics, ports, sizing, stage_volume
+from components import aws_contract, config_keys, metrics, ports, sizing, stage_volume
 from components.catalog import InstanceType
 
 SHUTDOWN_BEHAVIOR_DOC = (
@@ -359,13 +359,24 @@ def scales(replicas: int | None, max_replicas: int | None) -> bool:
     return replicas is not None and max_replicas is not None and max_replicas > replicas
 
 
+# A warm gang's nodes power themselves off after this many times idleStopMinutes: the
+# gateway's waker parks the gang first (issue 36).
+WARM_BACKSTOP_FACTOR = 2
+
+
 def gang_idle_minutes(gang: int, replicas: int, max_replicas: int | None, idle_stop_minutes: int) -> int:
     """The idle time a gang's nodes are told (vllm-cluster-node idle-stop-config; 0: never
     stop). With warm gangs, the first `replicas` gangs always serve: they never stop for
-    idleness, only the warm ones (and with replicas 0, every gang) sleep by the idle rule."""
-    if scales(replicas, max_replicas) and gang < replicas:
+    idleness. A warm gang (with replicas 0, every gang) is parked by the gateway's waker
+    after idle_stop_minutes: drained from the API pool first, so that no request is cut,
+    which its nodes cannot do (they power off under whatever nginx still sends them). Its
+    nodes' own rule is a backstop only, for a gateway that is down: at twice the time, so
+    that the waker, which sees the same idleness, always comes first."""
+    if not scales(replicas, max_replicas):
+        return idle_stop_minutes
+    if gang < replicas:
         return 0
-    return idle_stop_minutes
+    return WARM_BACKSTOP_FACTOR * idle_stop_minutes
 
 
 def waker_config(
@@ -381,10 +392,14 @@ def waker_config(
     retry_after_seconds: int = RETRY_AFTER_SECONDS,
     replicas: int | None = None,
     max_replicas: int | None = None,
+    drain_timeout_seconds: int = config_keys.DEFAULT_API_READ_TIMEOUT_SECONDS,
 ) -> str:
     """The JSON `vllm-cluster-gateway waker-config` reads on stdin: where EC2 is, which tags
     the stack's instances carry, each gang's instance ids (head first, gangs in order); with
-    warm gangs (max_replicas above replicas) when to start one and where the queue is read."""
+    warm gangs (max_replicas above replicas) when to start one, where the queue and each
+    gang's activity are read, and how long a park's drain waits for requests in flight
+    (drain_timeout_seconds: the API's read timeout, apiReadTimeoutSeconds, the longest
+    nginx lets a request run). The roles follow from replicas and gang order."""
     scaling = (
         {
             "replicas": replicas,
@@ -392,6 +407,7 @@ def waker_config(
             "scale_out_waiting_per_gang": SCALE_OUT_WAITING_PER_GANG,
             "scale_out_hold_seconds": SCALE_OUT_HOLD_SECONDS,
             "prometheus": PROMETHEUS_ON_GATEWAY,
+            "drain_timeout_seconds": drain_timeout_seconds,
         }
         if scales(replicas, max_replicas)
         else {}

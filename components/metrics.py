@@ -60,6 +60,11 @@ ASLEEP = "vllm_cluster_gang_asleep"
 # (scripts/gateway/vllm-cluster-waker REFUSED_METRIC, GIVEN_UP_METRIC; issue 34).
 WAKE_REFUSED = "vllm_cluster_wake_refused"
 WAKE_GIVEN_UP = "vllm_cluster_wake_given_up"
+# With warm gangs (issue 36, scripts/gateway/vllm-cluster-waker POOL_*): the pool's gangs by
+# state (serving, waking, stopped, stopping) and its bounds (maxReplicas, replicas).
+POOL_GANGS = "vllm_cluster_pool_gangs"
+POOL_MAX_GANGS = "vllm_cluster_pool_max_gangs"
+POOL_REPLICAS = "vllm_cluster_pool_replicas"
 # Every target carries these, so every series names its gang, node and role.
 TARGET_LABELS = ("gang", "node", "role")
 
@@ -352,6 +357,10 @@ RAY_METRICS_GONE_FOR = "5m"
 # says nothing); a wake given up is news at once.
 WAKE_REFUSED_FOR = "1m"
 WAKE_GIVEN_UP_FOR = "0m"
+# The pool at maxReplicas with a queue: five minutes, five times the waker's hold time
+# before it adds a gang (idle_stop.SCALE_OUT_HOLD_SECONDS), so a queue that one more gang
+# would have taken is not news, and one that lasts this long at the top is.
+POOL_AT_MAX_FOR = "5m"
 
 
 @dataclass(frozen=True)
@@ -363,11 +372,13 @@ class Alert:
     summary: str
 
 
-def alerts(waker: bool = False) -> list[Alert]:
+def alerts(waker: bool = False, scaling: bool = False) -> list[Alert]:
     """The five alerts of issue 21, each per gang (and per node for Ray). With the waker
     (idleStopMinutes), an engine or Ray node gone says nothing of a gang idle stop
     powered off on purpose, or is starting again: those two alerts leave it alone; and
-    two of issue 34: EC2 refusing a wake's start, and a wake given up."""
+    two of issue 34: EC2 refusing a wake's start, and a wake given up. With warm gangs
+    (`scaling`: maxReplicas above replicas, issue 36), the pool at maxReplicas that still
+    queues."""
     # `unless on (gang)`: no result for a gang the waker has asleep; without the waker's
     # series nothing is removed (https://prometheus.io/docs/prometheus/latest/querying/operators/#logical-set-binary-operators).
     awake = f" unless on (gang) (max by (gang) ({ASLEEP}) == 1)" if waker else ""
@@ -417,7 +428,26 @@ def alerts(waker: bool = False) -> list[Alert]:
             "Ray's metrics of node {{ $labels.node }} (gang {{ $labels.gang }}) are gone",
         ),
         *(_wake_alerts() if waker else []),
+        *([_pool_alert()] if waker and scaling else []),
     ]
+
+
+def _pool_alert() -> Alert:
+    # The waker's scale-out threshold, where its reasoning is written once. Imported here:
+    # idle_stop imports this module (its Prometheus URL).
+    from components.idle_stop import SCALE_OUT_WAITING_PER_GANG
+
+    serving = f'max({POOL_GANGS}{{state="serving"}})'
+    return Alert(
+        "VllmPoolAtMaxReplicas",
+        # Every gang serves, and requests waiting per serving gang are above the threshold
+        # at which the waker would add one: the pool cannot grow. Both sides carry no label.
+        f"{serving} >= max({POOL_MAX_GANGS}) and sum({REQUESTS_WAITING}) / {serving} > {SCALE_OUT_WAITING_PER_GANG:g}",
+        POOL_AT_MAX_FOR,
+        "warning",
+        "every gang of the pool serves (maxReplicas) and requests still wait: raise maxReplicas, or expect "
+        "queueing at this load",
+    )
 
 
 def _wake_alerts() -> list[Alert]:
@@ -452,16 +482,19 @@ def _alert_rule(alert: Alert) -> dict:
     }
 
 
-def alert_rules(waker: bool = False) -> str:
+def alert_rules(waker: bool = False, scaling: bool = False) -> str:
     """The alert rules file. No Alertmanager: alerts show at /prometheus/alerts and in
     the API (/prometheus/api/v1/alerts)."""
-    rules = [_alert_rule(a) for a in alerts(waker)]
+    rules = [_alert_rule(a) for a in alerts(waker, scaling)]
     return _yaml({"groups": [{"name": "vllm-cluster-alerts", "rules": rules}]})
 
 
-def rule_files(directory: str = CLUSTER_DIR, waker: bool = False) -> dict[str, str]:
-    """Both rule files by their path on the gateway."""
-    return {f"{directory}/{RECORDING_RULES}": recording_rules(), f"{directory}/{ALERT_RULES}": alert_rules(waker)}
+def rule_files(directory: str = CLUSTER_DIR, waker: bool = False, scaling: bool = False) -> dict[str, str]:
+    """Both rule files by their path on the gateway (`scaling`: with warm gangs)."""
+    return {
+        f"{directory}/{RECORDING_RULES}": recording_rules(),
+        f"{directory}/{ALERT_RULES}": alert_rules(waker, scaling),
+    }
 
 
 # --- command line -----------------------------------------------------------------------
@@ -555,16 +588,22 @@ def prometheus_defaults(flags: list[str]) -> str:
 
 
 def gateway_files(
-    gangs: list[ScrapeGang], gateway_host: str, disk_gib: int, htpasswd: str, waker: bool = False
+    gangs: list[ScrapeGang],
+    gateway_host: str,
+    disk_gib: int,
+    htpasswd: str,
+    waker: bool = False,
+    scaling: bool = False,
 ) -> dict[str, str]:
     """Every file of the metrics on the gateway, by its path there: the configuration, the
-    rules, the targets, Prometheus's flags and the login; `waker`: with idle stop.
+    rules, the targets, Prometheus's flags and the login; `waker`: with idle stop;
+    `scaling`: with warm gangs (maxReplicas above replicas: the pool's alert).
     `vllm-cluster-gateway metrics` installs them, checks them with promtool first, and
     restarts Prometheus only for new flags, reloads it for a new configuration or rules,
     and neither for new targets."""
     return {
         CONFIG_FILE: prometheus_config(waker=waker),
-        **rule_files(waker=waker),
+        **rule_files(waker=waker, scaling=scaling),
         **target_files(gangs),
         DEFAULTS_FILE: prometheus_defaults(prometheus_flags(gateway_host, disk_gib)),
         HTPASSWD_FILE: htpasswd,

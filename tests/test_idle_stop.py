@@ -12,7 +12,7 @@ import pytest
 from fleet_ec2 import fed_waker_config
 from pulumi_mocks import run_stack, unsecret
 
-from components import idle_stop, metrics, ports, sizing
+from components import config_keys, idle_stop, metrics, ports, sizing
 from components.catalog import CATALOG
 from tests.doubles.ec2_api import policy_allows
 
@@ -465,13 +465,18 @@ def test_the_waker_is_told_to_scale_only_with_warm_gangs_and_reads_what_it_is_to
     assert told["scale_out_waiting_per_gang"] == idle_stop.SCALE_OUT_WAITING_PER_GANG
     # Prometheus on the gateway's loopback, under its route prefix (components/metrics.py).
     assert told["prometheus"] == f"http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX}"
+    # A park's drain waits for requests in flight as long as nginx lets one run.
+    assert told["drain_timeout_seconds"] == config_keys.DEFAULT_API_READ_TIMEOUT_SECONDS
+    longer = waker.parse_config(warm_waker_config(replicas=1, max_replicas=2, drain_timeout_seconds=1800))
+    assert longer["drain_timeout_seconds"] == 1800
 
 
-def test_with_warm_gangs_the_always_on_gangs_never_stop_for_idleness():
+def test_with_warm_gangs_the_always_on_gangs_never_stop_for_idleness_and_the_waker_parks_the_warm_ones():
     """replicas 2, maxReplicas 4: gangs 0 and 1 always serve (their nodes are told 0, never),
-    gangs 2 and 3 sleep by the idle rule. Without warm gangs every gang keeps the idle
-    time, and with replicas 0 every gang may sleep."""
-    assert [idle_stop.gang_idle_minutes(gang, 2, 4, 30) for gang in range(4)] == [0, 0, 30, 30]
+    gangs 2 and 3 are parked by the gateway's waker after 30 idle minutes (drained first),
+    their nodes' own rule only a backstop at twice that, for a gateway that is down. Without
+    warm gangs every gang keeps the idle time, and with replicas 0 every gang is warm."""
+    assert [idle_stop.gang_idle_minutes(gang, 2, 4, 30) for gang in range(4)] == [0, 0, 60, 60]
     assert [idle_stop.gang_idle_minutes(gang, 2, 2, 30) for gang in range(2)] == [30, 30]
     assert [idle_stop.gang_idle_minutes(gang, 2, None, 30) for gang in range(2)] == [30, 30]
-    assert [idle_stop.gang_idle_minutes(gang, 0, 2, 30) for gang in range(2)] == [30, 30]
+    assert [idle_stop.gang_idle_minutes(gang, 0, 2, 30) for gang in range(2)] == [60, 60]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import bootstrap, metrics, ports
+from components import bootstrap, idle_stop, metrics, ports
 from components.topology import HEAD, WORKER
 
 TESTBED_CACHE = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
@@ -605,3 +605,59 @@ def test_with_idle_stop_a_refused_wake_and_a_wake_given_up_raise_alerts_naming_t
     )
     # Without idle stop there is no waker, and no such alert.
     assert metrics.WAKE_REFUSED not in metrics.alert_rules() and "VllmWakeGivenUp" not in metrics.alert_rules()
+
+
+# --- warm gangs (issue 36): the pool's size and an alert when it cannot grow ---------------------
+
+
+@pytest.fixture
+def rendered_with_pool(tmp_path) -> Path:
+    directory = str(tmp_path)
+    files = {
+        **metrics.rule_files(directory, waker=True, scaling=True),
+        **metrics.target_files(GANGS, directory),
+        str(tmp_path / "prometheus.yml"): metrics.prometheus_config(directory, waker=True),
+    }
+    for path, text in files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    return tmp_path
+
+
+def pool_series(serving: int, most: int) -> list[dict]:
+    return [
+        {"series": f'{metrics.POOL_GANGS}{{job="waker", instance="x", state="serving"}}', "values": f"{serving}x30"},
+        {
+            "series": f'{metrics.POOL_GANGS}{{job="waker", instance="x", state="stopped"}}',
+            "values": f"{most - serving}x30",
+        },
+        {"series": f'{metrics.POOL_MAX_GANGS}{{job="waker", instance="x"}}', "values": f"{most}x30"},
+    ]
+
+
+def test_the_pool_at_max_replicas_with_requests_waiting_raises_an_alert_after_5_minutes(rendered_with_pool):
+    """Both gangs of maxReplicas 2 serve, 3 and 1 requests wait (2 per gang, above the
+    scale-out threshold): the waker cannot add a gang, so the alert fires after its 5
+    minutes; with a gang still stopped (the waker can add it) it does not."""
+    alert = next(a for a in metrics.alerts(waker=True, scaling=True) if a.name == "VllmPoolAtMaxReplicas")
+    assert f"> {idle_stop.SCALE_OUT_WAITING_PER_GANG:g}" in alert.expr
+    waiting = [
+        series("vllm:num_requests_waiting", "gang0", "3x30"),
+        series("vllm:num_requests_waiting", "gang1", "1x30"),
+    ]
+    labels = {"severity": alert.severity}
+    assert_promtool_sees(
+        rendered_with_pool,
+        waiting + pool_series(2, 2),
+        [
+            {"eval_time": "4m", "alertname": "VllmPoolAtMaxReplicas", "exp_alerts": []},
+            {"eval_time": "7m", "alertname": "VllmPoolAtMaxReplicas", "exp_alerts": [fired_as(alert, labels)]},
+        ],
+    )
+    assert_promtool_sees(
+        rendered_with_pool,
+        waiting + pool_series(1, 2),
+        [{"eval_time": "10m", "alertname": "VllmPoolAtMaxReplicas", "exp_alerts": []}],
+    )
+    # Without warm gangs there is no pool to grow, and no such alert.
+    assert "VllmPoolAtMaxReplicas" not in metrics.alert_rules(waker=True)

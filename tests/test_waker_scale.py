@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.doubles.prometheus_api import WAITING_QUERY, PrometheusQueryDouble
+from tests.doubles.prometheus_api import CLIENT_FINISHED_QUERY, RUNNING_QUERY, WAITING_QUERY, PrometheusQueryDouble
 from tests.test_waker import GANG0, GANG1, STACK_TAGS, Head, aws, config, starts, waker  # noqa: F401 - aws: the fixture
 
 HOLD = 60
@@ -120,6 +120,7 @@ def scaling(**overrides) -> dict:
         "scale_out_waiting_per_gang": 0,
         "scale_out_hold_seconds": HOLD,
         "prometheus": "http://127.0.0.1:9090/prometheus",
+        "drain_timeout_seconds": 600,
         **overrides,
     }
 
@@ -219,7 +220,7 @@ def test_a_sustained_queue_starts_exactly_one_warm_gang(warm_pool, aws, promethe
         assert look(woken) is None
     assert woken.states() == {"gang0": "serving", "gang1": "serving"}
     assert len(starts(aws)) == 1
-    assert set(prometheus.queries) == {WAITING_QUERY}
+    assert set(prometheus.queries) == {WAITING_QUERY, RUNNING_QUERY, CLIENT_FINISHED_QUERY}
 
 
 def test_a_short_burst_starts_no_gang(warm_pool, aws, prometheus):  # noqa: F811

@@ -4,9 +4,12 @@ answered with an instant vector in Prometheus's JSON envelope
 (https://prometheus.io/docs/prometheus/latest/querying/api/#instant-queries: {"status":
 "success", "data": {"resultType": "vector", "result": [{"metric": {...}, "value": [TIME,
 "VALUE"]}]}}), or {"status": "error", "errorType", "error"} with HTTP 400 for a query it
-does not know. It evaluates one query only, the waker's `sum by (gang)
-(vllm:num_requests_waiting)`, from the per-gang figures the test sets (`waiting`); `down`
-makes it answer 503, as Prometheus does while it replays its WAL and is not ready."""
+does not know. It evaluates the waker's queries only, each from per-gang figures the test sets: `sum by
+(gang) (vllm:num_requests_waiting)` from `waiting`, `sum by (gang)
+(vllm:num_requests_running)` from `running`, and the client requests finished (vLLM's
+finished requests less those that asked for at most one token) from `client_finished`;
+`down` makes it answer 503, as Prometheus does while it replays its WAL and is not ready.
+`extra` adds series as a node could make them appear (labels of its own choosing)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,10 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 WAITING_QUERY = "sum by (gang) (vllm:num_requests_waiting)"
+RUNNING_QUERY = "sum by (gang) (vllm:num_requests_running)"
+CLIENT_FINISHED_QUERY = (
+    'sum by (gang) (vllm:request_success_total) - sum by (gang) (vllm:request_params_max_tokens_bucket{le="1.0"})'
+)
 
 
 class PrometheusQueryDouble:
@@ -24,6 +31,10 @@ class PrometheusQueryDouble:
         self.route_prefix = route_prefix
         # gang -> requests waiting, as vLLM's engines report them now.
         self.waiting: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.client_finished: dict[str, float] = {}
+        # query -> [(labels, value)]: series beyond the figures above.
+        self.extra: dict[str, list[tuple[dict, float]]] = {}
         self.down = False
         self.queries: list[str] = []
         double = self
@@ -49,18 +60,25 @@ class PrometheusQueryDouble:
                 double.queries.append(query)
                 if double.down:
                     self.answer(503, {"status": "error", "errorType": "unavailable", "error": "not ready"})
-                elif query != WAITING_QUERY:
+                elif query not in double.figures():
                     self.answer(400, {"status": "error", "errorType": "bad_data", "error": f"unknown query {query}"})
                 else:
                     now = time.time()
                     result = [
                         {"metric": {"gang": gang}, "value": [now, repr(float(value))]}
-                        for gang, value in sorted(double.waiting.items())
+                        for gang, value in sorted(double.figures()[query].items())
+                    ]
+                    result += [
+                        {"metric": labels, "value": [now, repr(float(value))]}
+                        for labels, value in double.extra.get(query, [])
                     ]
                     self.answer(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
+
+    def figures(self) -> dict[str, dict[str, float]]:
+        return {WAITING_QUERY: self.waiting, RUNNING_QUERY: self.running, CLIENT_FINISHED_QUERY: self.client_finished}
 
     @property
     def url(self) -> str:

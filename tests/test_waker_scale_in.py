@@ -1,0 +1,473 @@
+"""The waker's scale-in (issue 36, point 2, design decisions 2-3): a warm gang that has served
+no client request for idle_stop_minutes is parked (drained from the API pool, then its
+instances stopped), never an always-on gang, never below `replicas` serving gangs, never the
+last serving gang while requests run or wait; a drain that fails stops nothing; a parked gang
+woken again goes back into the pool. The decision as pure logic, then the waker in process
+against the EC2 double (tests/doubles/ec2_api.py), the Prometheus query double
+(tests/doubles/prometheus_api.py) and a double of the gateway's pool commands, on a clock the
+test moves."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from components import metrics
+from tests.doubles.prometheus_api import CLIENT_FINISHED_QUERY, RUNNING_QUERY, PrometheusQueryDouble
+from tests.test_waker import (  # noqa: F401 - aws, head, gateway_host: the fixtures
+    GANG0,
+    GANG1,
+    STACK_TAGS,
+    Head,
+    aws,
+    config,
+    eventually,
+    gateway_host,
+    head,
+    waker,
+)
+from tests.test_waker_scale import Clock, scaling
+
+POLL = waker.POLL_SECONDS
+MINUTES = 10
+IDLE = MINUTES * 60
+
+
+def test_the_doubles_queries_are_the_ones_the_waker_asks():
+    assert (waker.RUNNING_QUERY, waker.CLIENT_FINISHED_QUERY) == (RUNNING_QUERY, CLIENT_FINISHED_QUERY)
+
+
+# --- the idle clock, pure ------------------------------------------------------------------------
+
+
+def figures(running=0.0, waiting=0.0, finished=0.0):
+    return waker.Activity(running=running, waiting=waiting, client_finished=finished)
+
+
+def test_a_gangs_idle_time_counts_from_its_last_client_request_and_probes_do_not_count():
+    clock = waker.IdleClock()
+    serving = frozenset({"gang1"})
+    clock.observe(0, serving, {"gang1": figures(finished=5)})
+    assert clock.idle_seconds(0) == {"gang1": 0}
+    # The stack's 1-token probes are left out of client_finished by the query: it stays.
+    clock.observe(300, serving, {"gang1": figures(finished=5)})
+    assert clock.idle_seconds(300) == {"gang1": 300}
+    clock.observe(400, serving, {"gang1": figures(finished=6)})  # a client request finished
+    assert clock.idle_seconds(500) == {"gang1": 100}
+    clock.observe(600, serving, {"gang1": figures(running=1, finished=6)})  # one runs
+    clock.observe(700, serving, {"gang1": figures(waiting=2, finished=6)})  # two wait
+    assert clock.idle_seconds(700) == {"gang1": 0}
+    # A restarted engine counts from zero again: activity, not a negative idleness.
+    clock.observe(800, serving, {"gang1": figures(finished=0)})
+    assert clock.idle_seconds(900) == {"gang1": 100}
+
+
+def test_a_gang_without_figures_is_never_idle_and_a_gang_counts_from_when_it_serves():
+    clock = waker.IdleClock()
+    clock.observe(0, frozenset({"gang1"}), {})  # Prometheus did not reach its engine
+    clock.observe(900, frozenset({"gang1"}), {})
+    assert clock.idle_seconds(900) == {"gang1": 0}
+    clock.observe(1000, frozenset(), {"gang1": figures()})  # stopped: forgotten
+    clock.observe(2000, frozenset({"gang1"}), {"gang1": figures()})  # serves again
+    assert clock.idle_seconds(2000) == {"gang1": 0}
+    clock.forget()  # a look at Prometheus failed: nobody is known idle
+    assert clock.idle_seconds(2500) == {}
+
+
+# --- the decision, pure -------------------------------------------------------------------------
+
+
+def decide(states, idle, replicas=1, busy=False):
+    roles = waker.gang_roles(list(states), replicas)
+    return waker.scale_in_decision(states, idle, roles, replicas, MINUTES, busy)
+
+
+def test_an_idle_warm_gang_is_parked_the_last_warm_first():
+    states = {"gang0": "serving", "gang1": "serving", "gang2": "serving"}
+    decision = decide(states, {"gang0": IDLE, "gang1": IDLE, "gang2": IDLE})
+    assert decision.gang == "gang2" and not decision.last
+    assert decision.reason == f"scaled in: no client request for {MINUTES} min"
+    assert decide(states, {"gang0": IDLE, "gang1": IDLE, "gang2": IDLE - 1}).gang == "gang1"
+    assert decide(states, {"gang0": IDLE, "gang1": IDLE - 1, "gang2": IDLE - 1}) is None
+
+
+def test_an_always_on_gang_is_never_parked_and_never_fewer_than_replicas_serve():
+    assert decide({"gang0": "serving", "gang1": "stopped"}, {"gang0": 10 * IDLE}) is None
+    # replicas 2: gang0 is broken (waking again), gang1 serves alone: not parked.
+    states = {"gang0": "waking", "gang1": "serving", "gang2": "serving"}
+    assert decide(states, {"gang1": IDLE, "gang2": IDLE}, replicas=2) is None
+    assert decide({**states, "gang0": "serving"}, {"gang2": IDLE}, replicas=2).gang == "gang2"
+
+
+def test_with_replicas_0_the_last_serving_gang_parks_only_while_no_request_runs_or_waits():
+    states = {"gang0": "serving", "gang1": "stopped"}
+    decision = decide(states, {"gang0": IDLE}, replicas=0)
+    assert decision.gang == "gang0" and decision.last
+    assert decide(states, {"gang0": IDLE}, replicas=0, busy=True) is None
+
+
+def test_roles_follow_replicas_and_gang_order():
+    assert waker.gang_roles(["gang0", "gang1", "gang2"], 1) == {"gang0": "always-on", "gang1": "warm", "gang2": "warm"}
+    assert waker.gang_roles(["gang0", "gang1"], 0) == {"gang0": "warm", "gang1": "warm"}
+
+
+# --- the waker, in process ----------------------------------------------------------------------
+
+
+class GatewayPoolDouble:
+    """vllm-cluster-gateway's drain and return as the waker runs them: each call recorded,
+    answered with `fails` (subcommand -> exit status and output) or success."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+        self.fails: dict[str, tuple[int, str]] = {}
+
+    def __call__(self, argv: list[str]) -> tuple[int, str]:
+        self.calls.append(list(argv))
+        return self.fails.get(argv[0], (0, f"{argv[0]} {argv[2]}: done"))
+
+    def of(self, subcommand: str) -> list[list[str]]:
+        return [call for call in self.calls if call[0] == subcommand]
+
+
+@pytest.fixture
+def prometheus():
+    double = PrometheusQueryDouble().start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def two_serving(tmp_path, aws, prometheus):  # noqa: F811 - the fixture
+    """gang0 always-on and gang1 warm (replicas 1, maxReplicas 2), both serving, both idle."""
+    heads = {"gang0": Head(), "gang1": Head()}
+    for server in heads.values():
+        server.start()
+    for instance_id in GANG1:
+        aws.tags[instance_id] = dict(STACK_TAGS)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "gangs").write_text("".join(f"{name} 127.0.0.1:{server.port}\n" for name, server in heads.items()))
+    prometheus.running = {"gang0": 0, "gang1": 0}
+    prometheus.waiting = {"gang0": 0, "gang1": 0}
+    prometheus.client_finished = {"gang0": 3, "gang1": 7}
+
+    def make(**overrides):
+        settings = config(
+            endpoint=aws.endpoint,
+            gangs={"gang0": GANG0, "gang1": GANG1},
+            imds=aws.imds.url,
+            ca_file=aws.ca,
+            idle_stop_minutes=MINUTES,
+            **scaling(prometheus=prometheus.url, **overrides),
+        )
+        woken = waker.Waker(waker.parse_config(json.dumps(settings)), str(state_dir), aws.client())
+        woken.clock = Clock()
+        woken.pool_command = GatewayPoolDouble()
+        woken.poll()
+        return woken
+
+    yield make, heads
+    for server in heads.values():
+        server.stop()
+
+
+def look(woken, seconds: float = POLL):
+    woken.clock.now += seconds
+    woken.poll()
+    woken.scale()
+    woken.return_parked()
+
+
+def idle_out(woken, seconds: float = IDLE):
+    for _ in range(int(seconds // POLL) + 1):
+        look(woken)
+
+
+def test_an_idle_warm_gang_is_drained_then_stopped_and_the_always_on_gang_keeps_serving(two_serving, aws):  # noqa: F811 - the fixture
+    make, _ = two_serving
+    woken = make()
+    look(woken, 0)
+    for _ in range(int(IDLE // POLL) - 1):
+        look(woken)
+    assert woken.pool_command.calls == [] and aws.stopped == []
+    idle_out(woken, 2 * POLL)
+    drains = woken.pool_command.of("drain")
+    wait = str(waker.PARK_WAIT_SECONDS)
+    assert drains == [["drain", "--gang", "gang1", "--timeout", "600", "--wait", wait, "--park"]]
+    assert aws.stopped == GANG1
+    record = woken.power["gang1"]
+    assert record["state"] in ("stopping", "stopped") and record["parked"]
+    assert record["role"] == "warm" and woken.power["gang0"]["role"] == "always-on"
+    assert record["why"] == f"scaled in: no client request for {MINUTES} min" and record["why_at"]
+    # Much later, still idle: gang0 always serves.
+    idle_out(woken, 3 * IDLE)
+    assert aws.stopped == GANG1 and len(woken.pool_command.of("drain")) == 1
+    assert json.loads(Path(woken.power_file).read_text())["gangs"]["gang1"]["why"].startswith("scaled in")
+
+
+def test_client_requests_keep_a_warm_gang_serving(two_serving, aws, prometheus):  # noqa: F811 - the fixture
+    make, _ = two_serving
+    woken = make()
+    for step in range(3 * int(IDLE // POLL)):
+        prometheus.client_finished = {"gang0": 3, "gang1": 7 + step // 20}  # one every 5 minutes
+        look(woken)
+    assert woken.pool_command.calls == [] and aws.stopped == []
+
+
+def test_a_drain_that_fails_stops_nothing_and_says_so(two_serving, aws):  # noqa: F811 - the fixture
+    make, _ = two_serving
+    woken = make()
+    woken.pool_command.fails["drain"] = (1, "drain gang1: gave up after 60 s (gang1 stays in the pool)")
+    idle_out(woken, IDLE + POLL)
+    assert woken.pool_command.of("drain") and aws.stopped == []
+    record = woken.power["gang1"]
+    assert record["state"] == "serving" and not record.get("parked")
+    assert "drain failed, not stopped" in record["park_error"]["why"] and "gave up" in record["park_error"]["why"]
+
+
+def test_a_parked_gang_woken_again_returns_to_the_pool_once_it_serves(two_serving, aws):  # noqa: F811 - the fixture
+    make, heads = two_serving
+    woken = make()
+    idle_out(woken, IDLE + 2 * POLL)
+    assert aws.stopped == GANG1
+    look(woken)
+    assert woken.power["gang1"]["state"] == "stopped"
+    heads["gang1"].stop()
+    woken.wake("asked on this host (vllm-cluster-gateway wake)", by_hand=True)
+    assert woken.power["gang1"]["why"] == "woken: asked on this host (vllm-cluster-gateway wake)"
+    for instance_id in GANG1:
+        aws.states[instance_id] = "running"
+    look(woken)
+    assert woken.power["gang1"]["state"] == "waking" and woken.pool_command.of("return") == []
+    heads["gang1"].start()
+    look(woken)
+    assert woken.pool_command.of("return") == [["return", "--gang", "gang1"]]
+    assert woken.power["gang1"]["state"] == "serving" and not woken.power["gang1"].get("parked")
+
+
+def test_no_node_report_parks_an_always_on_gang_or_stops_another_stacks_instance(two_serving, aws, prometheus):  # noqa: F811
+    """A node writes its own /metrics: values that say "idle" for every gang, series that
+    claim a gang label of their own (another gang's, or a name the stack does not have).
+    Prometheus on the gateway relabels a node's series with its target's gang, but even a
+    series that got through names no instance: the waker parks only warm gangs of its
+    waker.json and stops only their instances, of the stack's tag."""
+    make, _ = two_serving
+    other = "i-0c000000000000001"  # another stack's instance, running in the same account
+    aws.states[other] = "running"
+    aws.tags[other] = {**STACK_TAGS, "vllm-cluster:stack": "prod"}
+    prometheus.extra = {
+        RUNNING_QUERY: [({"gang": "gang0", "exported_gang": "gang9"}, 0), ({"gang": "prod-gang0"}, 0)],
+        CLIENT_FINISHED_QUERY: [({"gang": other}, 0), ({"gang": "gang0", "node": "evil"}, 0)],
+    }
+    woken = make()
+    idle_out(woken, 4 * IDLE)
+    parked = {call[2] for call in woken.pool_command.of("drain")}
+    assert parked == {"gang1"} and sorted(aws.stopped) == sorted(GANG1)
+    assert aws.states[other] == "running" and all(aws.states[i] == "running" for i in GANG0)
+
+
+def test_the_waker_unit_lets_drain_and_return_write_what_they_write_and_nothing_more():
+    """ProtectSystem=strict makes the whole file system read-only for the waker and what it
+    runs: the pool's state and lock, nginx's include (written through a temporary file
+    beside it) and nginx's logs (`nginx -t` opens them) must be writable for a park."""
+    root = Path(waker.__file__).resolve().parent
+    unit = (root / "units" / "vllm-cluster-waker.service").read_text()
+    gateway = (root / "vllm-cluster-gateway").read_text()
+    writable = next(line for line in unit.splitlines() if line.startswith("ReadWritePaths="))
+    paths = writable.split("=", 1)[1].split()
+    assert "readonly UPSTREAM_INCLUDE=/etc/nginx/vllm-cluster-upstream.inc" in gateway
+    assert "readonly POOL_DIR=$STATE_DIR/gateway" in gateway
+    assert paths == ["/var/lib/vllm-cluster/gateway", "/etc/nginx", "/var/log/nginx"]
+    assert "ProtectSystem=strict" in unit
+
+
+# --- the park after a deploy (vllm-cluster-gateway park) ----------------------------------------
+
+
+def serve_http(woken):
+    """The waker's HTTP server on loopback, as `serve` runs it."""
+    server = waker.ThreadingHTTPServer(("127.0.0.1", 0), waker.make_handler(woken))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+def post(port: int, path: str, headers: dict | None = None) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("POST", path, body=b"", headers=headers or {})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_park_parks_every_idle_warm_gang_at_once_and_only_for_this_hosts_root(two_serving, aws, tmp_path, capsys):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    woken.figures_wait_seconds = 0
+    server = serve_http(woken)
+    try:
+        port = server.server_address[1]
+        # Through nginx (X-Forwarded-For) /park is just another request no gang could take.
+        status, answer = post(port, "/park", {"X-Forwarded-For": "203.0.113.9"})
+        assert status == 502 and woken.pool_command.calls == [] and aws.stopped == []
+        settings = tmp_path / "waker.json"
+        settings.write_text(json.dumps(woken.config))
+        code = waker.main(["--config", str(settings), "--state-dir", woken.state_dir, "park", "--port", str(port)])
+    finally:
+        server.shutdown()
+        server.server_close()
+    printed = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert "parked gang1: parked after deploy" in printed
+    assert "left gang0: always-on: it always serves" in printed
+    assert aws.stopped == GANG1 and woken.power["gang1"]["why"] == "parked after deploy"
+
+
+def test_park_leaves_a_warm_gang_with_requests_and_says_why(two_serving, aws, prometheus):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    woken.figures_wait_seconds = 0
+    prometheus.running = {"gang0": 0, "gang1": 2}
+    outcome = woken.park_idle()
+    assert outcome["parked"] == {} and outcome["failed"] == {}
+    assert outcome["left"]["gang1"] == "2 requests running, 0 waiting now: the idle rule parks it later"
+    assert aws.stopped == [] and woken.pool_command.calls == []
+
+
+def test_park_reports_a_drain_that_failed_as_a_failure(two_serving, aws, tmp_path, capsys):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    woken.figures_wait_seconds = 0
+    woken.pool_command.fails["drain"] = (1, "drain gang1: gave up after 60 s")
+    server = serve_http(woken)
+    try:
+        settings = tmp_path / "waker.json"
+        settings.write_text(json.dumps(woken.config))
+        port = str(server.server_address[1])
+        code = waker.main(["--config", str(settings), "--state-dir", woken.state_dir, "park", "--port", port])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and aws.stopped == []
+    assert "failed gang1: drain failed, not stopped: drain gang1: gave up after 60 s" in capsys.readouterr().out
+
+
+# --- the first request when nothing serves (decision 4) -----------------------------------------
+
+
+def all_stopped(make, heads, aws, **overrides):  # noqa: F811 - the fixture's name
+    for server in heads.values():
+        server.stop()
+    for instance_id in [*GANG0, *GANG1]:
+        aws.states[instance_id] = "stopped"
+    woken = make(**overrides)
+    assert woken.states() == {"gang0": "stopped", "gang1": "stopped"}
+    return woken
+
+
+def test_with_replicas_0_a_request_wakes_one_gang_not_all(two_serving, aws):  # noqa: F811
+    make, heads = two_serving
+    woken = all_stopped(make, heads, aws, replicas=0)
+    status, headers, body = woken.fallback(502)
+    assert status == 503 and headers["Retry-After"] == "30"
+    assert sorted(aws.started) == sorted(GANG0)
+    assert "starting: gang0," in json.loads(body)["error"]["message"]
+    assert woken.power["gang0"]["why"] == "woken: a request no gang could take"
+    # gang0 on its way is capacity: the next requests start nothing more.
+    for _ in range(3):
+        assert woken.fallback(502)[0] == 503
+    assert sorted(aws.started) == sorted(GANG0) and "wake" not in (woken.power["gang1"].get("why") or "")
+
+
+def test_with_replicas_0_a_gang_held_off_by_a_wake_given_up_is_passed_over(two_serving, aws):  # noqa: F811
+    make, heads = two_serving
+    woken = all_stopped(make, heads, aws, replicas=0)
+    woken.power["gang0"]["failed"] = {"retry_at": "2999-01-01T00:00:00Z", "reason": "it never served", "at": "x"}
+    assert woken.fallback(502)[0] == 503
+    assert aws.started == GANG1
+
+
+def test_with_replicas_1_a_request_wakes_the_always_on_gang_not_the_warm_ones(two_serving, aws):  # noqa: F811
+    make, heads = two_serving
+    woken = all_stopped(make, heads, aws)
+    status, _, body = woken.fallback(502)
+    assert status == 503 and sorted(aws.started) == sorted(GANG0)
+    assert "gang1" not in json.loads(body)["error"]["message"]
+
+
+# --- power.json and `power`: each gang's role and why (decision 5) --------------------------------
+
+
+def test_power_prints_each_gangs_role_and_why_after_its_first_three_columns(two_serving, aws, tmp_path, capsys):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    idle_out(woken, IDLE + 2 * POLL)
+    assert aws.stopped == GANG1
+    settings = tmp_path / "waker.json"
+    settings.write_text(json.dumps(woken.config))
+    assert waker.main(["--config", str(settings), "--state-dir", woken.state_dir, "power"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    gang0, gang1 = (line.split() for line in lines)
+    assert gang0[:2] == ["gang0", "serving"] and gang0[3:] == ["always-on"]
+    assert gang1[:2] == ["gang1", "stopped"] and gang1[2].endswith("Z") and gang1[3] == "warm"
+    why_at = woken.power["gang1"]["why_at"]
+    assert lines[1].endswith(f" warm why: scaled in: no client request for {MINUTES} min (at {why_at})")
+    assert waker.main(["--config", str(settings), "--state-dir", woken.state_dir, "power", "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)["gangs"]
+    assert records["gang1"]["role"] == "warm" and records["gang1"]["why"].startswith("scaled in")
+    assert records["gang0"]["role"] == "always-on"
+
+
+def test_a_wake_given_up_is_the_why_of_the_gang(two_serving, aws):  # noqa: F811
+    make, heads = two_serving
+    woken = all_stopped(make, heads, aws, give_up_seconds=1)
+    woken.fallback(502)
+    woken.power["gang0"]["wake"]["give_up_at"] = "2000-01-01T00:00:00Z"
+    woken.poll()
+    assert woken.power["gang0"]["why"].startswith("wake given up: it did not serve within 1 s")
+
+
+# --- the pool's size to Prometheus (decision 6) ---------------------------------------------------
+
+
+def test_the_exposition_counts_the_pools_gangs_by_state_and_its_bounds(two_serving, aws):  # noqa: F811
+    make, _ = two_serving
+    woken = make(replicas=0)
+    idle_out(woken, IDLE + 2 * POLL)  # gang1 parked; gang0, the last, parks too (nothing runs)
+    lines = waker.exposition(woken.states(), woken.power, woken.pool_bounds()).decode().splitlines()
+    assert 'vllm_cluster_pool_gangs{state="serving"} 0' in lines
+    assert 'vllm_cluster_pool_gangs{state="stopped"} 2' in lines
+    assert (
+        'vllm_cluster_pool_gangs{state="waking"} 0' in lines and 'vllm_cluster_pool_gangs{state="stopping"} 0' in lines
+    )
+    assert "vllm_cluster_pool_max_gangs 2" in lines and "vllm_cluster_pool_replicas 0" in lines
+    wait = str(waker.PARK_WAIT_SECONDS)
+    assert woken.pool_command.of("drain") == [
+        ["drain", "--gang", "gang1", "--timeout", "600", "--wait", wait, "--park"],
+        ["drain", "--gang", "gang0", "--timeout", "600", "--wait", wait, "--park", "--last"],
+    ]
+    # Without warm gangs: none of them.
+    assert "vllm_cluster_pool" not in waker.exposition(woken.states(), woken.power).decode()
+    # The names the alert rule reads (components/metrics.py).
+    named = (waker.POOL_GANGS_METRIC, waker.POOL_MAX_METRIC, waker.POOL_REPLICAS_METRIC)
+    assert named == (metrics.POOL_GANGS, metrics.POOL_MAX_GANGS, metrics.POOL_REPLICAS)
+
+
+def test_the_gateways_park_asks_the_running_waker_and_needs_one(aws, head, gateway_host):  # noqa: F811
+    """`sudo vllm-cluster-gateway park`, as the stack's last command runs it: through the
+    waker's port in waker.env to the running waker; without a waker it says so and fails."""
+    refused = gateway_host.run("park")
+    assert refused.returncode == 1 and "this stack has no idle stop" in refused.stderr
+    gateway_host.install_waker()
+    document = json.dumps(config(endpoint=aws.endpoint, imds=aws.imds.url, ca_file=aws.ca))
+    assert gateway_host.run("waker-config", stdin=document).returncode == 0
+    eventually(lambda: gateway_host.run("power").stdout.startswith("gang0 serving"), what="the waker up")
+    parked = gateway_host.run("park")
+    assert parked.returncode == 0, parked.stderr
+    assert parked.stdout == "left gang0: no warm gangs: maxReplicas is replicas\n"
