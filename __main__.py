@@ -466,6 +466,8 @@ def waker_config(gangs) -> pulumi.Output[str]:
             give_up_minutes=spec.wake_give_up_minutes,
             replicas=spec.replicas,
             max_replicas=spec.max_replicas,
+            # A park's drain waits as long as a request may run through the API.
+            drain_timeout_seconds=spec.api_read_timeout_seconds,
         )
     )
 

@@ -495,7 +495,15 @@ class ClusterServices(pulumi.ComponentResource):
             host, password, *ips = values
             gangs = [metrics.scrape_gang(gang.index, ip) for gang, ip in zip(args.gangs, ips, strict=True)]
             login = metrics.htpasswd_line(metrics.METRICS_USER, password)
-            files = metrics.gateway_files(gangs, host, args.gateway_disk_gib, login, waker=bool(args.idle_stop_minutes))
+            files = metrics.gateway_files(
+                gangs,
+                host,
+                args.gateway_disk_gib,
+                login,
+                waker=bool(args.idle_stop_minutes),
+                # With warm gangs: the pool's alert (at maxReplicas and still queueing).
+                scaling=idle_stop.scales(args.replicas, args.max_replicas),
+            )
             return bootstrap.gateway_metrics_script(files, metrics.ready_url())
 
         stdin = pulumi.Output.secret(

@@ -90,6 +90,21 @@ def test_the_waker_is_told_every_gang_and_which_always_serve(warm):
     assert (told["replicas"], told["max_replicas"]) == (1, 2)
 
 
+def test_the_waker_drains_a_gang_for_as_long_as_a_request_may_run():
+    """A park's drain waits for the gang's requests in flight: as long as the API lets one
+    run (apiReadTimeoutSeconds), or it would cut the longest generations."""
+    run = run_stack("dev", {"replicas": 1, "maxReplicas": 2, "apiReadTimeoutSeconds": 900})
+    assert run.error is None, run.error
+    assert waker_told(run)["drain_timeout_seconds"] == 900
+
+
+def test_prometheus_on_the_gateway_gets_the_pools_alert(warm):
+    """VllmPoolAtMaxReplicas ships with warm gangs only (stacks without keep their rules)."""
+    assert "VllmPoolAtMaxReplicas" in unsecret(command(warm, "gateway-metrics").inputs["stdin"])
+    without = run_stack("dev", {})
+    assert "VllmPoolAtMaxReplicas" not in unsecret(command(without, "gateway-metrics").inputs["stdin"])
+
+
 def test_always_on_gangs_never_idle_stop_and_warm_ones_keep_the_backstop(warm):
     always_on = command(warm, "idle-stop-head").inputs["create"]
     assert "idle-stop-config --minutes 0" in always_on
