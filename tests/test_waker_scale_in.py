@@ -274,7 +274,9 @@ def test_no_node_report_parks_an_always_on_gang_or_stops_another_stacks_instance
 def test_the_waker_unit_lets_drain_and_return_write_what_they_write_and_nothing_more():
     """ProtectSystem=strict makes the whole file system read-only for the waker and what it
     runs: the pool's state and lock, nginx's include (written through a temporary file
-    beside it) and nginx's logs (`nginx -t` opens them) must be writable for a park."""
+    beside it), nginx's logs and its pid file (`nginx -t` opens both for writing; on the
+    fleet's gateway the pid file's refusal, "open() "/run/nginx.pid" failed (30: Read-only
+    file system)", failed every park's drain) must be writable for a park."""
     root = Path(waker.__file__).resolve().parent
     unit = (root / "units" / "vllm-cluster-waker.service").read_text()
     gateway = (root / "vllm-cluster-gateway").read_text()
@@ -282,7 +284,7 @@ def test_the_waker_unit_lets_drain_and_return_write_what_they_write_and_nothing_
     paths = writable.split("=", 1)[1].split()
     assert "readonly UPSTREAM_INCLUDE=/etc/nginx/vllm-cluster-upstream.inc" in gateway
     assert "readonly POOL_DIR=$STATE_DIR/gateway" in gateway
-    assert paths == ["/var/lib/vllm-cluster/gateway", "/etc/nginx", "/var/log/nginx"]
+    assert paths == ["/var/lib/vllm-cluster/gateway", "/etc/nginx", "/var/log/nginx", "-/run/nginx.pid"]
     assert "ProtectSystem=strict" in unit
 
 
