@@ -407,6 +407,19 @@ def completion_answer(cluster) -> tuple[int, dict, object]:
         return error.code, dict(error.headers), error.read().decode(errors="replace")
 
 
+def retry_until_served(cluster, answer: int, headers: dict, body, asked: float, within: float) -> int:
+    """A client retrying as Retry-After says from its first answer until a completion is
+    served (every answer meanwhile a 503), within `within` seconds of `asked`; its tries."""
+    tries = 1
+    while answer != 200:
+        assert time.monotonic() - asked < within, (answer, body)
+        time.sleep(int(headers.get("Retry-After", "10")))
+        answer, headers, body = completion_answer(cluster)
+        tries += 1
+        assert answer in (200, 503), (answer, body)
+    return tries
+
+
 def test_idle_stop_set_by_a_later_up_configures_the_nodes_and_the_waker_and_restarts_no_engine(gangs, ec2, tmp_path):
     from fleet_ec2 import WAKER_COMMAND, FleetEc2
 
@@ -543,13 +556,7 @@ def test_a_stopped_service_answers_503_with_retry_after_and_the_gateway_wakes_it
     code, report = status(gangs)
     assert code == 4 and {g["verdict"] for g in report["gangs"]} <= {"waking", "serving"}, report
     # A client that retries as Retry-After says gets its completion.
-    tries = 1
-    while answer != 200:
-        assert time.monotonic() - asked < SERVES_AGAIN_WITHIN, (answer, body)
-        time.sleep(int(headers.get("Retry-After", "10")))
-        answer, headers, body = completion_answer(gangs)
-        tries += 1
-        assert answer in (200, 503), (answer, body)
+    tries = retry_until_served(gangs, answer, headers, body, asked, SERVES_AGAIN_WITHIN)
     print(f"woken: the first completion after {time.monotonic() - asked:.0f} s and {tries} tries")
     deadline = time.monotonic() + SERVES_AGAIN_WITHIN
     while True:
@@ -655,13 +662,7 @@ def test_a_wake_ec2_refuses_for_capacity_says_why_in_the_503_and_serves_once_cap
         assert time.monotonic() < deadline, (stand_in.ec2.start_requests[asked_before:], stand_in.ec2.calls[-6:])
         time.sleep(2)
     print(f"gang0 started again by the waker {time.monotonic() - asked:.0f} s after its refused start")
-    tries = 1
-    while answer != 200:
-        assert time.monotonic() - asked < SERVES_AGAIN_WITHIN + 120, (answer, body)
-        time.sleep(int(headers.get("Retry-After", "10")))
-        answer, headers, body = completion_answer(gangs)
-        tries += 1
-        assert answer in (200, 503), (answer, body)
+    tries = retry_until_served(gangs, answer, headers, body, asked, SERVES_AGAIN_WITHIN + 120)
     print(f"served: the first completion {time.monotonic() - asked:.0f} s after the refused wake, {tries} tries")
     # Gang 1 still has none: tried again with backoff, never booted, well inside its bound.
     assert time.monotonic() - asked < waker_config(gangs.run)["give_up_seconds"]
@@ -844,13 +845,7 @@ def test_replicas_0_sleeps_completely_and_the_first_request_wakes_one_gang(gangs
     answer, headers, body = completion_answer(gangs)
     assert answer == 503 and int(headers["Retry-After"]) > 0, (answer, headers, body)
     wait_for(lambda: len(stand_in.started) > started_before, 30, "one gang started by the request")
-    tries = 1
-    while answer != 200:
-        assert time.monotonic() - asked < SERVES_AGAIN_WITHIN, (answer, body)
-        time.sleep(int(headers.get("Retry-After", "10")))
-        answer, headers, body = completion_answer(gangs)
-        tries += 1
-        assert answer in (200, 503), (answer, body)
+    tries = retry_until_served(gangs, answer, headers, body, asked, SERVES_AGAIN_WITHIN)
     print(f"replicas 0: the first completion after {time.monotonic() - asked:.0f} s and {tries} tries")
     # One gang woke, not both.
     assert len(stand_in.started[started_before:]) == 1, stand_in.started[started_before:]

@@ -522,11 +522,11 @@ def test_every_file_the_gateway_gets_sits_where_the_package_and_nginx_read_it():
 # --- idle stop: the waker's gauge of the gangs it has asleep --------------------------------
 
 
-@pytest.fixture
-def rendered_with_waker(tmp_path) -> Path:
+def render_with_waker(tmp_path: Path, scaling: bool = False) -> Path:
+    """Prometheus's files with idle stop (`scaling`: with warm gangs) written under tmp_path."""
     directory = str(tmp_path)
     files = {
-        **metrics.rule_files(directory, waker=True),
+        **metrics.rule_files(directory, waker=True, scaling=scaling),
         **metrics.target_files(GANGS, directory),
         str(tmp_path / "prometheus.yml"): metrics.prometheus_config(directory, waker=True),
     }
@@ -534,6 +534,11 @@ def rendered_with_waker(tmp_path) -> Path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)
     return tmp_path
+
+
+@pytest.fixture
+def rendered_with_waker(tmp_path) -> Path:
+    return render_with_waker(tmp_path)
 
 
 def test_with_idle_stop_prometheus_scrapes_the_waker_and_promtool_accepts_it(rendered_with_waker):
@@ -612,16 +617,7 @@ def test_with_idle_stop_a_refused_wake_and_a_wake_given_up_raise_alerts_naming_t
 
 @pytest.fixture
 def rendered_with_pool(tmp_path) -> Path:
-    directory = str(tmp_path)
-    files = {
-        **metrics.rule_files(directory, waker=True, scaling=True),
-        **metrics.target_files(GANGS, directory),
-        str(tmp_path / "prometheus.yml"): metrics.prometheus_config(directory, waker=True),
-    }
-    for path, text in files.items():
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
-    return tmp_path
+    return render_with_waker(tmp_path, scaling=True)
 
 
 def pool_series(serving: int, most: int) -> list[dict]:

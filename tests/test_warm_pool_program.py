@@ -9,6 +9,7 @@ import json
 
 import pytest
 from pulumi_mocks import run_stack, unsecret
+from test_replicas_program import command, depends_on
 
 from components import idle_stop
 from components.bootstrap import GATEWAY_COMMAND
@@ -29,14 +30,6 @@ def warm():
     run = run_stack("dev", {"replicas": 1, "maxReplicas": 2})
     assert run.error is None, run.error
     return run
-
-
-def command(run, name):
-    return run.named(f"vllm-{name}", COMMAND)
-
-
-def depends_on(run, resource, name) -> bool:
-    return run.named(name).urn in resource.dependencies
 
 
 def ray_token_given(run, node: str) -> str:
