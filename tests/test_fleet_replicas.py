@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -746,15 +747,25 @@ def power(cluster) -> dict[str, dict]:
     return json.loads(printed)["gangs"]
 
 
-def wait_for(check, timeout: float, what: str):
-    """check()'s first true answer within `timeout` seconds; fails naming `what`."""
+def wait_for(check, timeout: float, what: str, explain=lambda: ""):
+    """check()'s first true answer within `timeout` seconds; fails naming `what` and what
+    `explain()` tells."""
     started = time.monotonic()
     while True:
         answer = check()
         if answer:
             return answer
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout:.0f} s"
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout:.0f} s\n{explain()}"
         time.sleep(3)
+
+
+def waker_view(cluster) -> str:
+    """What the waker said lately and the queue it reads (Prometheus on the gateway's loopback)."""
+    said = gateway_shell(cluster, "sudo journalctl -u vllm-cluster-waker --no-pager -o cat -n 25", check=False)
+    query = urllib.parse.urlencode({"query": "sum by (gang) (vllm:num_requests_waiting)"})
+    url = f"http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX}/api/v1/query?{query}"
+    queue = gateway_shell(cluster, f"curl -s '{url}'", check=False)
+    return f"waker's journal:\n{said.stdout}{said.stderr}\nqueue: {queue.stdout}{queue.stderr}"
 
 
 def every_gang_serves(cluster) -> bool:
@@ -807,7 +818,12 @@ def test_a_warm_gang_is_parked_woken_by_a_queue_and_parked_again_when_idle_faili
     started_before = len(stand_in.started)
     asked = time.monotonic()
     with Load(gangs, clients=QUEUEING_CLIENTS) as load:
-        wait_for(lambda: id1 in stand_in.started[started_before:], SCALES_OUT_WITHIN, "gang1 started by the queue")
+        wait_for(
+            lambda: id1 in stand_in.started[started_before:],
+            SCALES_OUT_WITHIN,
+            f"gang1 started by the queue ({load.sent} sent, {len(load.failed)} failed: {load.failed[:2]})",
+            lambda: waker_view(gangs),
+        )
         print(f"scale out: gang1 started {time.monotonic() - asked:.0f} s after the queue began")
         assert "scale out" in power(gangs)["gang1"]["why"], power(gangs)["gang1"]
         wait_for(lambda: pool(gangs)["gang1"][1:] == ["in-pool", "serving"], SERVES_AGAIN_WITHIN, "gang1 in the pool")
