@@ -26,6 +26,9 @@ class Load:
 
     cluster: object
     clients: int = 2
+    # Tokens each completion generates; above the default, every one of them (ignore_eos,
+    # vLLM's sampling parameter), so a request holds its engine slot for as long as asked.
+    max_tokens: int = 4
     sent: int = 0
     failed: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -36,7 +39,12 @@ class Load:
             try:
                 code, body = self.cluster.request(
                     "/v1/completions",
-                    {"model": self.cluster.served_model, "prompt": "Hello", "max_tokens": 4},
+                    {
+                        "model": self.cluster.served_model,
+                        "prompt": "Hello",
+                        "max_tokens": self.max_tokens,
+                        **({"ignore_eos": True} if self.max_tokens > 4 else {}),
+                    },
                     timeout=120,
                 )
                 error = None if code == 200 else f"HTTP {code}: {str(body)[:200]}"

@@ -730,9 +730,12 @@ def test_a_wake_whose_capacity_never_comes_back_is_given_up_and_leaves_no_instan
 # The gateway command that parks the warm gangs once a deploy made them ready.
 PARK_COMMAND = "vllm-gateway-park"
 # The fleet's engines run two requests at once (localhosts/cluster.py --max-num-seqs=2):
-# eight clients keep about six waiting on one gang, at every look, which is what the
-# waker scales out on (idle_stop.SCALE_OUT_WAITING_PER_GANG, SCALE_OUT_HOLD_SECONDS).
+# eight clients of long completions keep about five waiting on one gang, at every look,
+# which is what the waker scales out on (idle_stop.SCALE_OUT_WAITING_PER_GANG,
+# SCALE_OUT_HOLD_SECONDS). Short ones do not: the tiny model answers 4 tokens faster than
+# a client sends the next, and the queue Prometheus saw stayed at 0 with eight clients.
 QUEUEING_CLIENTS = 8
+QUEUEING_TOKENS = 256
 # A queue held for the hold time, seen by Prometheus (every 15 s) and by the waker's look
 # (every 15 s), then StartInstances.
 SCALES_OUT_WITHIN = 60 + 15 + 15 + 60
@@ -817,12 +820,12 @@ def test_a_warm_gang_is_parked_woken_by_a_queue_and_parked_again_when_idle_faili
     # Scale out: requests wait on gang 0; the waker starts gang 1 through EC2's API.
     started_before = len(stand_in.started)
     asked = time.monotonic()
-    with Load(gangs, clients=QUEUEING_CLIENTS) as load:
+    with Load(gangs, clients=QUEUEING_CLIENTS, max_tokens=QUEUEING_TOKENS) as load:
         wait_for(
             lambda: id1 in stand_in.started[started_before:],
             SCALES_OUT_WITHIN,
-            f"gang1 started by the queue ({load.sent} sent, {len(load.failed)} failed: {load.failed[:2]})",
-            lambda: waker_view(gangs),
+            "gang1 started by the queue",
+            lambda: f"{load.sent} sent, {len(load.failed)} failed: {load.failed[:2]}\n{waker_view(gangs)}",
         )
         print(f"scale out: gang1 started {time.monotonic() - asked:.0f} s after the queue began")
         assert "scale out" in power(gangs)["gang1"]["why"], power(gangs)["gang1"]
@@ -831,7 +834,7 @@ def test_a_warm_gang_is_parked_woken_by_a_queue_and_parked_again_when_idle_faili
         served = served_requests(gangs, 1)
         wait_for(lambda: served_requests(gangs, 1) > served, 60, "gang1 taking requests from the pool")
     print(f"scale out: {load.sent} completions sent, {len(load.failed)} failed")
-    assert load.failed == [] and load.sent >= 50, (load.sent, load.failed[:3])
+    assert load.failed == [] and load.sent >= 20, (load.sent, load.failed[:3])
     assert len(stand_in.started[started_before:]) == 1, stand_in.started[started_before:]
 
     # Scale in: nobody sends (the pool spreads even one client's requests over both gangs,
