@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test test-deps lint bench bench-fleet bench-install bench-replicas bench-model bench-metrics bench-cpu-floor local local-down up destroy pulumi-yaml clean
+.PHONY: test test-deps lint bench bench-fleet bench-install bench-replicas bench-model bench-metrics bench-cpu-floor local local-down up destroy pulumi-yaml config-reference clean
 
 # pip installs uv (its pin from requirements-dev.txt), and uv the rest: on a new machine
 # about half a minute where pip alone took over a minute. pip stays in the venv for `pulumi install`.
@@ -90,6 +90,10 @@ destroy:
 
 pulumi-yaml: $(VENV)/.installed
 	$(VENV)/bin/python tools/render_pulumi_yaml.py
+
+# docs/configuration-reference.md from the same keys (tests/test_readme.py fails while they differ).
+config-reference: $(VENV)/.installed
+	$(VENV)/bin/python tools/render_config_reference.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
