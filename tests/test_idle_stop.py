@@ -423,7 +423,7 @@ def test_the_plan_shows_the_wake_time_the_waker_is_told_and_both_idle_hours():
 def test_the_readmes_idle_hours_are_the_plans(stack):
     from cli import plan
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "idle-stop.md").read_text()
     shown = plan.build_plan(stack)["idleStop"]
     row = next(line for line in readme.splitlines() if line.startswith(f"| `{stack}` (") and "idle" not in line)
     assert f"| ${shown['idleHourWithoutUsd']:.2f} | ${shown['idleHourWithUsd']:.2f}:" in row
@@ -432,7 +432,7 @@ def test_the_readmes_idle_hours_are_the_plans(stack):
 def test_the_readmes_wake_time_of_dev_is_the_plans():
     from cli import plan
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "idle-stop.md").read_text()
     assert f"{plan.build_plan('dev')['idleStop']['wakeSeconds']} s for `dev`" in readme
 
 
