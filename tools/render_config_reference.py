@@ -38,9 +38,9 @@ from components.spec import CREATED_INSTANCE_KEYS  # noqa: E402
 REFERENCE = ROOT / "docs" / "configuration-reference.md"
 STACKS_DIR = ROOT / "stacks"
 
-EC2 = "EC2"
-HOSTS = "hosts"
-ANY = "any"
+# The values of the column "stacks that may set it", and the rules read from a key's
+# description (the module's docstring).
+EC2, HOSTS, ANY = "EC2", "hosts", "any"
 MAKES_HOSTS = "any: it makes the stack one of hosts"
 _NEEDS_KEY = re.compile(r"^With (\w+)[ :]")
 _NOT_WITH_HOSTS = re.compile(r"\b[Nn]ot with [^.]*\bhosts\b")
