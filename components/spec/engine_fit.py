@@ -62,44 +62,17 @@ def check_engine_fit(reader: Reader, source: ModelSource, engine: EngineSettings
     maxModelLen within the model's context. Checked only when the keys it reads are sound and
     the model table knows the model; with a flag whose effect on memory is not modelled, a
     warning says the fit was not checked."""
-    if any(p.key in _FIT_KEYS for p in reader.problems) or None in (
-        source.model,
-        shape.instance,
-        shape.nodes,
-        shape.tensor_parallel_size,
-        shape.pipeline_parallel_size,
-    ):
-        return
-    model = sizing.served_size(source.model, engine.vllm_extra_args)
+    model = _model_to_fit(reader, source, engine, shape)
     if model is None:
-        return  # not in the table: `plan --params-b` sizes it, and warns when it does not fit
-    unmodelled = sizing.unmodelled_memory_flags(engine.vllm_extra_args)
-    if unmodelled:
-        reasons = "; ".join(f"{flag}: {sizing.UNMODELLED_MEMORY_FLAGS[flag]}" for flag in unmodelled)
-        reader.warn(
-            f"whether {source.model} fits was not checked: vllmExtraArgs holds {reasons}, which the sizing "
-            "does not model. vLLM itself checks at its start."
-        )
         return
-    instance, nodes = shape.instance, shape.nodes
-    tp, pp = shape.tensor_parallel_size, shape.pipeline_parallel_size
-    context = model.max_context
-    asked = engine.max_model_len
-    if asked is not None and context is not None and asked > context:
-        reader.fail(
-            "maxModelLen",
-            f"is above {source.model}'s context of {context} tokens (max_position_embeddings in its config.json): "
-            f"vLLM refuses a longer max-model-len at its start, after every resource exists. "
-            f"Fix: pulumi config set {NAMESPACE}:maxModelLen {context}, or pulumi config rm {NAMESPACE}:maxModelLen "
-            "for the model's own",
-        )
-    length = min(asked or context, context) if context is not None else asked
+    instance, tp, pp = shape.instance, shape.tensor_parallel_size, shape.pipeline_parallel_size
+    length = _check_max_model_len_in_context(reader, source.model, model, engine.max_model_len)
     the_fit = sizing.fit(model, instance, tp, pp, engine.gpu_memory_utilization, length)
     if the_fit.fits:
         return
-    utilization = engine.gpu_memory_utilization or sizing.DEFAULT_GPU_MEMORY_UTILIZATION
-    shape_words = _shape_words(instance, nodes, tp, pp)
+    shape_words = _shape_words(instance, shape.nodes, tp, pp)
     if the_fit.kv_room_per_rank_gib <= 0:
+        utilization = engine.gpu_memory_utilization or sizing.DEFAULT_GPU_MEMORY_UTILIZATION
         reader.fail(
             "model",
             f"does not fit {shape_words}: its weights ({model.dtype}) need {the_fit.weights_per_rank_gib:.1f} GiB "
@@ -109,6 +82,66 @@ def check_engine_fit(reader: Reader, source: ModelSource, engine: EngineSettings
             f"Fix: {_smallest_fit_fix(model, engine.gpu_memory_utilization, length)}",
         )
         return
+    _refuse_a_sequence_beyond_the_kv_cache(reader, source.model, model, engine, shape_words, the_fit, length)
+
+
+def _model_to_fit(
+    reader: Reader, source: ModelSource, engine: EngineSettings, shape: ClusterShape
+) -> sizing.ModelSize | None:
+    """The served model's size, when its fit can be checked: every key the fit reads is
+    sound, the model table knows the model, and vllmExtraArgs holds no flag whose effect on
+    memory the sizing does not model (a warning says so)."""
+    if any(p.key in _FIT_KEYS for p in reader.problems) or None in (
+        source.model,
+        shape.instance,
+        shape.nodes,
+        shape.tensor_parallel_size,
+        shape.pipeline_parallel_size,
+    ):
+        return None
+    model = sizing.served_size(source.model, engine.vllm_extra_args)
+    if model is None:
+        return None  # not in the table: `plan --params-b` sizes it, and warns when it does not fit
+    unmodelled = sizing.unmodelled_memory_flags(engine.vllm_extra_args)
+    if unmodelled:
+        reasons = "; ".join(f"{flag}: {sizing.UNMODELLED_MEMORY_FLAGS[flag]}" for flag in unmodelled)
+        reader.warn(
+            f"whether {source.model} fits was not checked: vllmExtraArgs holds {reasons}, which the sizing "
+            "does not model. vLLM itself checks at its start."
+        )
+        return None
+    return model
+
+
+def _check_max_model_len_in_context(
+    reader: Reader, model_id: str, model: sizing.ModelSize, asked: int | None
+) -> int | None:
+    """maxModelLen within the model's context; the sequence length the fit is sized for
+    (maxModelLen, or the model's own context where that is shorter or maxModelLen unset)."""
+    context = model.max_context
+    if asked is not None and context is not None and asked > context:
+        reader.fail(
+            "maxModelLen",
+            f"is above {model_id}'s context of {context} tokens (max_position_embeddings in its config.json): "
+            f"vLLM refuses a longer max-model-len at its start, after every resource exists. "
+            f"Fix: pulumi config set {NAMESPACE}:maxModelLen {context}, or pulumi config rm {NAMESPACE}:maxModelLen "
+            "for the model's own",
+        )
+    return min(asked or context, context) if context is not None else asked
+
+
+def _refuse_a_sequence_beyond_the_kv_cache(
+    reader: Reader,
+    model_id: str,
+    model: sizing.ModelSize,
+    engine: EngineSettings,
+    shape_words: str,
+    the_fit: sizing.Fit,
+    length: int | None,
+) -> None:
+    """The weights fit, but the KV cache left beside them holds less than one sequence of
+    `length`: the fix is a shorter maxModelLen (where any fits) or more GPUs."""
+    asked = engine.max_model_len
     held = the_fit.context_tokens or 0
     which = (
         f"maxModelLen ({length} tokens)"
@@ -121,7 +154,7 @@ def check_engine_fit(reader: Reader, source: ModelSource, engine: EngineSettings
     fixes.append(f"more GPUs: {_smallest_fit_fix(model, engine.gpu_memory_utilization, length)}")
     reader.fail(
         "maxModelLen",
-        f"{source.model} on {shape_words}: the KV cache holds about {held} tokens per gang "
+        f"{model_id} on {shape_words}: the KV cache holds about {held} tokens per gang "
         f"({the_fit.kv_room_per_rank_gib:.1f} GiB per GPU after {the_fit.weights_per_rank_gib:.1f} GiB of weights), "
         f"fewer than one sequence of {which}, and vLLM refuses to start. Fix: {'; or '.join(fixes)}",
         raw=asked,

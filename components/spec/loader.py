@@ -81,6 +81,24 @@ def load_spec(
     deployment are returned in `spec.warnings`.
     """
     reader = Reader(raw)
+    pieces, settings, chosen_stage_volume = _check_every_key(reader, region, secret_keys)
+    if reader.problems:
+        raise SpecError(reader.problems)
+    spec = ClusterSpec(
+        stack=stack,
+        **{name: value for piece in pieces for name, value in _fields(piece).items()},
+        **settings,
+        warnings=tuple(reader.warnings),
+    )
+    spec = dataclasses.replace(spec, stage_volume=resolve_stage_volume(spec, chosen_stage_volume))
+    return _with_wake_warnings(spec)
+
+
+def _check_every_key(
+    reader: Reader, region: str | None, secret_keys: set[str] | None
+) -> tuple[tuple[Any, ...], dict[str, Any], str | None]:
+    """Every checker, in the order their problems are reported: the pieces of the spec, the
+    spec's fields that no piece holds, and stageVolume as set (resolved once the spec is whole)."""
     check_known_keys(reader)
     source = check_model_source(reader)
     engine = check_engine_settings(reader)
@@ -98,34 +116,30 @@ def load_spec(
     gateway = check_gateway(reader, engine)
     tls = check_user_certificate(reader, secret_keys)
     idle_stop_minutes = check_idle_stop(reader)
-    wake_give_up_minutes = check_wake_give_up(reader, idle_stop_minutes)
-    max_replicas = check_max_replicas(reader, shape.replicas, idle_stop_minutes)
-    fabric_floor_gbps = check_fabric_floor(reader)
+    settings = {
+        "tls": tls,
+        "own_hosts": own,
+        "idle_stop_minutes": idle_stop_minutes,
+        "wake_give_up_minutes": check_wake_give_up(reader, idle_stop_minutes),
+        "max_replicas": check_max_replicas(reader, shape.replicas, idle_stop_minutes),
+        "fabric_floor_gbps": check_fabric_floor(reader),
+    }
     chosen_stage_volume = check_stage_volume(reader)
     check_engine_fit(reader, source, engine, shape)
-    if reader.problems:
-        raise SpecError(reader.problems)
     pieces = (source, engine, shape, exposure, secrets, software, network, capacity, storage, gateway)
-    spec = ClusterSpec(
-        stack=stack,
-        **{name: value for piece in pieces for name, value in _fields(piece).items()},
-        tls=tls,
-        warnings=tuple(reader.warnings),
-        own_hosts=own,
-        idle_stop_minutes=idle_stop_minutes,
-        wake_give_up_minutes=wake_give_up_minutes,
-        fabric_floor_gbps=fabric_floor_gbps,
-        max_replicas=max_replicas,
+    return pieces, settings, chosen_stage_volume
+
+
+def _with_wake_warnings(spec: ClusterSpec) -> ClusterSpec:
+    """With idleStopMinutes, the warnings about an idle time or a give-up bound short beside
+    the expected wake: the wake the planner prints and the waker is told (components/idle_stop.py)."""
+    if not spec.idle_stop_minutes:
+        return spec
+    wake = idle_stop.expected_wake_seconds(
+        spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size, spec.on_stage_volume
     )
-    spec = dataclasses.replace(spec, stage_volume=resolve_stage_volume(spec, chosen_stage_volume))
-    if idle_stop_minutes:
-        # The wake the planner prints and the waker is told (components/idle_stop.py).
-        wake = idle_stop.expected_wake_seconds(
-            spec.model, spec.instance, spec.nodes, spec.pipeline_parallel_size, spec.on_stage_volume
-        )
-        warnings = [
-            idle_stop.short_idle_warning(idle_stop_minutes, wake, spec.nodes, spec.instance.price_per_hour_usd),
-            idle_stop.short_give_up_warning(wake_give_up_minutes, wake),
-        ]
-        spec = dataclasses.replace(spec, warnings=(*spec.warnings, *(w for w in warnings if w)))
-    return spec
+    warnings = [
+        idle_stop.short_idle_warning(spec.idle_stop_minutes, wake, spec.nodes, spec.instance.price_per_hour_usd),
+        idle_stop.short_give_up_warning(spec.wake_give_up_minutes, wake),
+    ]
+    return dataclasses.replace(spec, warnings=(*spec.warnings, *(w for w in warnings if w)))

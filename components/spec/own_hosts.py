@@ -97,22 +97,52 @@ def check_own_hosts(reader: Reader, secret_keys: set[str] | None) -> OwnHosts | 
     none of the own-host keys may be set)."""
     listed = reader.string_list("hosts")
     if not listed:
-        if reader.string_list("hostKeys"):
-            reader.fail(
-                "hostKeys",
-                "applies only to machines you already have, and hosts lists none: the stack generates the host keys "
-                f"of the instances it creates. Fix: pulumi config rm {NAMESPACE}:hostKeys",
-            )
-        for key in OWN_HOST_KEYS:
-            # Read first: a value of the wrong type is that problem alone.
-            if reader.string(key) is not None:
-                reader.fail(
-                    key,
-                    "applies only to machines you already have, and hosts lists none: the stack creates its own. "
-                    f"Fix: pulumi config rm {NAMESPACE}:{key}, or list your hosts with pulumi config set --path "
-                    f"'{NAMESPACE}:hosts[0]' 10.0.1.11,10.0.1.12",
-                )
+        _check_no_own_host_keys(reader)
         return None
+    _check_no_created_instance_keys(reader)
+    gangs = _check_host_gangs(reader, listed)
+    gateway, private_ip = _check_gateway_addresses(reader)
+    user, key = _check_ssh_login(reader, secret_keys)
+    cache = _check_model_cache_dir(reader)
+    everything = (gangs, gateway, private_ip, key, cache)
+    if any(value is None for value in everything):
+        return None
+    known = _check_host_keys(reader, gateway, [ip for gang in gangs for ip in gang])
+    if known is None:
+        return None
+    taken = [ip for gang in gangs for ip in gang]
+    if private_ip in taken:
+        reader.fail(
+            "gatewayPrivateIp",
+            f"is {private_ip}, which hosts lists as a GPU host too: the gateway needs a machine of its own. Fix: "
+            "another machine as gatewayHost",
+            raw=private_ip,
+        )
+        return None
+    return OwnHosts(gangs, gateway, private_ip, user, Secret(key), cache.rstrip("/"), known)
+
+
+def _check_no_own_host_keys(reader: Reader) -> None:
+    """Without hosts there are no machines of the user's for hostKeys and OWN_HOST_KEYS to describe."""
+    if reader.string_list("hostKeys"):
+        reader.fail(
+            "hostKeys",
+            "applies only to machines you already have, and hosts lists none: the stack generates the host keys "
+            f"of the instances it creates. Fix: pulumi config rm {NAMESPACE}:hostKeys",
+        )
+    for key in OWN_HOST_KEYS:
+        # Read first: a value of the wrong type is that problem alone.
+        if reader.string(key) is not None:
+            reader.fail(
+                key,
+                "applies only to machines you already have, and hosts lists none: the stack creates its own. "
+                f"Fix: pulumi config rm {NAMESPACE}:{key}, or list your hosts with pulumi config set --path "
+                f"'{NAMESPACE}:hosts[0]' 10.0.1.11,10.0.1.12",
+            )
+
+
+def _check_no_created_instance_keys(reader: Reader) -> None:
+    """With hosts the stack creates nothing on AWS, so CREATED_INSTANCE_KEYS would be ignored."""
     for key in CREATED_INSTANCE_KEYS:
         if set_beyond_default(reader, key):
             reader.fail(
@@ -120,7 +150,11 @@ def check_own_hosts(reader: Reader, secret_keys: set[str] | None) -> OwnHosts | 
                 "configures the EC2 instances the stack creates, and with hosts it creates none (no VPC, "
                 f"instance, EFS or security group). Fix: pulumi config rm {NAMESPACE}:{key}",
             )
-    gangs = _check_host_gangs(reader, listed)
+
+
+def _check_gateway_addresses(reader: Reader) -> tuple[str | None, str | None]:
+    """gatewayHost (as this machine and the API's clients reach it) and gatewayPrivateIp (on
+    the hosts' network; gatewayHost itself when that is an IPv4 address); None where refused."""
     gateway = reader.string("gatewayHost")
     if gateway is None or not (_ipv4(gateway) or HOSTNAME.match(gateway)):
         reader.fail(
@@ -141,6 +175,12 @@ def check_own_hosts(reader: Reader, secret_keys: set[str] | None) -> OwnHosts | 
             f"{NAMESPACE}:gatewayPrivateIp 10.0.1.10",
         )
         private_ip = None
+    return gateway, private_ip
+
+
+def _check_ssh_login(reader: Reader, secret_keys: set[str] | None) -> tuple[str, str | None]:
+    """sshUser (Ubuntu's by default) and sshPrivateKey, which must have been set with --secret;
+    the key None where refused."""
     user = reader.string("sshUser") or SSH_USER_DEFAULT
     if not _LOGIN_NAME.match(user):
         reader.fail("sshUser", "is not a login name such as ubuntu. Fix: pulumi config set vllm-cluster:sshUser ubuntu")
@@ -159,6 +199,11 @@ def check_own_hosts(reader: Reader, secret_keys: set[str] | None) -> OwnHosts | 
             f"Fix: pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/id_ed25519",
         )
         key = None
+    return user, key
+
+
+def _check_model_cache_dir(reader: Reader) -> str | None:
+    """modelCacheDir: the shared directory every host has mounted; None where refused."""
     cache = reader.string("modelCacheDir")
     if cache is None or not _ABSOLUTE_PATH.match(cache) or cache.rstrip("/") in ("", "/mnt/vllm-models"):
         reader.fail(
@@ -168,23 +213,8 @@ def check_own_hosts(reader: Reader, secret_keys: set[str] | None) -> OwnHosts | 
             f"stack's own mount point /mnt/vllm-models). Fix: pulumi config set {NAMESPACE}:modelCacheDir "
             "/srv/models",
         )
-        cache = None
-    everything = (gangs, gateway, private_ip, key, cache)
-    if any(value is None for value in everything):
         return None
-    known = _check_host_keys(reader, gateway, [ip for gang in gangs for ip in gang])
-    if known is None:
-        return None
-    taken = [ip for gang in gangs for ip in gang]
-    if private_ip in taken:
-        reader.fail(
-            "gatewayPrivateIp",
-            f"is {private_ip}, which hosts lists as a GPU host too: the gateway needs a machine of its own. Fix: "
-            "another machine as gatewayHost",
-            raw=private_ip,
-        )
-        return None
-    return OwnHosts(gangs, gateway, private_ip, user, Secret(key), cache.rstrip("/"), known)
+    return cache
 
 
 def _check_host_keys(reader: Reader, gateway: str, node_ips: list[str]) -> tuple[str, ...] | None:

@@ -105,6 +105,16 @@ def check_max_replicas(reader: Reader, replicas: int | None, idle_stop_minutes: 
             )
             return None
         return replicas
+    if not _check_max_replicas_range(reader, most, replicas):
+        return None
+    if most == replicas:
+        return most
+    return most if _check_warm_gangs(reader, most, replicas, idle_stop_minutes) else None
+
+
+def _check_max_replicas_range(reader: Reader, most: int, replicas: int) -> bool:
+    """From 1 to MAX_REPLICAS, and at least replicas (the gangs that always serve are
+    among the stack's gangs)."""
     if not 1 <= most <= MAX_REPLICAS:
         reader.fail(
             "maxReplicas",
@@ -112,7 +122,7 @@ def check_max_replicas(reader: Reader, replicas: int | None, idle_stop_minutes: 
             f"warm ones the gateway starts when requests queue. Fix: pulumi config set {NAMESPACE}:maxReplicas "
             f"{max(replicas + 1, 2)}, or pulumi config rm {NAMESPACE}:maxReplicas for replicas ({replicas})",
         )
-        return None
+        return False
     if most < replicas:
         reader.fail(
             "maxReplicas",
@@ -120,35 +130,22 @@ def check_max_replicas(reader: Reader, replicas: int | None, idle_stop_minutes: 
             f"Fix: pulumi config set {NAMESPACE}:maxReplicas {replicas} or more, or pulumi config rm "
             f"{NAMESPACE}:maxReplicas",
         )
-        return None
-    if most == replicas:
-        return most
+        return False
+    return True
+
+
+def _check_warm_gangs(reader: Reader, most: int, replicas: int, idle_stop_minutes: int | None) -> bool:
+    """Whether the stack may keep warm gangs (maxReplicas above replicas): not with what
+    nothing can stop or start (_check_warm_gangs_can_sleep), only with idleStopMinutes, and
+    each gang with a placement group of its own. The problem is named on replicas when it
+    is 0, else on maxReplicas."""
     key = "replicas" if replicas == 0 else "maxReplicas"
     what = (
         f"replicas is 0 (every gang may sleep; maxReplicas {most})"
         if replicas == 0
         else f"maxReplicas is {most}, above replicas ({replicas})"
     )
-    refused = False
-    if reader.string("capacityReservationId") is not None or set_beyond_default(reader, "capacityBlock"):
-        reservation = "capacityReservationId" if reader.present("capacityReservationId") else "capacityBlock"
-        reader.fail(
-            key,
-            f"{what} with {NAMESPACE}:{reservation} set: reserved capacity is paid whether its instances run or "
-            "not, so a warm gang kept stopped saves nothing. Fix: pulumi config rm "
-            f"{NAMESPACE}:maxReplicas and set {NAMESPACE}:replicas to the gangs you want (or drop the "
-            f"reservation: pulumi config rm {NAMESPACE}:{reservation})",
-            raw=reader.raw.get(key),
-        )
-        refused = True
-    if hosts_listed(reader):
-        reader.fail(
-            key,
-            f"{what} with {NAMESPACE}:hosts set: a warm gang is kept stopped and started by the gateway through "
-            f"EC2, and nothing can start machines of your own. Fix: pulumi config rm {NAMESPACE}:maxReplicas",
-            raw=reader.raw.get(key),
-        )
-        refused = True
+    refused = not _check_warm_gangs_can_sleep(reader, key, what)
     refused_idle_stop = any(problem.key == "idleStopMinutes" for problem in reader.problems)
     if not idle_stop_minutes and not refused_idle_stop and not refused:
         reader.fail(
@@ -167,6 +164,31 @@ def check_max_replicas(reader: Reader, replicas: int | None, idle_stop_minutes: 
             "makes one group per gang)",
         )
         refused = True
-    if refused or refused_idle_stop:
-        return None
-    return most
+    return not (refused or refused_idle_stop)
+
+
+def _check_warm_gangs_can_sleep(reader: Reader, key: str, what: str) -> bool:
+    """A warm gang saves only while it is stopped, and the gateway starts it through EC2:
+    refused with reserved capacity (paid whether it runs or not) and with hosts (nothing
+    can start them)."""
+    allowed = True
+    if reader.string("capacityReservationId") is not None or set_beyond_default(reader, "capacityBlock"):
+        reservation = "capacityReservationId" if reader.present("capacityReservationId") else "capacityBlock"
+        reader.fail(
+            key,
+            f"{what} with {NAMESPACE}:{reservation} set: reserved capacity is paid whether its instances run or "
+            "not, so a warm gang kept stopped saves nothing. Fix: pulumi config rm "
+            f"{NAMESPACE}:maxReplicas and set {NAMESPACE}:replicas to the gangs you want (or drop the "
+            f"reservation: pulumi config rm {NAMESPACE}:{reservation})",
+            raw=reader.raw.get(key),
+        )
+        allowed = False
+    if hosts_listed(reader):
+        reader.fail(
+            key,
+            f"{what} with {NAMESPACE}:hosts set: a warm gang is kept stopped and started by the gateway through "
+            f"EC2, and nothing can start machines of your own. Fix: pulumi config rm {NAMESPACE}:maxReplicas",
+            raw=reader.raw.get(key),
+        )
+        allowed = False
+    return allowed
