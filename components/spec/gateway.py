@@ -49,27 +49,34 @@ class GatewaySettings:
 
 
 def _check_api_read_timeout(reader: Reader) -> int:
-    seconds = reader.integer("apiReadTimeoutSeconds")
-    if seconds is not None and not 1 <= seconds <= MAX_API_READ_TIMEOUT_SECONDS:
-        reader.fail(
-            "apiReadTimeoutSeconds",
-            f"must be from 1 to {MAX_API_READ_TIMEOUT_SECONDS} seconds. A generation that runs longer should "
-            f'stream ("stream": true: each chunk resets the gateway\'s timer). '
-            f"Fix: pulumi config set {NAMESPACE}:apiReadTimeoutSeconds {DEFAULT_API_READ_TIMEOUT_SECONDS}",
-        )
-    return seconds if seconds is not None else DEFAULT_API_READ_TIMEOUT_SECONDS
+    return _whole_number_within(
+        reader,
+        "apiReadTimeoutSeconds",
+        1,
+        MAX_API_READ_TIMEOUT_SECONDS,
+        DEFAULT_API_READ_TIMEOUT_SECONDS,
+        'seconds. A generation that runs longer should stream ("stream": true: each chunk resets the '
+        "gateway's timer).",
+    )
 
 
 def _check_api_rate_limit(reader: Reader) -> int:
-    per_second = reader.integer("apiRateLimitPerSecond")
-    if per_second is not None and not 0 <= per_second <= MAX_API_RATE_LIMIT_PER_SECOND:
-        reader.fail(
-            "apiRateLimitPerSecond",
-            f"must be from 0 to {MAX_API_RATE_LIMIT_PER_SECOND} requests per second per client; "
-            "0 turns the limit off. "
-            f"Fix: pulumi config set {NAMESPACE}:apiRateLimitPerSecond {DEFAULT_API_RATE_LIMIT_PER_SECOND}",
-        )
-    return per_second if per_second is not None else DEFAULT_API_RATE_LIMIT_PER_SECOND
+    return _whole_number_within(
+        reader,
+        "apiRateLimitPerSecond",
+        0,
+        MAX_API_RATE_LIMIT_PER_SECOND,
+        DEFAULT_API_RATE_LIMIT_PER_SECOND,
+        "requests per second per client; 0 turns the limit off.",
+    )
+
+
+def _whole_number_within(reader: Reader, key: str, low: int, high: int, default: int, what: str) -> int:
+    """`key` from `low` to `high` (`what` says in which unit and why); its default when unset."""
+    value = reader.integer(key)
+    if value is not None and not low <= value <= high:
+        reader.fail(key, f"must be from {low} to {high} {what} Fix: pulumi config set {NAMESPACE}:{key} {default}")
+    return value if value is not None else default
 
 
 def _check_api_routes(reader: Reader, engine: EngineSettings) -> tuple[str, ...]:
