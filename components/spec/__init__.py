@@ -30,6 +30,8 @@ from components.config_keys import (
 from components.spec.cluster_spec import ClusterSpec
 from components.spec.gateway import UserCertificate
 from components.spec.loader import load_spec
+
+# moved (issue 37): lead removes at integration (tests/test_stage_volume.py imports it here).
 from components.spec.loader import resolve_stage_volume as _resolve_stage_volume
 from components.spec.network_placement import ExistingNetwork, existing_vpc_problems
 from components.spec.node_storage import (
@@ -41,7 +43,7 @@ from components.spec.node_storage import (
     model_cache_sharing_problems,
 )
 from components.spec.own_hosts import CREATED_INSTANCE_KEYS, host_instance_type
-from components.spec.reader import Problem, SpecError
+from components.spec.reader import SpecError
 from components.spec.secrets import MAX_API_KEY_LENGTH, Secret
 
 __all__ = [
@@ -55,7 +57,6 @@ __all__ = [
     "load_spec",
     "ClusterSpec",
     "SpecError",
-    "Problem",
     # The spec's parts that components take on their own.
     "ExistingNetwork",
     "Secret",
@@ -71,7 +72,6 @@ __all__ = [
     "existing_vpc_problems",
     "model_cache_problems",
     "model_cache_sharing_problems",
-    # moved (issue 37): lead removes at integration. tests/test_stage_volume.py imports
-    # the old private name; the function is loader.resolve_stage_volume.
+    # moved (issue 37): lead removes at integration; now loader.resolve_stage_volume.
     "_resolve_stage_volume",
 ]

@@ -13,8 +13,8 @@ from components.spec.engine_settings import EngineSettings
 from components.spec.model_source import ModelSource
 from components.spec.reader import Reader
 
-# --- what vLLM would refuse at its start -----------------------------------------------------
-# vLLM checks both at start-up, after every resource exists and the weights are downloaded:
+# What vLLM would refuse at its start: it checks both at start-up, after every resource exists
+# and the weights are downloaded:
 # - vllm/config/model.py: "User-specified max_model_len (X) is greater than the derived
 #   max_model_len (max_position_embeddings=Y ...)" unless VLLM_ALLOW_LONG_MAX_MODEL_LEN;
 # - vllm/v1/core/kv_cache_utils.py: "To serve at least one request with the models's max seq

@@ -18,8 +18,6 @@ from components.spec.reader import Problem, Reader, show
 # vLLM and its CUDA wheels adds about 10 GiB more.
 MIN_ROOT_VOLUME_GIB = 150
 MAX_ROOT_VOLUME_GIB = 16384
-
-
 # nodeImage: the node software baked into an image by the stack (components/node_image.py),
 # or none (every node installs it at its first setup); else an AMI id the user brings.
 NODE_IMAGE_BAKE = "bake"

@@ -41,7 +41,7 @@ class SpecError(Exception):
 
 # Characters that would let a value escape into a shell: ; $ ` ' " | & < > ( ) \ { } * ? ! # ~,
 # whitespace and control characters. Model ids, names and vLLM words never need them.
-SHELL_META = set(";$`'\"|&<>()\\{}*?!#~") | {" ", "\t", "\n", "\r"}
+_SHELL_META = set(";$`'\"|&<>()\\{}*?!#~") | {" ", "\t", "\n", "\r"}
 # A DNS name: own hosts' gatewayHost and the certificate's endpointHostname.
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}$")
 
@@ -95,7 +95,7 @@ def show(key: str, raw: Any) -> str:
 
 
 def shell_meta_in(text: str) -> str:
-    found = sorted({ch for ch in text if ch in SHELL_META or not ch.isprintable()})
+    found = sorted({ch for ch in text if ch in _SHELL_META or not ch.isprintable()})
     return " ".join(repr(ch) for ch in found)
 
 

@@ -1,8 +1,8 @@
 """Secrets: the Hugging Face token and the API keys (hfToken, apiKey, previousApiKey).
 
-A `Secret` never prints its value. Each must have been set with --secret, and each is
-written to an env file on the nodes, so it may hold only characters no file or shell
-reads as special.
+A `Secret` (these, and the TLS and SSH private keys) never prints its value. Every secret
+key must have been set with --secret; the token and the API keys are written to an env
+file on the nodes, so they may hold only letters, digits and . _ ~ + / = -.
 """
 
 from __future__ import annotations
