@@ -210,7 +210,7 @@ def _check_efa(reader: Reader, instance: InstanceType, nodes: int, own: OwnHosts
 
 def check_cluster_shape(reader: Reader, own: OwnHosts | None) -> ClusterShape:
     if own is None and hosts_listed(reader):
-        # hosts is refused above: no shape to check it against, and no instanceType to ask for.
+        # hosts is refused (own_hosts.check_own_hosts): no shape to check it against, and no instanceType to ask for.
         return ClusterShape(None, None, None, None, None, False)
     instance = _check_instance_type(reader, own)
     if own is not None:

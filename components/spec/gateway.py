@@ -98,7 +98,7 @@ def _check_api_routes(reader: Reader, engine: EngineSettings) -> tuple[str, ...]
     if repeated:
         reader.fail("apiRoutes", f"names {', '.join(repeated)} more than once. Fix: list each route once")
     pooling = api_routes.is_pooling(engine.vllm_extra_args)
-    if api_routes.model_task(engine.vllm_extra_args) in api_routes.SERVED_TASKS:  # the others: refused above
+    if api_routes.model_task(engine.vllm_extra_args) in api_routes.SERVED_TASKS:  # others: engine_settings refuses
         probe = api_routes.stack_probe(engine.vllm_extra_args, "")
         if probe.route not in configured:
             reader.fail(

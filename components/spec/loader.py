@@ -111,7 +111,7 @@ def _check_every_key(
     capacity = check_capacity(reader, network)
     storage = check_node_storage(reader)
     if own is not None:
-        # Machines the user has: nothing is launched, so no image (nodeImage set is refused above).
+        # Machines the user has: nothing is launched, so no image (own_hosts refuses a nodeImage set).
         storage = dataclasses.replace(storage, node_image=NODE_IMAGE_NONE)
     gateway = check_gateway(reader, engine)
     tls = check_user_certificate(reader, secret_keys)
