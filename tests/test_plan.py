@@ -119,9 +119,9 @@ def test_what_aws_would_refuse_is_a_problem_of_the_stack_before_anything_exists(
     import argparse
 
     from cli.__main__ import run_command
-    from components import spec
+    from components.spec import exposure
 
-    monkeypatch.setattr(spec, "_check_gateway_rule_quota", lambda *args: None)
+    monkeypatch.setattr(exposure, "_check_gateway_rule_quota", lambda *args: None)
     text = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
     admins = "".join(f"    - 198.51.100.{i}/32\n" for i in range(30))
     stack_file = tmp_path / "Pulumi.dev.yaml"
