@@ -64,8 +64,7 @@ from pathlib import Path
 
 from cli.cluster import ssh_args
 from components import bootstrap, image, node_env
-from localhosts import boot_check
-from tools import pure_wheel
+from localhosts import boot_check, pure_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -300,7 +299,7 @@ def fleet_wheelhouse() -> Path:
     torch) and checked against the lock's hashes, the way a node fills the wheelhouse
     on the model cache: by the node's own scripts/node/node-env, with pip downloading
     what it lacks. The GPU-build double's wheel, which no index serves, is built here
-    (tools/pure_wheel.py), as the lock's hash for it was. Cached; a change of pins
+    (localhosts/pure_wheel.py), as the lock's hash for it was. Cached; a change of pins
     fetches only the wheels that changed. About 1 GiB."""
     target = node_env.local_host()
     house = CACHE_DIR / "wheelhouse"
