@@ -241,6 +241,21 @@ class MockCloud(pulumi.runtime.Mocks):
         resource_id = self.resource_id(args.typ, args.name)
         arn_tail = f"{args.typ.split(':')[1].split('/')[0]}/{resource_id}"
         state.setdefault("arn", f"arn:aws:{arn_tail}")
+        # What each provider computes on top of the inputs, by provider: its outputs
+        # overwrite the inputs of the same name, as a provider's state does.
+        if args.typ.startswith("aws:"):
+            state.update(self._aws_outputs(args, resource_id))
+        elif args.typ.startswith("tls:"):
+            state.update(self._tls_outputs(args))
+        elif args.typ.startswith("random:"):
+            state.update(self._random_outputs(args))
+        elif args.typ == "command:remote:Command" and self.stdout_references:
+            state["stdout"] = stdout_reference(args.name)
+        return resource_id, state
+
+    def _aws_outputs(self, args: pulumi.runtime.MockResourceArgs, resource_id: str) -> dict[str, Any]:
+        """What AWS assigns when it creates the resource: IPs, names, versions."""
+        state: dict[str, Any] = {}
         if args.typ == "aws:ec2/instance:Instance":
             state["privateIp"] = self._private_ip(args.name)
             state["publicIp"] = ""
@@ -262,7 +277,13 @@ class MockCloud(pulumi.runtime.Mocks):
             state["name"] = args.inputs.get("name", args.name)
         elif args.typ in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
             state["name"] = args.inputs.get("name", args.name)
-        elif args.typ == "tls:index/privateKey:PrivateKey" and self.real_crypto:
+        return state
+
+    def _tls_outputs(self, args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
+        """Keys and certificates: real ones with real_crypto (the local fleet's hosts
+        must accept them), else deterministic stand-ins."""
+        state: dict[str, Any] = {}
+        if args.typ == "tls:index/privateKey:PrivateKey" and self.real_crypto:
             if args.name not in self.key_store:
                 self.key_store[args.name] = real_private_key(args.inputs.get("algorithm", "RSA"))
             state.update(self.key_store[args.name])
@@ -290,7 +311,12 @@ class MockCloud(pulumi.runtime.Mocks):
                 + "\n".join(body[i : i + 64] for i in range(0, len(body), 64))
                 + "\n-----END CERTIFICATE-----\n"
             )
-        elif args.typ == "random:index/randomPassword:RandomPassword" and self.real_crypto:
+        return state
+
+    def _random_outputs(self, args: pulumi.runtime.MockResourceArgs) -> dict[str, Any]:
+        """Passwords and ids: drawn for real with real_crypto, else derived from the name."""
+        state: dict[str, Any] = {}
+        if args.typ == "random:index/randomPassword:RandomPassword" and self.real_crypto:
             # As random_password does: drawn once, then kept (in state; here in key_store),
             # so the secrets of a stack that runs for real (make local) are its own.
             stored = ("password", args.name)
@@ -307,12 +333,27 @@ class MockCloud(pulumi.runtime.Mocks):
         elif args.typ == "random:index/randomPassword:RandomPassword":
             length = int(args.inputs.get("length", 32))
             state["result"] = (_digest("password", args.name, length=64) * 4)[:length]
-        elif args.typ == "command:remote:Command" and self.stdout_references:
-            state["stdout"] = stdout_reference(args.name)
-        return resource_id, state
+        return state
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.invokes.append((args.token, dict(args.args)))
+        # Each lookup answers the invokes of one part of the account, and None to the others.
+        lookups = (
+            self._image_lookup,
+            self._account_lookup,
+            self._quota_lookup,
+            self._network_lookup,
+            self._model_cache_lookup,
+        )
+        for lookup in lookups:
+            answer = lookup(args)
+            if answer is not None:
+                return answer
+        raise NotImplementedError(f"the mock cloud does not answer {args.token}")
+
+    def _image_lookup(self, args: pulumi.runtime.MockCallArgs):
+        """The AMIs: the image a filter names (or one derived from the filter), and the
+        account's own baked node images."""
         if args.token == "aws:ec2/getAmi:getAmi":
             image_filter = {f["name"]: f["values"] for f in args.args.get("filters", [])}
             image_id = image_filter.get(
@@ -327,8 +368,10 @@ class MockCloud(pulumi.runtime.Mocks):
                 if tag in self.baked_images
             ]
             return {"id": "us-east-1", "ids": ids}
-        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
-            return {"id": "us-east-1", "locations": list(MOCK_ZONES), "locationTypes": ["availability-zone"] * 3}
+        return None
+
+    def _account_lookup(self, args: pulumi.runtime.MockCallArgs):
+        """Who and where the program runs: partition, region, caller, the EBS key."""
         if args.token == "aws:index/getPartition:getPartition":
             return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
         if args.token == "aws:index/getRegion:getRegion":
@@ -346,47 +389,21 @@ class MockCloud(pulumi.runtime.Mocks):
                 "arn": "arn:aws:iam::123456789012:user/mock",
                 "userId": "mock",
             }
-        if args.token == "aws:ec2/getVpc:getVpc":
+        if args.token == "aws:ebs/getDefaultKmsKey:getDefaultKmsKey":
+            alias = "alias/aws/ebs" if self.ebs_key_manager == "AWS" else "key/mock-customer-key"
+            return {"id": "us-east-1", "keyArn": f"arn:aws:kms:us-east-1:123456789012:{alias}"}
+        if args.token == "aws:kms/getKey:getKey":
+            key_id = "mock-aws-ebs-key" if self.ebs_key_manager == "AWS" else "mock-customer-key"
             return {
-                "id": args.args.get("id"),
-                "cidrBlock": "172.31.0.0/16",
-                "enableDnsSupport": True,
-                "enableDnsHostnames": True,
-                "state": "available",
-                **self.existing_vpc,
+                "id": key_id,
+                "keyId": key_id,
+                "arn": f"arn:aws:kms:us-east-1:123456789012:key/{key_id}",
+                "keyManager": self.ebs_key_manager,
             }
-        if args.token == "aws:ec2/getSubnet:getSubnet":
-            return {
-                "id": args.args.get("id"),
-                "availabilityZone": MOCK_ZONES[1],
-                "vpcId": "vpc-existing",
-                "cidrBlock": "172.31.128.0/20",
-            }
-        if args.token == "aws:efs/getFileSystem:getFileSystem":
-            file_system_id = args.args.get("fileSystemId")
-            return {
-                "id": file_system_id,
-                "fileSystemId": file_system_id,
-                "arn": f"arn:aws:elasticfilesystem:us-east-1:123456789012:file-system/{file_system_id}",
-                "dnsName": f"{file_system_id}.efs.us-east-1.amazonaws.com",
-                "availabilityZoneName": self.model_cache.get("availabilityZoneName", ""),
-                "encrypted": True,
-                "performanceMode": "generalPurpose",
-                "throughputMode": "elastic",
-            }
-        if args.token == "aws:ec2/getNetworkInterfaces:getNetworkInterfaces":
-            return {"id": "us-east-1", "ids": [f"eni-mt{i:015x}" for i, _ in enumerate(self._mount_targets())]}
-        if args.token == "aws:ec2/getNetworkInterface:getNetworkInterface":
-            index = int(args.args["id"][len("eni-mt") :], 16)
-            target = self._mount_targets()[index]
-            return {
-                "id": args.args["id"],
-                "description": f"EFS mount target for {target['fileSystemId']} ({target['mountTargetId']})",
-                "vpcId": target["vpcId"],
-                "availabilityZone": target["availabilityZone"],
-                "subnetId": target.get("subnetId", "subnet-mounttarget"),
-                "securityGroups": target.get("securityGroups", []),
-            }
+        return None
+
+    def _quota_lookup(self, args: pulumi.runtime.MockCallArgs):
+        """The account's quotas, and what it holds already that counts against them."""
         if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":
             code = args.args["quotaCode"]
             value = self.quotas.get(code, MOCK_COUNT_QUOTAS.get(code, MOCK_QUOTA_VALUE))
@@ -414,6 +431,60 @@ class MockCloud(pulumi.runtime.Mocks):
             count = own if args.args.get("tags") else own + self.account.get(kind, 0)
             ids = [f"{kind}-{i:08x}" for i in range(count)]
             return {"id": "us-east-1", "ids": ids, "allocationIds": ids, "publicIps": []}
+        return None
+
+    def _network_lookup(self, args: pulumi.runtime.MockCallArgs):
+        """The zones, and an existing VPC and its subnets."""
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            return {"id": "us-east-1", "locations": list(MOCK_ZONES), "locationTypes": ["availability-zone"] * 3}
+        if args.token == "aws:ec2/getVpc:getVpc":
+            return {
+                "id": args.args.get("id"),
+                "cidrBlock": "172.31.0.0/16",
+                "enableDnsSupport": True,
+                "enableDnsHostnames": True,
+                "state": "available",
+                **self.existing_vpc,
+            }
+        if args.token == "aws:ec2/getSubnet:getSubnet":
+            return {
+                "id": args.args.get("id"),
+                "availabilityZone": MOCK_ZONES[1],
+                "vpcId": "vpc-existing",
+                "cidrBlock": "172.31.128.0/20",
+            }
+        if args.token == "aws:ec2/getSubnets:getSubnets":
+            return {"id": "us-east-1", "ids": ["subnet-other-1"]}
+        return None
+
+    def _model_cache_lookup(self, args: pulumi.runtime.MockCallArgs):
+        """An existing model cache (modelCacheFileSystemId): its file system, mount
+        targets, access points and the stack's own efs group."""
+        if args.token == "aws:efs/getFileSystem:getFileSystem":
+            file_system_id = args.args.get("fileSystemId")
+            return {
+                "id": file_system_id,
+                "fileSystemId": file_system_id,
+                "arn": f"arn:aws:elasticfilesystem:us-east-1:123456789012:file-system/{file_system_id}",
+                "dnsName": f"{file_system_id}.efs.us-east-1.amazonaws.com",
+                "availabilityZoneName": self.model_cache.get("availabilityZoneName", ""),
+                "encrypted": True,
+                "performanceMode": "generalPurpose",
+                "throughputMode": "elastic",
+            }
+        if args.token == "aws:ec2/getNetworkInterfaces:getNetworkInterfaces":
+            return {"id": "us-east-1", "ids": [f"eni-mt{i:015x}" for i, _ in enumerate(self._mount_targets())]}
+        if args.token == "aws:ec2/getNetworkInterface:getNetworkInterface":
+            index = int(args.args["id"][len("eni-mt") :], 16)
+            target = self._mount_targets()[index]
+            return {
+                "id": args.args["id"],
+                "description": f"EFS mount target for {target['fileSystemId']} ({target['mountTargetId']})",
+                "vpcId": target["vpcId"],
+                "availabilityZone": target["availabilityZone"],
+                "subnetId": target.get("subnetId", "subnet-mounttarget"),
+                "securityGroups": target.get("securityGroups", []),
+            }
         if args.token == "aws:efs/getAccessPoints:getAccessPoints":
             # model_cache "accessPoints": [{"id", "tags"}] already on the file system.
             points = self.model_cache.get("accessPoints", [])
@@ -426,24 +497,11 @@ class MockCloud(pulumi.runtime.Mocks):
         if args.token == "aws:efs/getAccessPoint:getAccessPoint":
             point = next(p for p in self.model_cache.get("accessPoints", []) if p["id"] == args.args["accessPointId"])
             return {"id": point["id"], "accessPointId": point["id"], "tags": dict(point.get("tags", {}))}
-        if args.token == "aws:ebs/getDefaultKmsKey:getDefaultKmsKey":
-            alias = "alias/aws/ebs" if self.ebs_key_manager == "AWS" else "key/mock-customer-key"
-            return {"id": "us-east-1", "keyArn": f"arn:aws:kms:us-east-1:123456789012:{alias}"}
-        if args.token == "aws:kms/getKey:getKey":
-            key_id = "mock-aws-ebs-key" if self.ebs_key_manager == "AWS" else "mock-customer-key"
-            return {
-                "id": key_id,
-                "keyId": key_id,
-                "arn": f"arn:aws:kms:us-east-1:123456789012:key/{key_id}",
-                "keyManager": self.ebs_key_manager,
-            }
-        if args.token == "aws:ec2/getSubnets:getSubnets":
-            return {"id": "us-east-1", "ids": ["subnet-other-1"]}
         if args.token == "aws:ec2/getSecurityGroups:getSecurityGroups":
             # The stack's own efs group, found by its tags once a first `pulumi up` made it.
             groups = self.model_cache.get("stackEfsGroups", [])
             return {"id": "us-east-1", "ids": list(groups), "arns": [], "vpcIds": []}
-        raise NotImplementedError(f"the mock cloud does not answer {args.token}")
+        return None
 
     def _mount_targets(self) -> list[dict]:
         return [
@@ -595,6 +653,15 @@ def run_program(
     )
     engine_config = as_engine_config(apply_project_config(stack, _namespaced(config)) if apply_project else config)
     pulumi.runtime.set_all_config(engine_config, [k if ":" in k else f"{PROJECT}:{k}" for k in (secret_keys or [])])
+    _run_main_into(run)
+    run.resources = [_declared(request, monitor, mocks) for request in monitor.requests]
+    run.invokes = mocks.invokes
+    return run
+
+
+def _run_main_into(run: ProgramRun) -> None:
+    """Run `__main__.py` under the runtime set up for it and record its outputs (and
+    which are secret) in `run`, or the error it failed with."""
     root = pulumi.runtime.settings.get_root_resource()
 
     async def resolve_outputs():
@@ -612,10 +679,6 @@ def run_program(
         _sync_await(run_pulumi_func(program))
     except Exception as error:  # the program's own failure is the result under test
         run.error = error
-
-    run.resources = [_declared(request, monitor, mocks) for request in monitor.requests]
-    run.invokes = mocks.invokes
-    return run
 
 
 def _declared(request, monitor: RecordingMonitor, mocks: MockCloud) -> DeclaredResource:

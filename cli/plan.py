@@ -117,51 +117,68 @@ def build_plan(
     stack has no warm gang to price it with."""
     the_stack = read_stack(stack, stack_file)  # first: a bad stack file is reported before the engine loads
     if busy_hours is not None:
-        warm_pool_cost.parse_busy_hours(str(busy_hours))
-        if not _has_warm_gangs(the_stack.spec):
-            replicas = the_stack.spec.replicas
-            raise ValueError(_NO_WARM_GANGS.format(hours=busy_hours, stack=stack, replicas=replicas, more=replicas + 1))
+        _check_busy_hours(the_stack.spec, stack, busy_hours)
+    run = _declared_run(the_stack, stack)
+    spec = the_stack.spec
+    info = models.lookup(spec.model)
+    model = _model_size(spec, info, params_b, dtype)
+    tp, pp, instance = spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.instance
+    the_fit = sizing.fit(model, instance, tp, pp, spec.gpu_memory_utilization, spec.max_model_len)
+    contract = aws_contract.check(run.resources, run.id_of)
+    prometheus = _prometheus(spec)
+    # The plan's sections, in the order its JSON and text show them: what the stack
+    # declares, whether the model fits, what it costs, how long it takes to serve, and
+    # what would stop it.
+    return {
+        "stack": stack,
+        **_what_it_declares(spec, run, model, "model table" if info and params_b is None else "--params-b"),
+        **_fit_section(spec, model, the_fit),
+        **_cost_section(spec, the_fit.weights_gb, busy_hours, prometheus),
+        **_time_section(spec, model),
+        **_problems_section(spec, model, the_fit, contract, prometheus, the_stack.secret_keys),
+    }
+
+
+def _check_busy_hours(spec, stack: str, busy_hours: int) -> None:
+    """--busy-hours prices a warm pool: refused out of 0..24, or for a stack without one."""
+    warm_pool_cost.parse_busy_hours(str(busy_hours))
+    if not _has_warm_gangs(spec):
+        replicas = spec.replicas
+        raise ValueError(_NO_WARM_GANGS.format(hours=busy_hours, stack=stack, replicas=replicas, more=replicas + 1))
+
+
+def _declared_run(the_stack, stack: str):
+    """The real program's run under the mock runtime: the resources it declares."""
     from cli.mock_runtime import run_program  # the engine: only the planner pays for it
 
-    spec, secret_keys = the_stack.spec, the_stack.secret_keys
-    run = run_program(dict(the_stack.config), stack=stack, secret_keys=secret_keys)
+    run = run_program(dict(the_stack.config), stack=stack, secret_keys=the_stack.secret_keys)
     if run.error is not None:
         raise RuntimeError(f"the program failed under the mock runtime: {run.error}")
+    return run
 
-    info = models.lookup(spec.model)
+
+def _model_size(spec, info, params_b: float | None, dtype: str | None) -> sizing.ModelSize:
+    """The model's size from the model table (`info`) or --params-b and --dtype, with
+    the KV cache in fp8 when vllmExtraArgs ask for it."""
     model = sizing.ModelSize.of(info, spec.model, params_b, dtype)
     if (_kv_cache_dtype(spec) or "").startswith("fp8"):
         model = dataclasses.replace(model, kv_cache_dtype="fp8")
+    return model
+
+
+def _what_it_declares(spec, run, model: sizing.ModelSize, model_source: str) -> dict[str, Any]:
+    """The plan's first section: the model, the cluster, its hosts and image, the
+    resources by component, and each node's ranks, layers and model bytes."""
     tp, pp, instance = spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.instance
-    the_fit = sizing.fit(model, instance, tp, pp, spec.gpu_memory_utilization, spec.max_model_len)
-    # Every gang is a full copy: its nodes cost as much as the first gang's. The gangs
-    # start in parallel on the first `pulumi up`, so the time to the first token is one gang's.
-    the_cost = sizing.cost(instance, spec.total_nodes, spec.gateway_instance_type, the_fit.weights_gb)
-    # Every gang's nodes read the cache at once on the first `pulumi up`.
-    terms = sizing.time_to_first_token(
-        model, instance, spec.nodes, pp, readers=spec.total_nodes, baked_image=spec.launches_with_software
-    )
-    bake = sizing.image_bake() if spec.bakes_node_image else []
-    if spec.own_hosts is not None:
-        # Machines that run already, with a shared directory of the user's: no launch, no EFS helper.
-        terms = [term for term in terms if term.name not in OWN_HOSTS_SKIP_TERMS]
     loads = sizing.node_loads(model, instance, spec.nodes, pp, readers=spec.total_nodes)
     topology = topology_summary(spec.nodes, spec.gpus_per_node, tp, pp)
     layers = sizing.stage_layers(model.layers, pp) if model.layers else None
-    contract = aws_contract.check(run.resources, run.id_of)
-    prometheus = _prometheus(spec)
-    smallest = None
-    if not the_fit.fits:
-        option = sizing.smallest_fit(model, spec.gpu_memory_utilization, spec.max_model_len)
-        smallest = option.__dict__ if option else None
-
     return {
-        "stack": stack,
         "model": {
             "name": model.name,
             "paramsB": model.params_b,
             "dtype": model.dtype,
-            "source": "model table" if info and params_b is None else "--params-b",
+            "source": model_source,
             "layers": model.layers,
         },
         "cluster": _cluster(spec),
@@ -175,19 +192,61 @@ def build_plan(
         "nodes": _nodes(topology, layers, spec.own_hosts.gangs[0] if spec.own_hosts else None),
         "modelBytes": _model_bytes(model, spec, loads, topology),
         "ranks": topology["ranks"],
+    }
+
+
+def _fit_section(spec, model: sizing.ModelSize, the_fit: sizing.Fit) -> dict[str, Any]:
+    """Whether the weights and a KV cache fit the GPUs, and if not the smallest
+    instance and shape that would hold them."""
+    smallest = None
+    if not the_fit.fits:
+        option = sizing.smallest_fit(model, spec.gpu_memory_utilization, spec.max_model_len)
+        smallest = option.__dict__ if option else None
+    return {
         "weightsGB": round(the_fit.weights_gb, 1),
         "fits": the_fit.fits,
         "fit": _fit(the_fit, spec.gpu_memory_utilization),
         "smallestFit": smallest,
+    }
+
+
+def _cost_section(spec, weights_gb: float, busy_hours: int | None, prometheus: dict[str, Any]) -> dict[str, Any]:
+    """What the stack costs running, idle and as a warm pool, the vCPU quotas it needs,
+    and the gateway's Prometheus."""
+    # Every gang is a full copy: its nodes cost as much as the first gang's.
+    the_cost = sizing.cost(spec.instance, spec.total_nodes, spec.gateway_instance_type, weights_gb)
+    return {
         # Machines of the user's own cost the stack nothing on AWS.
         "costPerHourUsd": round(the_cost.per_hour, 4) if spec.own_hosts is None else 0.0,
         "costPerDayUsd": round(the_cost.per_day, 2) if spec.own_hosts is None else 0.0,
-        "cost": _cost(the_cost, instance),
+        "cost": _cost(the_cost, spec.instance),
         "vcpuQuotas": _vcpu_quotas(spec) if spec.own_hosts is None else None,
-        "idleStop": _idle_stop(spec, the_fit.weights_gb) if spec.own_hosts is None else None,
+        "idleStop": _idle_stop(spec, weights_gb) if spec.own_hosts is None else None,
         # maxReplicas above replicas (issue 36): the cost of the range and the time to add a gang.
-        "warmPool": _warm_pool(spec, the_fit.weights_gb, busy_hours) if _has_warm_gangs(spec) else None,
+        "warmPool": _warm_pool(spec, weights_gb, busy_hours) if _has_warm_gangs(spec) else None,
         "prometheus": prometheus,
+    }
+
+
+def _time_section(spec, model: sizing.ModelSize) -> dict[str, Any]:
+    """How long the first `pulumi up` takes to the first token, term by term, the
+    engine's start limits, and the bake of the node image."""
+    instance = spec.instance
+    # The gangs start in parallel on the first `pulumi up`, so the time to the first token
+    # is one gang's; but every gang's nodes read the cache at once.
+    terms = sizing.time_to_first_token(
+        model,
+        instance,
+        spec.nodes,
+        spec.pipeline_parallel_size,
+        readers=spec.total_nodes,
+        baked_image=spec.launches_with_software,
+    )
+    bake = sizing.image_bake() if spec.bakes_node_image else []
+    if spec.own_hosts is not None:
+        # Machines that run already, with a shared directory of the user's: no launch, no EFS helper.
+        terms = [term for term in terms if term.name not in OWN_HOSTS_SKIP_TERMS]
+    return {
         "timeToFirstTokenSeconds": round(sum(t.seconds for t in terms)),
         "engineReadyTimeoutSeconds": sizing.engine_ready_timeout_for(spec.model, instance, spec.nodes),
         "engineStartStallSeconds": sizing.engine_start_stall_for(spec.model, instance, spec.nodes),
@@ -197,6 +256,20 @@ def build_plan(
         "nodeImage": spec.node_image,
         "imageBake": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in bake],
         "imageBakeSeconds": round(sum(t.seconds for t in bake)),
+    }
+
+
+def _problems_section(
+    spec,
+    model: sizing.ModelSize,
+    the_fit: sizing.Fit,
+    contract: aws_contract.Contract,
+    prometheus: dict[str, Any],
+    secret_keys: list[str],
+) -> dict[str, Any]:
+    """What would stop the stack or deserves a look: what AWS would refuse, the
+    warnings of every part; and what the nodes would run, and the secrets not read."""
+    return {
         # What AWS would refuse of the inputs as declared: `pulumi up` would fail there.
         "problems": [str(finding) for finding in contract.errors],
         "awsContract": {
@@ -204,7 +277,7 @@ def build_plan(
             "errors": [dataclasses.asdict(finding) for finding in contract.errors],
             "warnings": [dataclasses.asdict(finding) for finding in contract.warnings],
         },
-        "warnings": sizing.warnings_for(model, instance, tp, the_fit)
+        "warnings": sizing.warnings_for(model, spec.instance, spec.tensor_parallel_size, the_fit)
         + list(spec.warnings)
         + [str(finding) for finding in contract.warnings]
         + prometheus["warnings"],
@@ -254,23 +327,7 @@ def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
         "ebsGiB": spec.total_nodes * spec.root_volume_gib + GATEWAY_ROOT_GIB,
         "ebsGbMonthUsd": idle_stop.EBS_GP3_GB_MONTH,
         "stageVolumesHour": round(hour.stage_volumes, 4),
-        # stageVolume (components/stage_volume.py): the choice, the volume ebs would give each
-        # node and its cost, and the wake with either.
-        "stageVolume": {
-            "chosen": spec.stage_volume,
-            # The volume only keeps a local copy of the stage: a stack that serves from the
-            # EFS cache has none (spec._resolve_stage_volume).
-            "offered": sizing.serves_from_local_disk(spec)[0],
-            "sizeGiB": volume.size_gib,
-            "iops": volume.iops,
-            "throughputMiBs": volume.throughput_mib_s,
-            "monthUsdPerNode": round(volume.month_usd, 2),
-            "monthUsd": round(volume.month_usd * spec.total_nodes, 2),
-            "nodes": spec.total_nodes,
-            "costBreakdown": volume.cost_breakdown(),
-            "pricingSource": stage_volume.EBS_PRICING_SOURCE,
-            "wakeSeconds": {choice: round(sum(t.seconds for t in wake)) for choice, wake in wakes.items()},
-        },
+        "stageVolume": _stage_volume(spec, volume, wakes),
         "notCounted": "data through the NAT gateway and public IPv4 addresses (the same with or without)",
         "wakeSeconds": round(sum(t.seconds for t in terms)),
         "wake": [{"term": t.name, "seconds": round(t.seconds), "assumes": t.assumes} for t in terms],
@@ -280,6 +337,26 @@ def _idle_stop(spec, weights_gb: float) -> dict[str, Any]:
         "giveUpSeconds": idle_stop.wake_give_up_seconds(
             round(sum(t.seconds for t in terms)), spec.wake_give_up_minutes
         ),
+    }
+
+
+def _stage_volume(spec, volume: stage_volume.StageVolume, wakes: dict[str, list]) -> dict[str, Any]:
+    """stageVolume (components/stage_volume.py): the choice, the volume ebs would give each
+    node and its cost, and the wake with either."""
+    return {
+        "chosen": spec.stage_volume,
+        # The volume only keeps a local copy of the stage: a stack that serves from the
+        # EFS cache has none (spec._resolve_stage_volume).
+        "offered": sizing.serves_from_local_disk(spec)[0],
+        "sizeGiB": volume.size_gib,
+        "iops": volume.iops,
+        "throughputMiBs": volume.throughput_mib_s,
+        "monthUsdPerNode": round(volume.month_usd, 2),
+        "monthUsd": round(volume.month_usd * spec.total_nodes, 2),
+        "nodes": spec.total_nodes,
+        "costBreakdown": volume.cost_breakdown(),
+        "pricingSource": stage_volume.EBS_PRICING_SOURCE,
+        "wakeSeconds": {choice: round(sum(t.seconds for t in wake)) for choice, wake in wakes.items()},
     }
 
 
@@ -449,39 +526,42 @@ def _model_bytes(model: sizing.ModelSize, spec, loads: list[sizing.NodeLoad], to
             "mount": image.NVME_MOUNT,
             "source": spec.instance.instance_store_source,
         },
-        "perNode": [
+        "perNode": [_node_model_bytes(load, roles[load.node]) for load in loads],
+    }
+
+
+def _node_model_bytes(load: sizing.NodeLoad, role: str) -> dict[str, Any]:
+    """One node's part of the model: its stages and layers, the copy from the EFS cache
+    to its NVMe (when it serves from local disk) and the engine's read."""
+    return {
+        "node": load.node,
+        "role": role,
+        "stages": list(load.stages),
+        "copiedStages": list(load.copied),
+        "layers": list(load.layers) if load.layers else None,
+        "stageGB": round(load.stage_bytes / sizing.GB, 1),
+        "stageEstimate": load.stage_estimate,
+        "servesFrom": load.load_from,
+        "fromCacheGB": round(load.efs_bytes / sizing.GB, 1),
+        "copy": (
             {
-                "node": load.node,
-                "role": roles[load.node],
-                "stages": list(load.stages),
-                "copiedStages": list(load.copied),
-                "layers": list(load.layers) if load.layers else None,
-                "stageGB": round(load.stage_bytes / sizing.GB, 1),
-                "stageEstimate": load.stage_estimate,
-                "servesFrom": load.load_from,
-                "fromCacheGB": round(load.efs_bytes / sizing.GB, 1),
-                "copy": (
-                    {
-                        "GB": round(load.efs_bytes / sizing.GB, 1),
-                        "from": "the EFS cache",
-                        "to": image.NVME_MOUNT,
-                        "rateMiBps": round(load.efs_mib_s),
-                        "seconds": round(load.copy_seconds),
-                        "source": load.efs_source,
-                    }
-                    if load.local
-                    else None
-                ),
-                "load": {
-                    "GB": round(load.load_bytes / sizing.GB, 1),
-                    "from": load.load_from,
-                    "rateMiBps": round(load.load_mib_s),
-                    "seconds": round(load.load_seconds),
-                    "source": load.load_source,
-                },
+                "GB": round(load.efs_bytes / sizing.GB, 1),
+                "from": "the EFS cache",
+                "to": image.NVME_MOUNT,
+                "rateMiBps": round(load.efs_mib_s),
+                "seconds": round(load.copy_seconds),
+                "source": load.efs_source,
             }
-            for load in loads
-        ],
+            if load.local
+            else None
+        ),
+        "load": {
+            "GB": round(load.load_bytes / sizing.GB, 1),
+            "from": load.load_from,
+            "rateMiBps": round(load.load_mib_s),
+            "seconds": round(load.load_seconds),
+            "source": load.load_source,
+        },
     }
 
 

@@ -272,8 +272,6 @@ def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None, power_e
     if answer.get("power"):
         return _asleep_gang(gang, spec, answer["power"], power_entry, pool_entry)
     facts = answer["facts"]
-    # What the head's probe was, for the messages ("a completion" on a generation model).
-    what = bootstrap.stack_probe(spec).what
     seen = facts is not None and "ray_error" not in facts  # did we see Ray's membership at all?
     alive = (facts or {}).get("alive", {})
     gpus_expected = len(gang.nodes) * spec.gpus_per_node
@@ -288,30 +286,11 @@ def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None, power_e
     if facts is None:
         problems.append(f"the head did not answer: {answer['factsError']}")
     else:
-        if not seen:
-            problems.append(f"Ray's GCS did not answer on the head: {facts['ray_error']}")
-        else:
-            problems += [f"{n['node']} ({n['ip']}) is not in the Ray cluster" for n in nodes if not n["alive"]]
-            if gpus < gpus_expected:
-                problems.append(f"Ray has {gpus:g} of {gpus_expected} GPUs")
-        # A head whose status-facts predates its own completion: /health has to do.
-        serves = completion["status"] == 200 if completion else vllm["health"] == 200
-        if _saturated(completion):
-            # Its completion waited behind a full batch the engine is working through:
-            # busy, not dead (the watchdog leaves such a server alone too).
-            metrics = (facts or {}).get("metrics") or {}
-            problems.insert(
-                0,
-                f"vLLM is saturated: {what} on {gang.head.name} got no answer within "
-                f"{completion['seconds']:.0f} s while the engine made {completion['tokens_while_waiting']:g} tokens "
-                f"for other requests ({metrics.get('running', 0):g} running, {metrics.get('waiting', 0):g} waiting)",
-            )
-        elif not serves:
-            not_serving = f"unit {vllm['unit'] or 'unknown'}, /health {vllm['health'] or 'no answer'}"
-            if completion:
-                error = f" ({completion['error']})" if completion["error"] else ""
-                not_serving += f", {what} on {gang.head.name} got {_http(completion['status'])}{error}"
-            problems.insert(0, f"vLLM is not serving ({not_serving})")
+        problems += _membership_problems(facts, nodes, gpus, gpus_expected)
+        # Whether vLLM serves goes first: it decides the verdict.
+        serving_problem, not_serving = _serving_problem(gang, spec, facts, completion, vllm)
+        if serving_problem:
+            problems.insert(0, serving_problem)
     if facts is None:
         verdict = GANG_UNKNOWN
     elif not_serving:
@@ -336,6 +315,44 @@ def assess_gang(gang: Gang, spec, answer: dict, pool_entry: dict | None, power_e
         "completion": completion,
         "metrics": (facts or {}).get("metrics"),
     }
+
+
+def _membership_problems(facts: dict, nodes: list[dict], gpus: float, gpus_expected: int) -> list[str]:
+    """What the head's Ray cluster lacks of the gang: its GCS's answer, a node, a GPU."""
+    if "ray_error" in facts:
+        return [f"Ray's GCS did not answer on the head: {facts['ray_error']}"]
+    problems = [f"{n['node']} ({n['ip']}) is not in the Ray cluster" for n in nodes if not n["alive"]]
+    if gpus < gpus_expected:
+        problems.append(f"Ray has {gpus:g} of {gpus_expected} GPUs")
+    return problems
+
+
+def _serving_problem(
+    gang: Gang, spec, facts: dict, completion: dict | None, vllm: dict
+) -> tuple[str | None, str | None]:
+    """(the problem with vLLM's serving, why it does not serve): a saturated engine still
+    serves; one whose probe (or, from an older head, /health) fails does not."""
+    # What the head's probe was, for the messages ("a completion" on a generation model).
+    what = bootstrap.stack_probe(spec).what
+    # A head whose status-facts predates its own completion: /health has to do.
+    serves = completion["status"] == 200 if completion else vllm["health"] == 200
+    if _saturated(completion):
+        # Its completion waited behind a full batch the engine is working through:
+        # busy, not dead (the watchdog leaves such a server alone too).
+        metrics = (facts or {}).get("metrics") or {}
+        return (
+            f"vLLM is saturated: {what} on {gang.head.name} got no answer within "
+            f"{completion['seconds']:.0f} s while the engine made {completion['tokens_while_waiting']:g} tokens "
+            f"for other requests ({metrics.get('running', 0):g} running, {metrics.get('waiting', 0):g} waiting)",
+            None,
+        )
+    if not serves:
+        not_serving = f"unit {vllm['unit'] or 'unknown'}, /health {vllm['health'] or 'no answer'}"
+        if completion:
+            error = f" ({completion['error']})" if completion["error"] else ""
+            not_serving += f", {what} on {gang.head.name} got {_http(completion['status'])}{error}"
+        return f"vLLM is not serving ({not_serving})", not_serving
+    return None, None
 
 
 def _saturated(completion: dict | None) -> bool:
@@ -377,42 +394,9 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
     asleep = [g for g in gangs if g["verdict"] in POWERED_DOWN]
     drained = {g["name"] for g in gangs if (g["pool"] or {}).get("state") == DRAINED}
     completion = snap["completion"]
-    problems = []
-    for gang in gangs:
-        if gang["verdict"] in POWERED_DOWN:
-            # Idle stop's doing, not a fault: listed with its state, not as a problem;
-            # unless EC2 refuses to start it again, or its wake was given up.
-            if gang.get("wakeTrouble"):
-                problems.append(f"{gang['name']}: {gang['wakeTrouble']}")
-            continue
-        if gang["name"] in drained:
-            # Out of the pool: the pool serves with less, whether a roll is under way or
-            # one failed and left it so (which only an operator notices). Say which.
-            problems.append(
-                f"{gang['name']} is drained: out of the gateway's pool (a rolling change under way, or one that "
-                f"failed: once it serves, sudo {bootstrap.GATEWAY_COMMAND} return --gang {gang['name']} on the "
-                "gateway)" + "".join(f"; {p}" for p in gang["problems"])
-            )
-        elif gang["problems"]:
-            problems += gang["problems"] if len(gangs) == 1 else [_gang_problem(gang)]
-        if view is not None and gang["pool"] is None:
-            problems.append(f"{gang['name']} is not in the gateway's pool: the gateway sends it no request")
-    if completion["status"] is not None and completion["status"] != 200:
-        problems.append(
-            f"{bootstrap.stack_probe(spec).what} through the endpoint got {_http(completion['status'])}"
-            + (f" ({completion['error']})" if completion["error"] else "")
-        )
+    problems = _pool_problems(gangs, drained, view is not None, spec, completion)
     serving_in_pool = [g for g in gangs if g["serving"] and g["name"] not in drained]
-    if asleep and len(asleep) == len(gangs):
-        # Every gang stopped (or waking) by idle stop: what the stack was asked to do;
-        # down when EC2 will not start one again (its wake refused, or given up).
-        verdict = DOWN if problems else IDLE
-    elif all(g["verdict"] == GANG_UNKNOWN for g in gangs) and completion["status"] != 200:
-        verdict = UNKNOWN  # nothing answered: we cannot tell down from unreachable
-    elif not serving_in_pool and completion["status"] != 200:
-        verdict = DOWN
-    else:
-        verdict = DEGRADED if problems else HEALTHY
+    verdict = _pool_verdict(gangs, asleep, serving_in_pool, problems, completion)
     # Informative only, after the verdict: nothing below may change it.
     prometheus = snap["prometheus"]
     for gang in gangs:
@@ -444,6 +428,53 @@ def assess(cluster: Cluster, spec, snap: dict) -> dict:
         "prometheus": {"reachable": prometheus["reachable"], "error": prometheus["error"]},
         "alerts": prometheus["alerts"],
     }
+
+
+def _pool_problems(gangs: list[dict], drained: set[str], pool_seen: bool, spec, completion: dict) -> list[str]:
+    """The pool's problems: each gang's, named (a gang stopped by idle stop has none but
+    trouble with its wake), a gang drained or missing from the gateway's pool (when the
+    gateway gave its pool), and the endpoint's completion when it failed."""
+    problems = []
+    for gang in gangs:
+        if gang["verdict"] in POWERED_DOWN:
+            # Idle stop's doing, not a fault: listed with its state, not as a problem;
+            # unless EC2 refuses to start it again, or its wake was given up.
+            if gang.get("wakeTrouble"):
+                problems.append(f"{gang['name']}: {gang['wakeTrouble']}")
+            continue
+        if gang["name"] in drained:
+            # Out of the pool: the pool serves with less, whether a roll is under way or
+            # one failed and left it so (which only an operator notices). Say which.
+            problems.append(
+                f"{gang['name']} is drained: out of the gateway's pool (a rolling change under way, or one that "
+                f"failed: once it serves, sudo {bootstrap.GATEWAY_COMMAND} return --gang {gang['name']} on the "
+                "gateway)" + "".join(f"; {p}" for p in gang["problems"])
+            )
+        elif gang["problems"]:
+            problems += gang["problems"] if len(gangs) == 1 else [_gang_problem(gang)]
+        if pool_seen and gang["pool"] is None:
+            problems.append(f"{gang['name']} is not in the gateway's pool: the gateway sends it no request")
+    if completion["status"] is not None and completion["status"] != 200:
+        problems.append(
+            f"{bootstrap.stack_probe(spec).what} through the endpoint got {_http(completion['status'])}"
+            + (f" ({completion['error']})" if completion["error"] else "")
+        )
+    return problems
+
+
+def _pool_verdict(
+    gangs: list[dict], asleep: list[dict], serving_in_pool: list[dict], problems: list[str], completion: dict
+) -> int:
+    """The pool's exit code: stopped by idle stop, unknown, down, degraded or healthy."""
+    if asleep and len(asleep) == len(gangs):
+        # Every gang stopped (or waking) by idle stop: what the stack was asked to do;
+        # down when EC2 will not start one again (its wake refused, or given up).
+        return DOWN if problems else IDLE
+    if all(g["verdict"] == GANG_UNKNOWN for g in gangs) and completion["status"] != 200:
+        return UNKNOWN  # nothing answered: we cannot tell down from unreachable
+    if not serving_in_pool and completion["status"] != 200:
+        return DOWN
+    return DEGRADED if problems else HEALTHY
 
 
 def _gang_lines(gang: dict, width: int) -> list[str]:

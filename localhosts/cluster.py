@@ -580,41 +580,21 @@ def start_cluster(
     key_store: dict = {}
     replicas = fleet_gangs(overrides)
     if own_hosts:
-        # The user's own key, which the machines authorize before any stack exists, and
-        # the machines' own host keys, which the user gives the stack (hostKeys).
-        key = real_private_key("ED25519")
-        addresses = {"gateway": network.gateway_ip, **{f"node{i}": network.node_ip(i) for i in range(nodes * replicas)}}
-        machines = machine_host_keys(list(addresses))
-        config = own_hosts_config(
-            nodes,
-            key["privateKeyOpenssh"],
-            network=network,
-            host_keys={addresses[name]: machines[name]["publicKeyOpenssh"] for name in addresses},
-            **overrides,
-        )
-        run = own_hosts_program(config, key_store)
-        public_key, user_data = key["publicKeyOpenssh"], {}
-        host_keys = {name: machine["privateKeyOpenssh"] for name, machine in machines.items()}
+        stack = _own_hosts_stack(nodes, replicas, network, key_store, overrides)
     else:
-        run = fleet_program(nodes, key_store, network=network, **overrides)
-        config = fleet_config(nodes, network, **overrides)
-        public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
-        host_names = {"vllm-gateway-host": "gateway", **node_hosts(nodes, replicas)}
-        user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
-        # What cloud-init's ssh module installs from each instance's user data.
-        host_keys = {host_names[instance]: private for instance, private in host_keys_of(run).items()}
-    instance = CATALOG[config["instanceType"]]
+        stack = _ec2_stack(nodes, replicas, network, key_store, overrides)
+    instance = CATALOG[stack.config["instanceType"]]
     images_in_background().result()  # before the hosts start: a cold build is not boot time
     fleet = Fleet(
         workdir,
         nodes * replicas,
-        public_key,
-        run.outputs["sshPrivateKey"],
-        efa_devices=efa_devices(config),
+        stack.public_key,
+        stack.run.outputs["sshPrivateKey"],
+        efa_devices=efa_devices(stack.config),
         gpus_per_node=instance.gpus,
         gpu_name=instance.gpu_model,
-        user_data=user_data,
-        host_keys=host_keys,
+        user_data=stack.user_data,
+        host_keys=stack.host_keys,
         # EC2 reports an instance running while it boots, and `pulumi up` goes on; the
         # machines of a stack of hosts run before the stack does.
         wait_for_ssh=own_hosts,
@@ -626,29 +606,84 @@ def start_cluster(
     try:
         fleet.__enter__()
         hub.__enter__()
-        cluster = ClusterUnderTest(
-            run,
-            fleet,
-            hub,
-            key_store,
-            config=config,
-            booted_at=time.monotonic(),
-            started_wall=time.time(),
-            own_hosts=own_hosts,
-        )
-        try:
-            cluster.outcomes = replay(run)
-        except ReplayError as failure:
-            # A host that could not boot explains the failed command: the machinery's fault, named first.
-            fleet.raise_boot_failures(cause=failure)
-            raise
-        # A host that could not boot is broken machinery, even where the commands got through.
-        fleet.raise_boot_failures()
-        cluster.ready_at = time.monotonic()
-        return cluster
+        return _replayed(stack, fleet, hub, key_store, own_hosts)
     except BaseException:
         stop_cluster(fleet, hub)
         raise
+
+
+@dataclass
+class _StackOnHosts:
+    """The program's run for the fleet's stack, its config, and what the hosts start
+    with: the key that logs in, each host's user data and host key (by host name)."""
+
+    run: ProgramRun
+    config: dict[str, Any]
+    public_key: str
+    user_data: dict[str, str]
+    host_keys: dict[str, str]
+
+
+def _own_hosts_stack(
+    nodes: int, replicas: int, network: Network, key_store: dict, overrides: dict[str, Any]
+) -> _StackOnHosts:
+    """A stack of hosts (own_hosts_config) on the fleet's machines, which get nothing at boot."""
+    # The user's own key, which the machines authorize before any stack exists, and
+    # the machines' own host keys, which the user gives the stack (hostKeys).
+    key = real_private_key("ED25519")
+    addresses = {"gateway": network.gateway_ip, **{f"node{i}": network.node_ip(i) for i in range(nodes * replicas)}}
+    machines = machine_host_keys(list(addresses))
+    config = own_hosts_config(
+        nodes,
+        key["privateKeyOpenssh"],
+        network=network,
+        host_keys={addresses[name]: machines[name]["publicKeyOpenssh"] for name in addresses},
+        **overrides,
+    )
+    run = own_hosts_program(config, key_store)
+    public_key, user_data = key["publicKeyOpenssh"], {}
+    host_keys = {name: machine["privateKeyOpenssh"] for name, machine in machines.items()}
+    return _StackOnHosts(run, config, public_key, user_data, host_keys)
+
+
+def _ec2_stack(
+    nodes: int, replicas: int, network: Network, key_store: dict, overrides: dict[str, Any]
+) -> _StackOnHosts:
+    """The EC2 stack (fleet_config), its instances on the fleet's hosts, each started
+    with the user data and host key the program gives its instance."""
+    run = fleet_program(nodes, key_store, network=network, **overrides)
+    config = fleet_config(nodes, network, **overrides)
+    public_key = next(r for r in run.of_type("aws:ec2/keyPair:KeyPair")).inputs["publicKey"]
+    host_names = {"vllm-gateway-host": "gateway", **node_hosts(nodes, replicas)}
+    user_data = {host_names[instance]: script for instance, script in user_data_of(run).items()}
+    # What cloud-init's ssh module installs from each instance's user data.
+    host_keys = {host_names[instance]: private for instance, private in host_keys_of(run).items()}
+    return _StackOnHosts(run, config, public_key, user_data, host_keys)
+
+
+def _replayed(stack: _StackOnHosts, fleet: Fleet, hub: FakeHub, key_store: dict, own_hosts: bool) -> ClusterUnderTest:
+    """The program's commands replayed on the started hosts, as `pulumi up` runs them;
+    a host whose boot failed is named as the cause of any failure."""
+    cluster = ClusterUnderTest(
+        stack.run,
+        fleet,
+        hub,
+        key_store,
+        config=stack.config,
+        booted_at=time.monotonic(),
+        started_wall=time.time(),
+        own_hosts=own_hosts,
+    )
+    try:
+        cluster.outcomes = replay(stack.run)
+    except ReplayError as failure:
+        # A host that could not boot explains the failed command: the machinery's fault, named first.
+        fleet.raise_boot_failures(cause=failure)
+        raise
+    # A host that could not boot is broken machinery, even where the commands got through.
+    fleet.raise_boot_failures()
+    cluster.ready_at = time.monotonic()
+    return cluster
 
 
 def stop_cluster(fleet: Fleet, hub: "FakeHub") -> None:

@@ -64,8 +64,7 @@ from pathlib import Path
 
 from cli.cluster import ssh_args
 from components import bootstrap, image, node_env
-from localhosts import boot_check
-from tools import pure_wheel
+from localhosts import boot_check, pure_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -300,7 +299,7 @@ def fleet_wheelhouse() -> Path:
     torch) and checked against the lock's hashes, the way a node fills the wheelhouse
     on the model cache: by the node's own scripts/node/node-env, with pip downloading
     what it lacks. The GPU-build double's wheel, which no index serves, is built here
-    (tools/pure_wheel.py), as the lock's hash for it was. Cached; a change of pins
+    (localhosts/pure_wheel.py), as the lock's hash for it was. Cached; a change of pins
     fetches only the wheels that changed. About 1 GiB."""
     target = node_env.local_host()
     house = CACHE_DIR / "wheelhouse"
@@ -676,6 +675,15 @@ class Host:
         return self.dir / "root"
 
 
+def nvidia_smi_double_conf(gpus_per_node: int, gpu_name: str, gpu_memory_mib: int) -> str:
+    """The nvidia-smi double's configuration: the GPUs it reports, and a driver of the
+    image's CUDA (components/image.py DRIVER_CUDA_MAJOR): 580 brought CUDA 13.0."""
+    return (
+        f"GPUS={gpus_per_node}\nNAME={gpu_name}\nMEMORY_MIB={gpu_memory_mib}\n"
+        f"DRIVER=580.95.05\nCUDA={image.DRIVER_CUDA_MAJOR}.0\n"
+    )
+
+
 class Fleet:
     """A gateway and `nodes` GPU-node hosts. Use as a context manager: everything it
     made (hosts, namespaces, the bridge, mounts, files) is removed on exit, also
@@ -729,11 +737,7 @@ class Fleet:
         self.nodes = [self._host(f"node{i}", network.node_ip(i), "node") for i in range(nodes)]
         self._private_key = private_key
         # What the nvidia-smi double reports on every node host (default: a g5.12xlarge).
-        # A driver of the image's CUDA (components/image.py DRIVER_CUDA_MAJOR): 580 brought CUDA 13.0.
-        self.gpu_conf = (
-            f"GPUS={gpus_per_node}\nNAME={gpu_name}\nMEMORY_MIB={gpu_memory_mib}\n"
-            f"DRIVER=580.95.05\nCUDA={image.DRIVER_CUDA_MAJOR}.0\n"
-        )
+        self.gpu_conf = nvidia_smi_double_conf(gpus_per_node, gpu_name, gpu_memory_mib)
         # What the fi_info double reports on every node host: the type's EFA interfaces.
         self.efa_devices = efa_devices
         self.user_data = dict(user_data or {})
@@ -741,6 +745,11 @@ class Fleet:
         # Every host's public key by address: what the fleet's own ssh pins.
         self.known_hosts = self.workdir / "known_hosts"
         self.wait_at_start = wait_for_ssh
+        self._start_bookkeeping()
+
+    def _start_bookkeeping(self) -> None:
+        """What the fleet will have made and started, for the teardown to undo, and the
+        checks of the hosts' boots: all empty until start()."""
         self._mirror: subprocess.Popen | None = None
         self._made_bridge = False
         self.run_id = f"{os.getpid()}{int(time.time()) % 100000}"
@@ -885,20 +894,10 @@ class Fleet:
             )
 
     def _prepare(self, host: Host, rootfs: Path) -> None:
-        for sub in ("upper", "work", "root"):
-            (host.dir / sub).mkdir(parents=True, exist_ok=True)
-        # A node host's disk: the host image over the base image, when baked.
-        lower = f"{self.node_image}:{rootfs}" if host.role == "node" and self.node_image else str(rootfs)
-        _run(
-            "mount",
-            "-t",
-            "overlay",
-            "overlay",
-            "-o",
-            f"lowerdir={lower},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}",
-            str(host.root),
-        )
-        self._mounts.append(host.root)
+        """The host's root file system, before its first boot: its own layer over the
+        image, its names, keys and package sources, the doubles where the image has the
+        real tools, the user data cloud-init finds, and the login's key."""
+        self._mount_root(host, rootfs)
         (host.root / "etc" / "hostname").write_text(f"{host.name}\n")
         (host.root / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{host.ip} {host.name}\n")
         self._install_host_keys(host)
@@ -918,31 +917,7 @@ class Fleet:
             self._enable_double(host, "apt-lock-double.service")
             (host.root / "etc" / "apt-lock-double.conf").write_text(f"APT_LOCK_SECONDS={APT_LOCK_SECONDS}\n")
         if host.role == "node":
-            # No GPU and no EFA here: the doubles, where the image has the real tools.
-            self._install_double(host, "bin/nvidia-smi", image.NVIDIA_SMI)
-            (host.root / "etc" / "nvidia-smi-double.conf").write_text(self.gpu_conf)
-            self._install_double(host, "bin/fi_info", image.FI_INFO)
-            (host.root / "etc" / "fi-info-double.conf").write_text(f"EFA_DEVICES={self.efa_devices}\n")
-            if self.efa_devices:
-                # With EFA on, aws-ofi-nccl's NCCL plugin, where the image has it.
-                plugin = f"{image.OFI_NCCL_LIB_DIRS[0]}/{image.OFI_NCCL_PLUGIN}"
-                self._install_double(host, f"lib/{image.OFI_NCCL_PLUGIN}", plugin)
-            # This machine cannot grant more locked memory than its own hard limit (no
-            # CAP_SYS_RESOURCE: 8 MiB here, unlimited on EC2), which is also systemd's
-            # default for services. A lower default keeps a unit that lifts its limit (it
-            # gets the host's maximum) apart from one that does not (it keeps the default).
-            conf = host.root / "etc" / "systemd" / "system.conf.d" / "fleet-limits.conf"
-            conf.parent.mkdir(parents=True, exist_ok=True)
-            conf.write_text("[Manager]\nDefaultLimitMEMLOCK=64K\n")
-            # The image formats the instance store and mounts it at every boot, by a unit of
-            # its own (components/image.py NVME_MOUNT, NVME_SETUP_UNIT): here the stand-ins
-            # of its unit and script, where the image has them, mount the host's "disk"
-            # (instance_store_disk) after a while, as the real one takes its time.
-            self._make_nvme_mount_point(host)
-            self.instance_store_disk(host).mkdir(exist_ok=True)
-            self._install_double(host, "bin/nvme_ephemeral_drives.sh", image.NVME_SETUP_SCRIPT)
-            self._enable_double(host, image.NVME_SETUP_UNIT)
-            (host.root / "etc" / "instance-store-double.conf").write_text(f"FORMAT_SECONDS={NVME_FORMAT_SECONDS}\n")
+            self._install_node_doubles(host)
         if host.name in self.user_data:
             # Where cloud-init keeps the user data EC2 handed it at launch.
             script = host.root / "var" / "lib" / "cloud" / "instance" / "scripts" / "part-001"
@@ -957,6 +932,52 @@ class Fleet:
         for path in (ssh_dir, ssh_dir / "authorized_keys"):
             os.chown(path, *uid_gid)
         (ssh_dir / "authorized_keys").chmod(0o600)
+
+    def _mount_root(self, host: Host, rootfs: Path) -> None:
+        """The host's root: a layer of its own (overlayfs) over the image, which its
+        writes never reach."""
+        for sub in ("upper", "work", "root"):
+            (host.dir / sub).mkdir(parents=True, exist_ok=True)
+        # A node host's disk: the host image over the base image, when baked.
+        lower = f"{self.node_image}:{rootfs}" if host.role == "node" and self.node_image else str(rootfs)
+        _run(
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={lower},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}",
+            str(host.root),
+        )
+        self._mounts.append(host.root)
+
+    def _install_node_doubles(self, host: Host) -> None:
+        """No GPU and no EFA here: the doubles, where the image has the real tools; and
+        the locked-memory limit and instance store a GPU instance has."""
+        self._install_double(host, "bin/nvidia-smi", image.NVIDIA_SMI)
+        (host.root / "etc" / "nvidia-smi-double.conf").write_text(self.gpu_conf)
+        self._install_double(host, "bin/fi_info", image.FI_INFO)
+        (host.root / "etc" / "fi-info-double.conf").write_text(f"EFA_DEVICES={self.efa_devices}\n")
+        if self.efa_devices:
+            # With EFA on, aws-ofi-nccl's NCCL plugin, where the image has it.
+            plugin = f"{image.OFI_NCCL_LIB_DIRS[0]}/{image.OFI_NCCL_PLUGIN}"
+            self._install_double(host, f"lib/{image.OFI_NCCL_PLUGIN}", plugin)
+        # This machine cannot grant more locked memory than its own hard limit (no
+        # CAP_SYS_RESOURCE: 8 MiB here, unlimited on EC2), which is also systemd's
+        # default for services. A lower default keeps a unit that lifts its limit (it
+        # gets the host's maximum) apart from one that does not (it keeps the default).
+        conf = host.root / "etc" / "systemd" / "system.conf.d" / "fleet-limits.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text("[Manager]\nDefaultLimitMEMLOCK=64K\n")
+        # The image formats the instance store and mounts it at every boot, by a unit of
+        # its own (components/image.py NVME_MOUNT, NVME_SETUP_UNIT): here the stand-ins
+        # of its unit and script, where the image has them, mount the host's "disk"
+        # (instance_store_disk) after a while, as the real one takes its time.
+        self._make_nvme_mount_point(host)
+        self.instance_store_disk(host).mkdir(exist_ok=True)
+        self._install_double(host, "bin/nvme_ephemeral_drives.sh", image.NVME_SETUP_SCRIPT)
+        self._enable_double(host, image.NVME_SETUP_UNIT)
+        (host.root / "etc" / "instance-store-double.conf").write_text(f"FORMAT_SECONDS={NVME_FORMAT_SECONDS}\n")
 
     def _install_host_keys(self, host: Host) -> None:
         """The host's SSH host keys, before its sshd first starts: the one it was given

@@ -1,6 +1,6 @@
 """scripts/node/node-env, the nodes' wheelhouse and environment checks, on real wheels
-built here (tools/pure_wheel.py) and a real virtualenv (uv): what a node relies on is
-that only files whose hashes the lock holds are ever kept or installed, that a
+built here (localhosts/pure_wheel.py) and a real virtualenv (uv): what a node relies on
+is that only files whose hashes the lock holds are ever kept or installed, that a
 wheelhouse already filled costs a check and no download, that a change of pins asks
 only for what changed, and that an environment that is not the lock's is named."""
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NODE_ENV = ROOT / "scripts" / "node" / "node-env"
 sys.path.insert(0, str(ROOT))
 
-from tools import pure_wheel  # noqa: E402
+from localhosts import pure_wheel  # noqa: E402
 
 
 def load_node_env():

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components import node_env, versions  # noqa: E402
-from tools import pure_wheel  # noqa: E402
+from localhosts import pure_wheel  # noqa: E402
 
 REQUIREMENTS_DEV = ROOT / "requirements-dev.txt"
 
@@ -110,6 +110,8 @@ def repository_wheel_entries(target: node_env.NodeEnvTarget) -> str:
         for project in target.repository_wheels:
             wheel = pure_wheel.build(ROOT / project, Path(folder))
             name, version = wheel.name.split("-")[:2]
+            # The comment names the wheel's builder as the committed locks do (and as
+            # the wheel's own WHEEL file does), so locking again writes the same bytes.
             entries.append(
                 f"{name}=={version} \\\n    --hash=sha256:{pure_wheel.sha256_of(wheel)}\n"
                 f"    # built from {project} (tools/pure_wheel.py)\n"
