@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components import node_env  # noqa: E402
+from localhosts import pure_wheel  # noqa: E402
 from localhosts.fleet import VLLM_GPU_BUILD_DOUBLE, fleet_wheelhouse  # noqa: E402
-from tools import pure_wheel  # noqa: E402
 
 NODE_ENV = ROOT / "scripts" / "node" / "node-env"
 UV = Path(sys.prefix) / "bin" / "uv"

@@ -570,7 +570,7 @@ OWN_GATEWAY = "your gateway machine"
 # Time-to-first-token terms of a launch that a stack of hosts does not have.
 OWN_HOSTS_SKIP_TERMS = ("instance boot", "efs-utils build")
 # What machines the user already has must provide, and the check that says so (with the
-# host, the fact and the fix) when one does not: README "Your own hosts".
+# host, the fact and the fix) when one does not: docs/own-hosts.md.
 OWN_HOSTS_REQUIREMENTS = (
     (
         "SSH as sshUser with passwordless sudo: to the gateway from here, to every host from the gateway",

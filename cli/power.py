@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from cli.cluster import Cluster, stack_outputs
 from cli.stack_file import read_stack
 from components import bootstrap
-from components.spec import NAMESPACE
+from components.config_keys import NAMESPACE
 
 # How often the waker's view is read while waiting, and how often a line says so.
 POLL_SECONDS = 5

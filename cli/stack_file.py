@@ -1,6 +1,6 @@
 """Reading a stack file (stacks/Pulumi.<stack>.yaml, or one the operator names) into
 the validated spec, as `pulumi up` would hand its config to the program: Pulumi.yaml's
-required keys, types and defaults first, then components/spec.py's validation.
+required keys, types and defaults first, then components/spec/'s validation.
 
 Pure: YAML and the spec, no Pulumi SDK. `status` and `preflight` only need the spec,
 so they start without loading the engine; `plan` and the tests get their config from
@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from components.spec import CONFIG_KEYS, NAMESPACE, ClusterSpec, SpecError, load_spec
+from components.config_keys import CONFIG_KEYS, NAMESPACE
+from components.spec import ClusterSpec, SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = ROOT / "stacks"

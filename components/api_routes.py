@@ -160,15 +160,17 @@ def names_the_removed_task_flag(vllm_extra_args: tuple[str, ...] | list[str]) ->
 
 def default_routes(vllm_extra_args: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """The routes of the model's task; a task the stack does not serve (refused by
-    components/spec.py) gets the pooling defaults."""
+    components/spec/engine_settings.py) gets the pooling defaults."""
     return TASK_ROUTES.get(model_task(vllm_extra_args), DEFAULT_POOLING_ROUTES)
 
 
 def stack_probe(vllm_extra_args: tuple[str, ...] | list[str], served_model_name: str) -> Probe:
     """The probe of a stack whose model is served as `served_model_name`. Only for a task
-    the stack serves (SERVED_TASKS): components/spec.py refuses the others first."""
+    the stack serves (SERVED_TASKS): components/spec/engine_settings.py refuses the others first."""
     task = model_task(vllm_extra_args)
     if task not in _PROBES:
-        raise ValueError(f"no probe for the task {task!r}: components/spec.py refuses such vllmExtraArgs")
+        raise ValueError(
+            f"no probe for the task {task!r}: the spec (components/spec/engine_settings.py) refuses such vllmExtraArgs"
+        )
     route, fields, what = _PROBES[task]
     return Probe(route, {"model": served_model_name, **fields}, what)

@@ -2,8 +2,9 @@
 type, description and default.
 
 One table feeds three readers: tools/render_pulumi_yaml.py writes Pulumi.yaml's
-`config:` block from it, tests/test_readme.py holds the README's config reference to
-it, and components/spec.py validates a stack against it. Pure data, no cloud calls.
+`config:` block from it, tools/render_config_reference.py writes
+docs/configuration-reference.md from it (tests/test_readme.py holds the file to it), and
+components/spec/ validates a stack against it. Pure data, no cloud calls.
 """
 
 from __future__ import annotations

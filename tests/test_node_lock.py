@@ -140,7 +140,7 @@ def test_the_cpu_lock_holds_the_hash_of_the_gpu_build_double_as_built_from_the_r
     # Edit the double without locking again and the hosts' install would refuse its
     # wheel: this says so first, offline.
     sys.path.insert(0, str(ROOT))
-    from tools import pure_wheel
+    from localhosts import pure_wheel
 
     (project,) = TARGETS["cpu"].repository_wheels
     wheel = pure_wheel.build(ROOT / project, tmp_path)
@@ -152,7 +152,7 @@ def test_the_cpu_lock_holds_the_hash_of_the_gpu_build_double_as_built_from_the_r
 
 def test_the_reproducible_wheel_is_the_same_bytes_at_every_build(tmp_path):
     sys.path.insert(0, str(ROOT))
-    from tools import pure_wheel
+    from localhosts import pure_wheel
 
     (project,) = TARGETS["cpu"].repository_wheels
     first = pure_wheel.build(ROOT / project, tmp_path / "a")

@@ -6,7 +6,7 @@ close together inside an EC2 UltraCluster by EC2 itself, and a reservation made 
 cluster placement group serves only instances launched into that group. A placement
 group of the stack's own is then a constraint outside the reservation, which AWS
 ParallelCluster warns causes InsufficientInstanceCapacity although the reservation has
-room (see components/spec.py, ClusterSpec.creates_placement_group, for the sources)."""
+room (see components/spec/cluster_spec.py, ClusterSpec.creates_placement_group, for the sources)."""
 
 import pytest
 from pulumi_mocks import ec2_stack_names, run_stack

@@ -9,7 +9,7 @@ tests/test_readme.py fails while the file and the keys differ.
 Which stacks may set a key is not a field of a key, so it is derived from the rules the
 spec applies (issue 37):
 - `hosts` makes a stack of hosts;
-- the keys of the instances the stack creates (components/spec.py CREATED_INSTANCE_KEYS)
+- the keys of the instances the stack creates (components/spec/own_hosts.py CREATED_INSTANCE_KEYS)
   are refused with hosts: EC2 stacks only;
 - a key whose description opens "With hosts" describes the user's machines and is refused
   without them: stacks of hosts only;

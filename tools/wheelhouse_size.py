@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components import node_env  # noqa: E402
-from tools import pure_wheel  # noqa: E402
+from localhosts import pure_wheel  # noqa: E402
 
 INDEX = "https://pypi.org/simple"
 

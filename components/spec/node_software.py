@@ -29,7 +29,7 @@ def _check_release(reader: Reader, key: str, floor: str, pinned: str) -> str:
     if parsed < versions.parse_version(floor):
         reader.fail(
             key,
-            f"is below the security floor {floor} (see README, 'Node software'). "
+            f"is below the security floor {floor} (see docs/configuration.md, 'Node software'). "
             f"Fix: pulumi config set {NAMESPACE}:{key} {pinned}",
         )
     return value
