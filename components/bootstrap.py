@@ -28,6 +28,7 @@ from components.spec import (
     ClusterSpec,
 )
 from components.topology import node_name, node_role, writes_wheelhouse
+from components.versions import EFS_UTILS_VERSION  # noqa: F401  # moved (issue 37): lead removes at integration
 from scripts.lib import engine_cache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,12 +69,6 @@ MODEL_ROOT = "/mnt/vllm-models"
 WHEELHOUSE_ROOT = "/mnt/vllm-wheelhouse"
 TLS_DIR = f"{CONFIG_DIR}/tls"
 NGINX_SITE = "/etc/nginx/conf.d/vllm-cluster.conf"
-
-# amazon-efs-utils has no Ubuntu package; the node builds this tag (github.com/aws/efs-utils).
-# The last 1.x release: Python and stunnel, which Ubuntu packages. 2.x builds a Rust
-# proxy (and Go), toolchains a GPU node should not install at first boot
-# (aws/efs-utils #303, #312).
-EFS_UTILS_VERSION = "v1.36.0"
 
 # EC2 refuses user data above 16 KiB "in raw form, before it is base64-encoded"
 # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-add-user-data.html):
@@ -225,7 +220,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "MODEL_CACHE_DNS": boot.file_system_dns,
         "RAY_VERSION": boot.ray_version,
         "VLLM_VERSION": boot.vllm_version,
-        "EFS_UTILS_VERSION": EFS_UTILS_VERSION,
+        "EFS_UTILS_VERSION": versions.EFS_UTILS_VERSION,
         # Facts of the node image (components/image.py).
         "IMAGE_PYTHON": image.PYTHON,
         **_python_requirement(boot),
@@ -405,7 +400,7 @@ def bake_env(lock_text: str) -> str:
     return env_file(
         {
             "BAKED_LOCK_DIGEST": lock_digest(lock_text),
-            "EFS_UTILS_VERSION": EFS_UTILS_VERSION,
+            "EFS_UTILS_VERSION": versions.EFS_UTILS_VERSION,
             "IMAGE_PYTHON": image.PYTHON,
             "IPTABLES": image.IPTABLES,
             "NFT": image.NFT,

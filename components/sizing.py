@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from components import catalog, fabric, models
+from components import catalog, fabric, models, versions
 from components.catalog import InstanceType
 from components.image import NVME_MOUNT
 from components.models import DTYPE_BYTES, ModelInfo
@@ -439,13 +439,10 @@ def efs_utils_major(version: str) -> int:
 
 def efs_client_rate(efs_utils_version: str | None = None) -> tuple[int, str]:
     """EFS's per-client throughput in MiB/s for the nodes' efs-utils, and where that comes
-    from. Without an argument: the release the nodes build (bootstrap.EFS_UTILS_VERSION),
+    from. Without an argument: the release the nodes build (versions.EFS_UTILS_VERSION),
     so a bump of efs-utils changes the plan."""
     if efs_utils_version is None:
-        # Read at call time: bootstrap imports this module.
-        from components.bootstrap import EFS_UTILS_VERSION
-
-        efs_utils_version = EFS_UTILS_VERSION
+        efs_utils_version = versions.EFS_UTILS_VERSION
     if efs_utils_major(efs_utils_version) >= EFS_PROXY_FIRST_MAJOR:
         return EFS_CLIENT_MIB_S_EFS_PROXY, (
             f"EFS's per-client limit for efs-utils {efs_utils_version} (efs-proxy) on Elastic throughput "
