@@ -537,7 +537,7 @@ def prometheus_flags(gateway_host: str, disk_gib: int, config_file: str = CONFIG
         # Loopback only: nothing but the gateway itself talks to Prometheus. nginx on the
         # admin port passes users to it (behind adminCidrs and the metrics login), and
         # nginx on the gateway's private address passes the heads' Ray dashboards its
-        # query API and nothing else (bootstrap.nginx_site, nodes_prometheus_ip). On every
+        # query API and nothing else (gateway_nginx.nginx_site, nodes_prometheus_ip). On every
         # interface its whole API, UI and /federate were open to anything that reached the
         # port: on EC2 the security group, on hosts the user has no group at all.
         f"--web.listen-address={listen_address()}",
