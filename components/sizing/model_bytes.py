@@ -359,24 +359,19 @@ def _local_load(
     """A node that copies its stages from the EFS cache to its local NVMe, which the engine
     then reads."""
     nvme_mib_s, nvme_source = nvme_read_rate(instance)
-    return NodeLoad(
-        share.node,
-        share.stages,
-        share.copied,
-        share.layers,
-        share.bytes,
-        share.estimate,
-        True,
-        reason,
-        share.bytes,
-        efs_mib_s,
-        efs_source,
-        share.bytes / (efs_mib_s * MIB),
-        share.bytes,
-        f"local NVMe ({NVME_MOUNT})",
-        nvme_mib_s,
-        nvme_source,
-        share.bytes / (nvme_mib_s * MIB),
+    return _share_load(
+        share,
+        local=True,
+        reason=reason,
+        efs_bytes=share.bytes,
+        efs_mib_s=efs_mib_s,
+        efs_source=efs_source,
+        copy_seconds=share.bytes / (efs_mib_s * MIB),
+        load_bytes=share.bytes,
+        load_from=f"local NVMe ({NVME_MOUNT})",
+        load_mib_s=nvme_mib_s,
+        load_source=nvme_source,
+        load_seconds=share.bytes / (nvme_mib_s * MIB),
     )
 
 
@@ -388,29 +383,37 @@ def _cache_load(
     cache, else up to once per worker (one per GPU: TP x PP fills every GPU of the gang)."""
     reads = 1 if model.weight_bytes <= instance.memory_gib * GIB else instance.gpus
     pulled = model.weight_bytes * reads
-    return NodeLoad(
-        share.node,
-        share.stages,
-        share.copied,
-        share.layers,
-        share.bytes,
-        share.estimate,
-        False,
-        reason,
-        pulled,
-        efs_mib_s,
-        efs_source,
-        0.0,
-        pulled,
-        "the EFS cache",
-        efs_mib_s,
-        efs_source
+    return _share_load(
+        share,
+        local=False,
+        reason=reason,
+        efs_bytes=pulled,
+        efs_mib_s=efs_mib_s,
+        efs_source=efs_source,
+        copy_seconds=0.0,
+        load_bytes=pulled,
+        load_from="the EFS cache",
+        load_mib_s=efs_mib_s,
+        load_source=efs_source
         + (
             "; vLLM reads every file in every worker, once per node through the page cache"
             if reads == 1
             else f"; the model exceeds the node's {instance.memory_gib} GiB: up to once per worker"
         ),
-        pulled / (efs_mib_s * MIB),
+        load_seconds=pulled / (efs_mib_s * MIB),
+    )
+
+
+def _share_load(share: NodeShare, **load) -> NodeLoad:
+    """A node's load: its share of the stages, and how its bytes reach the engine."""
+    return NodeLoad(
+        node=share.node,
+        stages=share.stages,
+        copied=share.copied,
+        layers=share.layers,
+        stage_bytes=share.bytes,
+        stage_estimate=share.estimate,
+        **load,
     )
 
 
