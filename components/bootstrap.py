@@ -1,5 +1,7 @@
 """What the nodes and the gateway are given to run: user data, env files, the
-`vllm serve` argument list and the gateway's nginx site.
+`vllm serve` argument list, the nodes' host firewall and the gateway's API keys. The
+gateway's nginx site is components/gateway_nginx.py; where all of it lands on the
+hosts, components/host_paths.py.
 
 Pure Python, no Pulumi: every function takes plain values and returns text or
 lists, so all of it is unit-tested, and the planner shows exactly the arguments
@@ -13,21 +15,32 @@ import base64
 import gzip
 import hashlib
 import ipaddress
-import json
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from components import api_routes, image, metrics, ports, sizing, stage_volume, versions
-from components.api_routes import DEFAULT_GENERATION_ROUTES, KNOWN_ROUTES, WORK_ROUTES
-from components.spec import (
-    DEFAULT_API_RATE_LIMIT_PER_SECOND,
-    DEFAULT_API_READ_TIMEOUT_SECONDS,
-    MAX_API_KEY_LENGTH,
-    ClusterSpec,
+from components import api_routes, image, ports, sizing, stage_volume, versions
+from components.gateway_nginx import API_KEY_VARIABLE, HEADS_AUTHORIZATION_VARIABLE, VLLM_HTTP_KEEP_ALIVE_SECONDS
+from components.gateway_nginx import gateway_gangs as gateway_gangs  # moved (issue 37): lead removes at integration
+from components.gateway_nginx import nginx_site as nginx_site  # moved (issue 37): lead removes at integration
+from components.host_paths import (
+    BIN_DIR,
+    CLUSTER_ENV,
+    CONFIG_DIR,
+    FIRST_BOOT_COMMAND,
+    GATEWAY_COMMAND,
+    INSTALL_DIR,
+    LIBRARY_PATH,
+    MODEL_ROOT,
+    NODE_COMMAND,
+    NODE_LOCK_PATH,
+    PYTHON_LIBRARY_PATH,
+    REMOVE_COMMAND,
 )
+from components.spec import MAX_API_KEY_LENGTH, ClusterSpec
 from components.topology import node_name, node_role, writes_wheelhouse
+from components.versions import EFS_UTILS_VERSION as EFS_UTILS_VERSION  # moved (issue 37): lead removes at integration
 from scripts.lib import engine_cache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,66 +52,21 @@ PYTHON_LIBRARY = ROOT / "scripts" / "lib" / "vllm_cluster_lib.py"
 # (model-stage), and vLLM's compile cache kept on the shared cache (engine-cache).
 NODE_PYTHON_MODULES = (ROOT / "scripts" / "lib" / "model_stage.py", ROOT / "scripts" / "lib" / "engine_cache.py")
 
-# Where things live on the hosts. The scripts hold the same paths; tests check both agree.
-INSTALL_DIR = "/opt/vllm-cluster"
-BIN_DIR = f"{INSTALL_DIR}/bin"
-NODE_COMMAND = f"{BIN_DIR}/vllm-cluster-node"
-FIRST_BOOT_COMMAND = f"{BIN_DIR}/vllm-cluster-first-boot"
-# What `pulumi destroy` runs on a machine of a stack of hosts (components/own_hosts.py).
-REMOVE_COMMAND = f"{BIN_DIR}/vllm-cluster-remove"
 REMOVE_SCRIPT = ROOT / "scripts" / "lib" / "vllm-cluster-remove"
-GATEWAY_COMMAND = f"{BIN_DIR}/vllm-cluster-gateway"
-LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm-cluster-lib.sh"
-# Where the Python checks find their shared helpers: ../lib from BIN_DIR.
-PYTHON_LIBRARY_PATH = f"{INSTALL_DIR}/lib/vllm_cluster_lib.py"
-# The lock the node installs (vllm-cluster-node NODE_LOCK).
-NODE_LOCK_PATH = f"{INSTALL_DIR}/node-env.lock"
 # All the gateway's login probe may do on a node: print this word (see
 # `vllm-cluster-gateway wait-login` and `vllm-cluster-node setup`).
 LOGIN_READY_WORD = "vllm-cluster-login-ready"
-CONFIG_DIR = "/etc/vllm-cluster"
 # Who runs Ray and vLLM on a node (their units' User=, scripts/node/units): a system user
 # without a login, so an engine that runs code it was tricked into loading (a model's,
 # a compiled graph's) gets neither root nor, kept from the metadata service, the node
 # role's credentials (issue 33 point 3). The stack's own tooling stays root.
 SERVICE_USER = "vllm-cluster"
-CLUSTER_ENV = f"{CONFIG_DIR}/cluster.env"
-MODEL_ROOT = "/mnt/vllm-models"
-# The wheelhouse's own access point, mounted read-only but on its writer (storage.py).
-WHEELHOUSE_ROOT = "/mnt/vllm-wheelhouse"
-TLS_DIR = f"{CONFIG_DIR}/tls"
-NGINX_SITE = "/etc/nginx/conf.d/vllm-cluster.conf"
-
-# amazon-efs-utils has no Ubuntu package; the node builds this tag (github.com/aws/efs-utils).
-# The last 1.x release: Python and stunnel, which Ubuntu packages. 2.x builds a Rust
-# proxy (and Go), toolchains a GPU node should not install at first boot
-# (aws/efs-utils #303, #312).
-EFS_UTILS_VERSION = "v1.36.0"
 
 # EC2 refuses user data above 16 KiB "in raw form, before it is base64-encoded"
 # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-add-user-data.html):
 # for gzipped user data, the gzip bytes.
 USER_DATA_LIMIT_BYTES = 16 * 1024
 
-# The gateway's API limits: a request body large enough for long chat histories; the
-# per-client rate and the read timeout come from config (apiRateLimitPerSecond,
-# apiReadTimeoutSeconds), and a burst of this many seconds' worth of requests is let through.
-MAX_REQUEST_BODY = "4m"
-RATE_LIMIT_BURST_SECONDS = 2
-# vLLM's HTTP server closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE
-# seconds (5 by default, vllm/envs.py); vllm.env sets it explicitly. nginx keeps idle
-# upstream connections for 60 s unless told otherwise, and a request it sends on one the
-# server has just closed fails with 502. So the gateway lets go first.
-VLLM_HTTP_KEEP_ALIVE_SECONDS = 5
-GATEWAY_UPSTREAM_KEEPALIVE_SECONDS = 4
-# The keys the gateway accepts and the one it sends the heads, as nginx maps (an
-# http-level include the site names): root-only, written by
-# `vllm-cluster-gateway install-api-keys`. nginx's master reads it as root at every
-# (re)load; its workers hold the maps in memory and never open the file.
-API_KEYS_FILE = f"{CONFIG_DIR}/api-keys.conf"
-# A map's keys must fit one bucket of its hash (nginx docs, ngx_http_map_module
-# map_hash_bucket_size): "Bearer " and a key of up to spec.MAX_API_KEY_LENGTH characters.
-API_KEYS_MAP_BUCKET_SIZE = 256
 
 _HEREDOC_END = "VLLM_CLUSTER_FILE_END"
 NODE_UNITS = (
@@ -225,7 +193,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "MODEL_CACHE_DNS": boot.file_system_dns,
         "RAY_VERSION": boot.ray_version,
         "VLLM_VERSION": boot.vllm_version,
-        "EFS_UTILS_VERSION": EFS_UTILS_VERSION,
+        "EFS_UTILS_VERSION": versions.EFS_UTILS_VERSION,
         # Facts of the node image (components/image.py).
         "IMAGE_PYTHON": image.PYTHON,
         **_python_requirement(boot),
@@ -236,16 +204,7 @@ def cluster_env(boot: NodeBoot) -> str:
         "NVIDIA_SMI": image.NVIDIA_SMI,
         "NVME_MOUNT": image.NVME_MOUNT,
         "INSTANCE_STORE": "true" if boot.instance_store else "false",
-        # The stage volume's facts (components/stage_volume.py), the same for every node
-        # whatever stageVolume chose: cluster.env is in the user data and the setup command,
-        # and the node decides from what it was launched with (vllm-cluster-node
-        # stage_volume_launched), so a change of the choice reaches no running node.
-        "STAGE_VOLUME_MOUNT": stage_volume.STAGE_VOLUME_MOUNT,
-        "STAGE_VOLUME_LABEL": stage_volume.STAGE_VOLUME_LABEL,
-        "STAGE_VOLUME_DEVICE_NAME": stage_volume.STAGE_VOLUME_DEVICE_NAME,
-        "STAGE_VOLUME_BY_ID_PREFIX": stage_volume.STAGE_VOLUME_BY_ID_PREFIX,
-        "STAGE_VOLUME_IMDS_MAPPINGS": stage_volume.IMDS_BLOCK_DEVICE_MAPPING,
-        "IMDS_TOKEN_PATH": stage_volume.IMDS_TOKEN_PATH,
+        **_stage_volume_env(),
         # Empty on your own hosts (hosts, which have MODEL_CACHE_SHARED_DIR): they get no
         # stage volume from the stack, even on an EC2 machine whose metadata would answer.
         "INSTANCE_METADATA_URL": "" if boot.shared_model_dir else image.INSTANCE_METADATA_URL,
@@ -267,6 +226,21 @@ def cluster_env(boot: NodeBoot) -> str:
         **port_env(),
     }
     return env_file(values, header="Written by the user data of vllm-cluster. Read by vllm-cluster-node.")
+
+
+def _stage_volume_env() -> dict[str, str]:
+    """The stage volume's facts (components/stage_volume.py), the same for every node
+    whatever stageVolume chose: cluster.env is in the user data and the setup command,
+    and the node decides from what it was launched with (vllm-cluster-node
+    stage_volume_launched), so a change of the choice reaches no running node."""
+    return {
+        "STAGE_VOLUME_MOUNT": stage_volume.STAGE_VOLUME_MOUNT,
+        "STAGE_VOLUME_LABEL": stage_volume.STAGE_VOLUME_LABEL,
+        "STAGE_VOLUME_DEVICE_NAME": stage_volume.STAGE_VOLUME_DEVICE_NAME,
+        "STAGE_VOLUME_BY_ID_PREFIX": stage_volume.STAGE_VOLUME_BY_ID_PREFIX,
+        "STAGE_VOLUME_IMDS_MAPPINGS": stage_volume.IMDS_BLOCK_DEVICE_MAPPING,
+        "IMDS_TOKEN_PATH": stage_volume.IMDS_TOKEN_PATH,
+    }
 
 
 _ENV_VALUE = re.compile(r"^[A-Za-z0-9._:/=,@+%-]*$")
@@ -405,7 +379,7 @@ def bake_env(lock_text: str) -> str:
     return env_file(
         {
             "BAKED_LOCK_DIGEST": lock_digest(lock_text),
-            "EFS_UTILS_VERSION": EFS_UTILS_VERSION,
+            "EFS_UTILS_VERSION": versions.EFS_UTILS_VERSION,
             "IMAGE_PYTHON": image.PYTHON,
             "IPTABLES": image.IPTABLES,
             "NFT": image.NFT,
@@ -762,97 +736,11 @@ def vllm_env(spec: ClusterSpec, head_ip: str, node_ips: list[str], gang: int = 0
     )
 
 
-# --- gateway -----------------------------------------------------------------------
-
-# The API pool's servers, one line per gang, in a file of their own: the stack sends the
-# gangs (`vllm-cluster-gateway configure --gangs`), and the gateway renders the file
-# from them and from the gangs drained for a restart (`drain`, `return`), so taking a gang
-# out never waits for a `pulumi up`. Not under conf.d: nginx.conf includes conf.d/*.conf
-# in its http block, where a bare `server` line is an error.
-NGINX_UPSTREAM_INCLUDE = "/etc/nginx/vllm-cluster-upstream.inc"
-# A connection to a head inside the VPC takes milliseconds: one that has not opened in
-# this long is a head that is off, and the request moves on to another gang instead of
-# waiting nginx's default 60 s.
-GATEWAY_CONNECT_TIMEOUT_SECONDS = 3
-# A request a gang could not serve is passed to another gang at most this many tries in
-# all, and only within this many seconds of its first try: long enough for a dead head's
-# connect timeout and a second gang, short enough that a generation which ran into the
-# read timeout is not run again elsewhere (never longer than the read timeout).
-GATEWAY_RETRY_TRIES = 3
-GATEWAY_RETRY_WINDOW_SECONDS = 15
-# The waker listens on the gateway itself: a connect that takes longer means it is down.
-# Its answer may wait for one look at EC2 (its HTTP timeouts are 5 s) and the heads.
-WAKER_CONNECT_TIMEOUT_SECONDS = 1
-WAKER_READ_TIMEOUT_SECONDS = 20
-
-
-def gateway_gangs(head_ips: dict[str, str]) -> str:
-    """The value of `vllm-cluster-gateway configure --gangs`: each gang's name and the
-    address of its head's vLLM, in the order given: gang0=IP:PORT,gang1=IP:PORT."""
-    return ",".join(f"{gang}={ip}:{ports.VLLM_API}" for gang, ip in head_ips.items())
-
-
-def nginx_site(
-    dashboard_head_ip: str,
-    admin_cidrs: tuple[str, ...],
-    cert_path: str = f"{TLS_DIR}/cert.pem",
-    key_path: str = f"{TLS_DIR}/key.pem",
-    *,
-    read_timeout_seconds: int = DEFAULT_API_READ_TIMEOUT_SECONDS,
-    rate_limit_per_second: int = DEFAULT_API_RATE_LIMIT_PER_SECOND,
-    upstream_include: str = NGINX_UPSTREAM_INCLUDE,
-    waker: bool = False,
-    api_routes: tuple[str, ...] = DEFAULT_GENERATION_ROUTES,
-    api_keys_file: str = API_KEYS_FILE,
-    nodes_prometheus_ip: str | None = None,
-) -> str:
-    """The gateway's nginx site (an http-context file for conf.d): TLS on the API
-    port, where a request needs one of the stack's API keys (api_keys_conf, in
-    `api_keys_file`) before anything else happens, and only `api_routes` are forwarded,
-    as the route itself (never the path as sent); a body limit, a read timeout and a
-    per-client rate limit (none when 0), balanced over every gang's head (the servers
-    are in `upstream_include`, which the gateway renders); and the Ray dashboard of one
-    head (gang0's, `dashboard_head_ip`) on the admin port for adminCidrs only. With
-    `waker` (a stack with idleStopMinutes), a request to a route that does the model's
-    work (WORK_ROUTES) that no gang could take goes to the gateway's waker, which starts
-    the stopped gangs and answers 503 with Retry-After; the other routes get a 503 and
-    wake nothing. With `nodes_prometheus_ip` (the gateway's private address), Prometheus's
-    query API for the heads' Ray dashboards on that address (_nginx_nodes_prometheus_server)."""
-    unknown = sorted(set(api_routes) - set(KNOWN_ROUTES))
-    if unknown:
-        raise ValueError(f"not a route the gateway knows: {', '.join(unknown)}")
-    # TLS settings go in each server block: the distribution's nginx.conf already sets
-    # ssl_protocols in the http block, and a second one there is an error.
-    tls = f"""    ssl_certificate {cert_path};
-    ssl_certificate_key {key_path};
-    ssl_protocols TLSv1.2 TLSv1.3;
-    ssl_session_cache shared:vllm_tls:10m;
-    server_tokens off;
-"""
-    rate_zone = (
-        f"limit_req_zone $binary_remote_addr zone=vllm_api:10m rate={rate_limit_per_second}r/s;\n\n"
-        if rate_limit_per_second
-        else ""
-    )
-    return (
-        "# vllm-cluster gateway, generated by components/bootstrap.py. Do not edit on the host:\n"
-        "# the next `pulumi up` writes it again. Included in nginx.conf's http block (conf.d).\n\n"
-        f"{_nginx_api_keys(api_keys_file)}\n"
-        f"{rate_zone}{_nginx_upstreams(dashboard_head_ip, upstream_include)}\n"
-        f"{_nginx_api_server(tls, read_timeout_seconds, rate_limit_per_second, waker, api_routes)}\n"
-        f"{_nginx_dashboard_server(tls, admin_cidrs)}"
-        + (f"\n{_nginx_nodes_prometheus_server(nodes_prometheus_ip)}" if nodes_prometheus_ip is not None else "")
-    )
-
-
-# The variables api_keys_conf defines: which key a request carried ("" for none the
-# stack accepts), and the Authorization header the gateway sends the heads.
-API_KEY_VARIABLE = "$vllm_cluster_api_key"
-HEADS_AUTHORIZATION_VARIABLE = "$vllm_cluster_heads_authorization"
+# --- the gateway's API keys, as the maps its nginx site includes (components/gateway_nginx.py)
 
 
 def api_keys_conf(keys: dict[str, str], heads_key: str) -> str:
-    """The root-only include the site names (API_KEYS_FILE), as nginx maps: each key a
+    """The root-only include the site names (gateway_nginx.API_KEYS_FILE), as nginx maps: each key a
     client may send as `Authorization: Bearer KEY`, labelled (`current`, `previous`,
     `probe`: the value of $vllm_cluster_api_key, "" for none); and the key of the
     heads' vLLM, which only the gateway sends. Clients never learn the heads' key, so a
@@ -877,247 +765,6 @@ def api_keys_conf(keys: dict[str, str], heads_key: str) -> str:
         f'    default "Bearer {heads_key}";\n'
         "}\n"
     )
-
-
-def _nginx_api_keys(api_keys_file: str) -> str:
-    return f"""# The API keys (api_keys_conf): a root-only file, so the keys are not in this site.
-map_hash_bucket_size {API_KEYS_MAP_BUCKET_SIZE};
-include {api_keys_file};
-"""
-
-
-def _nginx_upstreams(dashboard_head_ip: str, upstream_include: str) -> str:
-    return f"""upstream vllm_api {{
-    # Each request to the gang with the fewest requests in flight: a generation holds
-    # its connection for seconds to minutes, so this balances better than taking turns.
-    # A balancing method must come before keepalive (nginx docs, upstream keepalive).
-    least_conn;
-    # One server line per gang, written by vllm-cluster-gateway (configure, drain,
-    # return): a gang drained for a restart is `down`, and the others are taken out for
-    # a while after a failed try (max_fails); the file says why.
-    include {upstream_include};
-    keepalive 16;
-    # Idle connections close here before vLLM closes them
-    # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE {VLLM_HTTP_KEEP_ALIVE_SECONDS} s).
-    keepalive_timeout {GATEWAY_UPSTREAM_KEEPALIVE_SECONDS}s;
-}}
-
-upstream ray_dashboard {{
-    server {dashboard_head_ip}:{ports.RAY_DASHBOARD};
-}}
-"""
-
-
-def _openai_error(status: int, message: str, kind: str, code: str) -> str:
-    """An error body as OpenAI's API sends it (and the OpenAI SDKs parse into their
-    exceptions' messages): {"error": {"message", "type", "param", "code"}}. In an nginx
-    single-quoted string: the messages hold no quote, no $ and no backslash."""
-    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
-    if set("'$\\\\") & set(body):
-        raise ValueError(f"an error body nginx would misread: {body}")
-    return f"return {status} '{body}';"
-
-
-UNAUTHORIZED = _openai_error(
-    401,
-    "Missing or invalid API key: send the key of the stack as Authorization: Bearer KEY "
-    "(pulumi stack output apiKey --show-secrets).",
-    "invalid_request_error",
-    "invalid_api_key",
-)
-NOT_FOUND = _openai_error(
-    404,
-    "No such route on this gateway (see the apiRoutes setting of the stack).",
-    "invalid_request_error",
-    "unknown_url",
-)
-NO_GANG_SERVES = _openai_error(
-    503,
-    "No gang of this stack is serving now. A stack that stopped for idleness wakes on a request to a "
-    "route that uses the model (such as /v1/chat/completions), not on this one.",
-    "service_unavailable",
-    "no_gang_serving",
-)
-
-
-def _nginx_waker() -> tuple[str, str]:
-    """The work routes' line that hands a request no gang could take to the waker, and
-    the named locations: the waker's, and the 503 the other routes give instead. error_page
-    catches only nginx's own 502 and 504 (no gang answered, or none in time, after
-    proxy_next_upstream's tries): without proxy_intercept_errors a 502 or 503 that vLLM
-    itself sent reaches the client as it is (nginx docs, ngx_http_proxy_module
-    proxy_intercept_errors). "=" without a code answers with the waker's status
-    (ngx_http_core_module error_page). A named location keeps the request's URI and
-    method, and nothing outside can address it. error_page is set per location: a
-    location's own error_page replaces the server's (ngx_http_core_module: "inherited
-    ... if and only if there are no error_page directives defined on the current level")."""
-    handoff = """        # No gang could take it (all stopped by idleStopMinutes, or down): the waker on
-        # this host answers, waking the stopped gangs (503 with Retry-After).
-        error_page 502 504 = @vllm_waker;
-"""
-    locations = f"""
-    location @vllm_waker {{
-        # The status nginx would have sent, for the waker's answer when nothing sleeps.
-        proxy_set_header X-Vllm-Cluster-Status $status;
-        # The waker needs no key: the request passed the gateway's check to get here.
-        proxy_set_header Authorization "";
-        proxy_pass http://127.0.0.1:{ports.WAKER};
-        # On this host: it answers at once (it reads EC2 for a few seconds at most).
-        proxy_connect_timeout {WAKER_CONNECT_TIMEOUT_SECONDS}s;
-        proxy_read_timeout {WAKER_READ_TIMEOUT_SECONDS}s;
-        proxy_next_upstream off;
-    }}
-
-    location @vllm_no_gang {{
-        {NO_GANG_SERVES}
-    }}
-"""
-    return handoff, locations
-
-
-def _nginx_api_server(
-    tls: str,
-    read_timeout_seconds: int,
-    rate_limit_per_second: int,
-    waker: bool = False,
-    api_routes: tuple[str, ...] = DEFAULT_GENERATION_ROUTES,
-) -> str:
-    """The OpenAI-compatible API: the key first, then only `api_routes` reach vLLM."""
-    limit = (
-        f"        limit_req zone=vllm_api burst={rate_limit_per_second * RATE_LIMIT_BURST_SECONDS} nodelay;\n"
-        if rate_limit_per_second
-        else ""
-    )
-    handoff, waker_locations = _nginx_waker() if waker else ("", "")
-    no_gang = (
-        "        # Never a reason to start a gang.\n        error_page 502 504 = @vllm_no_gang;\n" if waker else ""
-    )
-    # proxy_pass names the route: nginx sends exactly it (with the query string), not the
-    # path as the client sent it (ngx_http_proxy_module proxy_pass: with a URI, "the part
-    # of a normalized request URI matching the location is replaced by a URI specified in
-    # the directive"; without one, the request URI goes "in the same form as sent by a
-    # client"), so /metrics/../v1/models cannot reach vLLM's /metrics.
-    api_locations = "".join(
-        f"""
-    location = {route} {{
-        if ({API_KEY_VARIABLE} = "") {{
-            {UNAUTHORIZED}
-        }}
-{limit}{handoff if route in WORK_ROUTES else no_gang}        proxy_pass http://vllm_api{route};
-    }}
-"""
-        for route in api_routes
-    )
-    rate_status = "    limit_req_status 429;\n" if rate_limit_per_second else ""
-    return f"""# The OpenAI-compatible API: the key first, then only the stack's routes reach vLLM.
-server {{
-    listen {ports.API_HTTPS} ssl;
-    listen [::]:{ports.API_HTTPS} ssl;
-    server_name _;
-{tls}
-    client_max_body_size {MAX_REQUEST_BODY};
-    # The type of the gateway's own answers (401, 404, 503): OpenAI-style JSON.
-    default_type application/json;
-    # A path as sent that is not the route it names: a dot segment, an empty segment or
-    # any percent-encoding (none of the routes has one). nginx would match its normalised
-    # form (/metrics/../v1/models as /v1/models); refused before any location is chosen.
-    if ($request_uri ~ "^[^?]*(/\\.\\.?(/|$|\\?)|//|%)") {{
-        {NOT_FOUND}
-    }}
-{rate_status}    proxy_http_version 1.1;
-    proxy_set_header Connection "";
-    proxy_set_header X-Forwarded-For $remote_addr;
-    # The heads check their own key, which only the gateway holds: the client's key
-    # stops here (api_keys_conf).
-    proxy_set_header Authorization {HEADS_AUTHORIZATION_VARIABLE};
-    # Streaming responses (server-sent events) must not wait in a buffer.
-    proxy_buffering off;
-    # Between two reads from vLLM: a non-streamed generation longer than this gets 504.
-    proxy_read_timeout {read_timeout_seconds}s;
-    # Inside the VPC a connect takes milliseconds: a head that is off must not hold the
-    # request for nginx's default 60 s before the next gang is tried.
-    proxy_connect_timeout {GATEWAY_CONNECT_TIMEOUT_SECONDS}s;
-    # A request a gang could not serve goes to another gang: the connection failed or
-    # broke before a response header (error), did not open or answer in time (timeout),
-    # or vLLM answered 502/503. A POST (every completion) that was already sent is
-    # passed on only with non_idempotent; running a generation again changes nothing.
-    # nginx never retries once a byte went to the client, so a stream is not restarted,
-    # and the body can be sent again because proxy_request_buffering stays on.
-    proxy_next_upstream error timeout http_502 http_503 non_idempotent;
-    # At most this many tries in all, and none after this long since the first: a
-    # generation that ran into proxy_read_timeout is not run again on another gang.
-    proxy_next_upstream_tries {GATEWAY_RETRY_TRIES};
-    proxy_next_upstream_timeout {min(GATEWAY_RETRY_WINDOW_SECONDS, read_timeout_seconds)}s;
-{api_locations}{waker_locations}
-    location / {{
-        {NOT_FOUND}
-    }}
-}}
-"""
-
-
-def _nginx_dashboard_server(tls: str, admin_cidrs: tuple[str, ...]) -> str:
-    admin_allow = "".join(f"    allow {cidr};\n" for cidr in admin_cidrs)
-    return f"""# The Ray dashboard (also Ray's Jobs API, which runs code) and Prometheus: admins
-# only. The security group admits adminCidrs alone; nginx checks again, Ray asks for
-# its token and Prometheus for the metrics login.
-server {{
-    listen {ports.DASHBOARD_HTTPS} ssl;
-    listen [::]:{ports.DASHBOARD_HTTPS} ssl;
-    server_name _;
-{tls}
-{admin_allow}    deny all;
-
-    # Prometheus on this host: the stack's metrics login (metricsLogin) on top of
-    # adminCidrs, as Prometheus has none of its own. It serves everything under the
-    # prefix itself (--web.route-prefix), so the path passes through unchanged.
-    location {metrics.ROUTE_PREFIX}/ {{
-        auth_basic "vllm-cluster metrics";
-        auth_basic_user_file {metrics.HTPASSWD_FILE};
-        proxy_pass http://{metrics.listen_address()};
-        proxy_read_timeout 120s;
-    }}
-
-    location / {{
-        proxy_pass http://ray_dashboard;
-        proxy_http_version 1.1;
-        proxy_set_header Upgrade $http_upgrade;
-        proxy_set_header Connection "upgrade";
-        proxy_read_timeout 300s;
-    }}
-}}
-"""
-
-
-def _nginx_nodes_prometheus_server(gateway_private_ip: str) -> str:
-    """Prometheus listens on loopback only (metrics.listen_address()); the heads' Ray
-    dashboards reach its query API here, on the gateway's private address and Prometheus's
-    port (metrics.ray_prometheus_host), which the security group opens to the nodes alone.
-    Ray asks that one path with GET (metrics.NODES_QUERY_PATH); everything else of
-    Prometheus (its UI, /federate, the other APIs) is 404 to the nodes."""
-    ip = ipaddress.ip_address(gateway_private_ip)
-    listen = f"[{ip}]:{ports.PROMETHEUS}" if ip.version == 6 else f"{ip}:{ports.PROMETHEUS}"
-    return f"""# Prometheus's query API for the heads' Ray dashboards (RAY_PROMETHEUS_HOST), and
-# nothing else of it: the nodes only, by the security group; no TLS inside the VPC, as
-# before, and Prometheus itself on loopback.
-server {{
-    listen {listen};
-    server_name _;
-    server_tokens off;
-
-    location = {metrics.NODES_QUERY_PATH} {{
-        limit_except GET {{
-            deny all;
-        }}
-        proxy_pass http://{metrics.listen_address()};
-        proxy_read_timeout 120s;
-    }}
-
-    location / {{
-        return 404;
-    }}
-}}
-"""
 
 
 def certificate_fingerprint(pem: str) -> str:

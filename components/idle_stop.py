@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 from components import aws_contract, config_keys, metrics, ports, sizing, stage_volume
 from components.catalog import InstanceType
+from components.scale_out import SCALE_OUT_HOLD_SECONDS, SCALE_OUT_WAITING_PER_GANG
 
 SHUTDOWN_BEHAVIOR_DOC = (
     "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
@@ -97,19 +98,6 @@ def gateway_wake_policy(
     `ebs_customer_key_arn`: the account's default EBS key when it is a customer managed key
     (the stack's encrypted volumes use it): the role may use it, only through EC2 in this
     region (kms:ViaService), as starting those volumes needs (EBS_KEY_ACTIONS)."""
-    key_statements = (
-        [
-            {
-                "Sid": "UseTheEbsKeyOfTheStacksVolumes",
-                "Effect": "Allow",
-                "Action": EBS_KEY_ACTIONS,
-                "Resource": ebs_customer_key_arn,
-                "Condition": {"StringEquals": {"kms:ViaService": f"ec2.{region}.amazonaws.com"}},
-            }
-        ]
-        if ebs_customer_key_arn
-        else []
-    )
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -136,9 +124,25 @@ def gateway_wake_policy(
                 "Resource": "*",
                 "Condition": {"StringEquals": {"aws:RequestedRegion": region}},
             },
-            *key_statements,
+            *_ebs_key_statements(region, ebs_customer_key_arn),
         ],
     }
+
+
+def _ebs_key_statements(region: str, ebs_customer_key_arn: str | None) -> list[dict]:
+    """The wake policy's use of a customer managed default EBS key, through EC2 in `region`
+    only; none without such a key (AWS managed keys need none of the caller's)."""
+    if not ebs_customer_key_arn:
+        return []
+    return [
+        {
+            "Sid": "UseTheEbsKeyOfTheStacksVolumes",
+            "Effect": "Allow",
+            "Action": EBS_KEY_ACTIONS,
+            "Resource": ebs_customer_key_arn,
+            "Condition": {"StringEquals": {"kms:ViaService": f"ec2.{region}.amazonaws.com"}},
+        }
+    ]
 
 
 def policy_text(policy: dict) -> str:
@@ -327,28 +331,9 @@ def short_give_up_warning(minutes: int | None, wake_seconds: int) -> str | None:
 
 # --- warm gangs (maxReplicas, issue 36) ----------------------------------------------------
 #
-# When the gateway's waker starts one more warm gang: requests waiting per serving gang above
-# this, at every look for this long (scripts/gateway/vllm-cluster-waker scale_decision). It
-# reads vLLM's vllm:num_requests_waiting, which vLLM sets from its scheduler's
-# len(self.waiting) (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record:
-# gauge_scheduler_waiting.set(scheduler_stats.num_waiting_reqs); vllm/v1/core/sched/
-# scheduler.py make_stats: num_waiting_reqs=len(self.waiting)). The V1 scheduler moves a
-# request from waiting to running at every step unless the running batch holds max_num_seqs
-# requests, the KV cache has no room for it, or the step's token budget
-# (max_num_batched_tokens) is spent (scheduler.py schedule(): "while self.waiting and
-# token_budget > 0: if len(self.running) == self.max_num_running_reqs: break", then the KV
-# allocation, which may fail). A spent token budget clears at the next step, milliseconds
-# later; a full batch or a full cache clears only as requests finish. So the gauge counts the
-# requests beyond what the engine can run, and a queue still there at every scrape for a
-# minute (four or more of Prometheus's looks, 15 s apart: metrics.SCRAPE_INTERVAL) is an
-# engine that is full, not a burst of long prompts. Every such request waits a whole
-# running request's time before its first token, and a wake takes minutes: the threshold
-# is no request waiting per serving gang (more than 0), and the hold time, not a larger
-# threshold, keeps a short burst from starting a gang. (A fraction of max_num_seqs, as the
-# issue suggests, would let 64 or more requests queue per gang at vLLM's defaults before
-# anything starts: minutes of added latency on top of the wake.)
-SCALE_OUT_WAITING_PER_GANG = 0.0
-SCALE_OUT_HOLD_SECONDS = 60
+# When the gateway's waker starts one more warm gang: SCALE_OUT_WAITING_PER_GANG and
+# SCALE_OUT_HOLD_SECONDS, and why, in components/scale_out.py (metrics reads the threshold too).
+
 # Prometheus on the gateway as the waker (on the same host) reaches it: loopback, under the
 # route prefix every endpoint is served at.
 PROMETHEUS_ON_GATEWAY = f"http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX}"

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import yaml
 
 from components import ports
+from components.scale_out import SCALE_OUT_WAITING_PER_GANG
 from components.topology import HEAD, WORKER, gang_name, node_name, node_role
 
 # Where the files live on the gateway. The Debian/Ubuntu package reads
@@ -358,7 +359,7 @@ RAY_METRICS_GONE_FOR = "5m"
 WAKE_REFUSED_FOR = "1m"
 WAKE_GIVEN_UP_FOR = "0m"
 # The pool at maxReplicas with a queue: five minutes, five times the waker's hold time
-# before it adds a gang (idle_stop.SCALE_OUT_HOLD_SECONDS), so a queue that one more gang
+# before it adds a gang (scale_out.SCALE_OUT_HOLD_SECONDS), so a queue that one more gang
 # would have taken is not news, and one that lasts this long at the top is.
 POOL_AT_MAX_FOR = "5m"
 
@@ -433,10 +434,6 @@ def alerts(waker: bool = False, scaling: bool = False) -> list[Alert]:
 
 
 def _pool_alert() -> Alert:
-    # The waker's scale-out threshold, where its reasoning is written once. Imported here:
-    # idle_stop imports this module (its Prometheus URL).
-    from components.idle_stop import SCALE_OUT_WAITING_PER_GANG
-
     serving = f'max({POOL_GANGS}{{state="serving"}})'
     return Alert(
         "VllmPoolAtMaxReplicas",
@@ -540,7 +537,7 @@ def prometheus_flags(gateway_host: str, disk_gib: int, config_file: str = CONFIG
         # Loopback only: nothing but the gateway itself talks to Prometheus. nginx on the
         # admin port passes users to it (behind adminCidrs and the metrics login), and
         # nginx on the gateway's private address passes the heads' Ray dashboards its
-        # query API and nothing else (bootstrap.nginx_site, nodes_prometheus_ip). On every
+        # query API and nothing else (gateway_nginx.nginx_site, nodes_prometheus_ip). On every
         # interface its whole API, UI and /federate were open to anything that reached the
         # port: on EC2 the security group, on hosts the user has no group at all.
         f"--web.listen-address={listen_address()}",

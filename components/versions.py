@@ -20,6 +20,11 @@ HF_HUB_VERSION = "2.4.0"
 # with the rest; requirements-dev.txt pins the same release for the lock tool and the
 # tests (tests/test_node_lock.py holds them together).
 UV_VERSION = "0.13.9"
+# amazon-efs-utils has no Ubuntu package; the node builds this tag (github.com/aws/efs-utils).
+# The last 1.x release: Python and stunnel, which Ubuntu packages. 2.x builds a Rust
+# proxy (and Go), toolchains a GPU node should not install at first boot
+# (aws/efs-utils #303, #312). The planner's EFS rate follows it (sizing.efs_client_rate).
+EFS_UTILS_VERSION = "v1.36.0"
 
 # Requires-Python as each release declares it on PyPI (the wheels' metadata, shown by
 # the index's JSON API: `python tools/requires_python.py vllm==0.33.0 vllm==0.32.0 ray==2.60.0`,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from components import api_routes, bootstrap, image, metrics, node_env, ports
+from components import api_routes, bootstrap, gateway_nginx, host_paths, image, metrics, node_env, ports
 from components.bootstrap import NodeBoot
 from components.compute import compress_user_data
 from components.spec import MAX_API_KEY_LENGTH, load_spec
@@ -235,9 +235,9 @@ def test_setup_script_writes_the_real_scripts_and_units_byte_for_byte(tmp_path):
     usage = subprocess.run([sys.executable, str(installed / "bin/node-env"), "--help"], capture_output=True, text=True)
     assert usage.returncode == 0, usage.stderr
     # The lock the stack chose, where the node script reads it.
-    lock = tmp_path / bootstrap.NODE_LOCK_PATH.lstrip("/")
+    lock = tmp_path / host_paths.NODE_LOCK_PATH.lstrip("/")
     assert lock.read_text() == boot(1).node_lock and lock.stat().st_mode & 0o777 == 0o644
-    assert f'readonly NODE_LOCK="$INSTALL_DIR/{Path(bootstrap.NODE_LOCK_PATH).name}"' in NODE_SCRIPT
+    assert f'readonly NODE_LOCK="$INSTALL_DIR/{Path(host_paths.NODE_LOCK_PATH).name}"' in NODE_SCRIPT
     assert sorted(bootstrap.NODE_UNITS) == sorted(p.name for p in UNITS.iterdir())
     for unit in bootstrap.NODE_UNITS:
         assert (tmp_path / "etc/systemd/system" / unit).read_text() == (UNITS / unit).read_text()
@@ -304,11 +304,11 @@ def test_rendered_scripts_are_shellcheck_clean(tmp_path):
 
 
 def test_scripts_and_renderer_agree_on_paths():
-    for constant in (bootstrap.CONFIG_DIR, bootstrap.MODEL_ROOT, bootstrap.WHEELHOUSE_ROOT, bootstrap.INSTALL_DIR):
+    for constant in (host_paths.CONFIG_DIR, host_paths.MODEL_ROOT, host_paths.WHEELHOUSE_ROOT, host_paths.INSTALL_DIR):
         assert constant in NODE_SCRIPT
     gateway = (ROOT / "scripts" / "gateway" / "vllm-cluster-gateway").read_text()
-    assert bootstrap.TLS_DIR in gateway and bootstrap.NGINX_SITE in gateway
-    assert f"UPSTREAM_INCLUDE={bootstrap.NGINX_UPSTREAM_INCLUDE}\n" in gateway
+    assert host_paths.TLS_DIR in gateway and host_paths.NGINX_SITE in gateway
+    assert f"UPSTREAM_INCLUDE={gateway_nginx.NGINX_UPSTREAM_INCLUDE}\n" in gateway
 
 
 # --- systemd units --------------------------------------------------------------------
@@ -480,7 +480,7 @@ def api_locations(site: str) -> dict[str, str]:
 
 
 def test_nginx_site_forwards_only_the_allowlisted_routes_as_the_route_itself():
-    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    site = gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",))
     locations = api_locations(site)
     assert list(locations) == list(ROUTES)
     assert re.search(r"location / \{\n        return 404 '\{.*\}';", site)
@@ -488,7 +488,7 @@ def test_nginx_site_forwards_only_the_allowlisted_routes_as_the_route_itself():
     for route, block in locations.items():
         assert re.findall(r"proxy_pass (\S+);", block) == [f"http://vllm_api{route}"]
     assert not re.search(r"proxy_pass http://vllm_api;", site)
-    assert f"client_max_body_size {bootstrap.MAX_REQUEST_BODY};" in site
+    assert f"client_max_body_size {gateway_nginx.MAX_REQUEST_BODY};" in site
     assert site.count("limit_req zone=vllm_api") == len(ROUTES)
 
 
@@ -497,38 +497,38 @@ def test_every_route_checks_the_key_before_anything_else_and_answers_openai_styl
     limit_req, proxy_pass and error_page hand anything on: no request without it reaches
     a gang or the waker."""
     for waker in (False, True):
-        for route, block in api_locations(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=waker)).items():
+        for route, block in api_locations(gateway_nginx.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=waker)).items():
             first = block.strip().splitlines()[0]
-            assert first == f'if ({bootstrap.API_KEY_VARIABLE} = "") {{', route
-            assert bootstrap.UNAUTHORIZED in block
-    body = json.loads(re.search(r"return 401 '(.*)';", bootstrap.UNAUTHORIZED).group(1))
+            assert first == f'if ({gateway_nginx.API_KEY_VARIABLE} = "") {{', route
+            assert gateway_nginx.UNAUTHORIZED in block
+    body = json.loads(re.search(r"return 401 '(.*)';", gateway_nginx.UNAUTHORIZED).group(1))
     assert body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"
-    api = api_server(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
+    api = api_server(gateway_nginx.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
     assert "default_type application/json;" in api
     # The heads get the heads' key, not the client's.
-    assert f"proxy_set_header Authorization {bootstrap.HEADS_AUTHORIZATION_VARIABLE};" in api
+    assert f"proxy_set_header Authorization {gateway_nginx.HEADS_AUTHORIZATION_VARIABLE};" in api
 
 
 def test_only_the_routes_that_use_the_model_hand_a_request_to_the_waker():
-    locations = api_locations(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=True, api_routes=ROUTES))
+    locations = api_locations(gateway_nginx.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=True, api_routes=ROUTES))
     wakes = [route for route, block in locations.items() if "error_page 502 504 = @vllm_waker;" in block]
     assert wakes == ["/v1/completions", "/v1/chat/completions", "/v1/responses"]
     for route in ("/health", "/v1/models"):
         assert "error_page 502 504 = @vllm_no_gang;" in locations[route]
-    assert "error_page" not in api_server(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
+    assert "error_page" not in api_server(gateway_nginx.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
 
 
 def test_the_site_serves_the_routes_the_stack_names_and_refuses_unknown_ones():
-    pooling = bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), api_routes=api_routes.DEFAULT_POOLING_ROUTES)
+    pooling = gateway_nginx.nginx_site("10.0.0.1", ("10.0.0.0/8",), api_routes=api_routes.DEFAULT_POOLING_ROUTES)
     assert list(api_locations(pooling)) == list(api_routes.DEFAULT_POOLING_ROUTES)
     with pytest.raises(ValueError, match="/collective_rpc"):
-        bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), api_routes=("/v1/models", "/collective_rpc"))
+        gateway_nginx.nginx_site("10.0.0.1", ("10.0.0.0/8",), api_routes=("/v1/models", "/collective_rpc"))
 
 
 def test_a_path_nginx_would_normalise_is_refused_before_any_location():
     """nginx matches locations against the normalised path: /metrics/../v1/models would
     match /v1/models. The server's check on the path as sent refuses it first."""
-    api = api_server(bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
+    api = api_server(gateway_nginx.nginx_site("10.0.0.1", ("10.0.0.0/8",)))
     pattern = re.search(r'if \(\$request_uri ~ "(.*)"\) \{', api).group(1)
     refused = ["/metrics/../v1/models", "/v1//models", "//v1/models", "/v1/./models", "/v1/%6dodels", "/v1/models/.."]
     refused += ["/v1/models/.", "/v1/models%2F..%2Fmetrics", "/v1/models/..?x=1"]
@@ -553,7 +553,7 @@ def test_the_api_keys_file_maps_each_client_key_and_holds_the_heads_key():
 
 
 def test_the_read_timeout_and_the_rate_limit_follow_their_settings():
-    site = bootstrap.nginx_site(
+    site = gateway_nginx.nginx_site(
         "10.42.128.10", ("198.51.100.7/32",), read_timeout_seconds=1800, rate_limit_per_second=50
     )
     api = site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
@@ -564,12 +564,12 @@ def test_the_read_timeout_and_the_rate_limit_follow_their_settings():
 
 
 def test_the_default_site_keeps_ten_minutes_and_twenty_requests_a_second():
-    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    site = gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",))
     assert "proxy_read_timeout 600s;" in site and "rate=20r/s;" in site and "burst=40 nodelay;" in site
 
 
 def test_a_rate_limit_of_zero_leaves_the_api_unlimited():
-    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), rate_limit_per_second=0)
+    site = gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",), rate_limit_per_second=0)
     assert "limit_req" not in site
     assert list(api_locations(site)) == list(ROUTES)
 
@@ -592,19 +592,19 @@ def directives(block: str) -> list[str]:
 def test_the_api_pool_is_every_gang_from_the_gateways_file_and_the_dashboard_one_head():
     """The API upstream names no head: its servers are the file the gateway renders from
     `configure --gangs` and the drains. The dashboard stays on the head it was given."""
-    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    site = gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",))
     api = directives(upstream_block(site, "vllm_api"))
-    assert f"include {bootstrap.NGINX_UPSTREAM_INCLUDE};" in api
+    assert f"include {gateway_nginx.NGINX_UPSTREAM_INCLUDE};" in api
     assert not [line for line in api if line.startswith("server ")]
     assert directives(upstream_block(site, "ray_dashboard")) == [f"server 10.42.128.10:{ports.RAY_DASHBOARD};"]
-    elsewhere = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), upstream_include="/tmp/pool.inc")
+    elsewhere = gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",), upstream_include="/tmp/pool.inc")
     assert "include /tmp/pool.inc;" in directives(upstream_block(elsewhere, "vllm_api"))
 
 
 def test_the_api_pool_balances_by_requests_in_flight_with_least_conn_before_keepalive():
     """nginx docs (upstream keepalive): a balancing method other than round-robin must be
     activated before keepalive."""
-    api = directives(upstream_block(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",)), "vllm_api"))
+    api = directives(upstream_block(gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",)), "vllm_api"))
     keepalive = next(i for i, line in enumerate(api) if line.startswith("keepalive "))
     assert "least_conn;" in api[:keepalive]
 
@@ -616,13 +616,13 @@ def test_the_pool_file_is_not_one_nginx_conf_includes_on_its_own():
     globs = ["/etc/nginx/conf.d/*.conf", "/etc/nginx/sites-enabled/*"]
     if distribution.exists():
         globs += re.findall(r"^\s*include\s+(\S+);", distribution.read_text(), re.M)
-    path = bootstrap.NGINX_UPSTREAM_INCLUDE
+    path = gateway_nginx.NGINX_UPSTREAM_INCLUDE
     assert [glob for glob in globs if fnmatch.fnmatch(path, glob)] == []
     assert path.startswith("/etc/nginx/") and not path.endswith(".conf")
 
 
 def test_a_request_a_gang_could_not_serve_is_retried_on_another_within_bounds():
-    api = api_server(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",)))
+    api = api_server(gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",)))
     retry = re.search(r"^\s*proxy_next_upstream (.*);$", api, re.M).group(1).split()
     # Refused, reset or timed out, 502/503; and a POST (every completion) once sent.
     assert set(retry) == {"error", "timeout", "http_502", "http_503", "non_idempotent"}
@@ -634,29 +634,31 @@ def test_a_request_a_gang_could_not_serve_is_retried_on_another_within_bounds():
     assert 2 <= tries <= 3 and 0 < connect < window
     # ...but a generation that ran into the read timeout is not run again elsewhere.
     assert window < read
-    short = api_server(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), read_timeout_seconds=10))
+    short = api_server(gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",), read_timeout_seconds=10))
     assert "proxy_read_timeout 10s;" in short and "proxy_next_upstream_timeout 10s;" in short
 
 
 def test_the_stack_names_each_gang_and_its_heads_vllm():
     heads = {"gang0": "10.42.128.10", "gang1": "10.42.0.20"}
-    assert bootstrap.gateway_gangs(heads) == f"gang0=10.42.128.10:{ports.VLLM_API},gang1=10.42.0.20:{ports.VLLM_API}"
+    assert (
+        gateway_nginx.gateway_gangs(heads) == f"gang0=10.42.128.10:{ports.VLLM_API},gang1=10.42.0.20:{ports.VLLM_API}"
+    )
 
 
 def test_the_gateway_drops_idle_upstream_connections_before_vllm_does():
     """vLLM's server closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE
     seconds; nginx reusing one it has just closed answers the client 502. So nginx lets go
     first, and vllm.env states the server's figure instead of trusting vLLM's default."""
-    assert bootstrap.GATEWAY_UPSTREAM_KEEPALIVE_SECONDS < bootstrap.VLLM_HTTP_KEEP_ALIVE_SECONDS
-    upstream = upstream_block(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",)), "vllm_api")
+    assert gateway_nginx.GATEWAY_UPSTREAM_KEEPALIVE_SECONDS < gateway_nginx.VLLM_HTTP_KEEP_ALIVE_SECONDS
+    upstream = upstream_block(gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",)), "vllm_api")
     nginx_seconds = int(re.search(r"keepalive_timeout (\d+)s;", upstream).group(1))
     env = parse_env(bootstrap.vllm_env(spec_of(), "10.0.0.1", ["10.0.0.1"]))
-    assert nginx_seconds == bootstrap.GATEWAY_UPSTREAM_KEEPALIVE_SECONDS
-    assert int(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) == bootstrap.VLLM_HTTP_KEEP_ALIVE_SECONDS > nginx_seconds
+    assert nginx_seconds == gateway_nginx.GATEWAY_UPSTREAM_KEEPALIVE_SECONDS
+    assert int(env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) == gateway_nginx.VLLM_HTTP_KEEP_ALIVE_SECONDS > nginx_seconds
 
 
 def test_dashboard_is_for_admin_cidrs_only():
-    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32", "2001:db8::/48"))
+    site = gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32", "2001:db8::/48"))
     dashboard = site[site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;") :]
     assert "allow 198.51.100.7/32;\n    allow 2001:db8::/48;\n    deny all;" in dashboard
     api = site[site.index(f"listen {ports.API_HTTPS} ssl;") : site.index(f"listen {ports.DASHBOARD_HTTPS} ssl;")]
@@ -673,8 +675,10 @@ def test_the_nodes_reach_prometheus_only_on_the_gateways_private_address_and_onl
     """Prometheus listens on loopback (metrics.listen_address()); what Ray's dashboards ask,
     a GET of /prometheus/api/v1/query, is all nginx passes them, on the private address and
     Prometheus's port (RAY_PROMETHEUS_HOST, metrics.ray_prometheus_host)."""
-    assert "# Prometheus's query API" not in bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
-    server = nodes_prometheus_server(bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), nodes_prometheus_ip=ip))
+    assert "# Prometheus's query API" not in gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    server = nodes_prometheus_server(
+        gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",), nodes_prometheus_ip=ip)
+    )
     assert re.findall(r"^\s*listen (\S+);", server, re.M) == [listen]
     assert re.findall(r"location (.*?) \{", server) == ["= /prometheus/api/v1/query", "/"]
     assert re.findall(r"proxy_pass (\S+);", server) == [f"http://127.0.0.1:{ports.PROMETHEUS}"]
@@ -705,7 +709,7 @@ def test_nginx_accepts_the_site(tmp_path):
     keys.write_text(bootstrap.api_keys_conf({"current": "k" * MAX_API_KEY_LENGTH, "previous": "p" * 32}, "h" * 48))
     site = tmp_path / "vllm-cluster.conf"
     site.write_text(
-        bootstrap.nginx_site(
+        gateway_nginx.nginx_site(
             "10.42.128.10",
             ("198.51.100.7/32",),
             str(cert),
@@ -734,7 +738,7 @@ def test_nginx_accepts_the_site(tmp_path):
     assert result.returncode == 0, result.stderr
     unlimited = tmp_path / "unlimited.conf"
     unlimited.write_text(
-        bootstrap.nginx_site(
+        gateway_nginx.nginx_site(
             "10.42.128.10",
             ("198.51.100.7/32",),
             str(cert),

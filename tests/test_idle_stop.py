@@ -12,7 +12,7 @@ import pytest
 from fleet_ec2 import fed_waker_config
 from pulumi_mocks import run_stack, unsecret
 
-from components import config_keys, idle_stop, metrics, ports, sizing
+from components import config_keys, idle_stop, metrics, ports, scale_out, sizing
 from components.catalog import CATALOG
 from tests.doubles.ec2_api import policy_allows
 
@@ -461,8 +461,8 @@ def test_the_waker_is_told_to_scale_only_with_warm_gangs_and_reads_what_it_is_to
     told = waker.parse_config(warm_waker_config(replicas=1, max_replicas=2))
     assert waker.scales(told)
     assert (told["replicas"], told["max_replicas"]) == (1, 2)
-    assert told["scale_out_hold_seconds"] == idle_stop.SCALE_OUT_HOLD_SECONDS
-    assert told["scale_out_waiting_per_gang"] == idle_stop.SCALE_OUT_WAITING_PER_GANG
+    assert told["scale_out_hold_seconds"] == scale_out.SCALE_OUT_HOLD_SECONDS
+    assert told["scale_out_waiting_per_gang"] == scale_out.SCALE_OUT_WAITING_PER_GANG
     # Prometheus on the gateway's loopback, under its route prefix (components/metrics.py).
     assert told["prometheus"] == f"http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX}"
     # A park's drain waits for requests in flight as long as nginx lets one run.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import bootstrap, idle_stop, metrics, ports
+from components import bootstrap, metrics, ports, scale_out
 from components.topology import HEAD, WORKER
 
 TESTBED_CACHE = Path(os.environ.get("VLLM_CLUSTER_TESTBED_CACHE", "/var/cache/vllm-cluster-testbed"))
@@ -636,7 +636,7 @@ def test_the_pool_at_max_replicas_with_requests_waiting_raises_an_alert_after_5_
     scale-out threshold): the waker cannot add a gang, so the alert fires after its 5
     minutes; with a gang still stopped (the waker can add it) it does not."""
     alert = next(a for a in metrics.alerts(waker=True, scaling=True) if a.name == "VllmPoolAtMaxReplicas")
-    assert f"> {idle_stop.SCALE_OUT_WAITING_PER_GANG:g}" in alert.expr
+    assert f"> {scale_out.SCALE_OUT_WAITING_PER_GANG:g}" in alert.expr
     waiting = [
         series("vllm:num_requests_waiting", "gang0", "3x30"),
         series("vllm:num_requests_waiting", "gang1", "1x30"),

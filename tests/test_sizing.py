@@ -332,13 +332,13 @@ def test_a_node_whose_memory_cannot_hold_the_model_reads_it_once_per_worker():
 
 def test_the_efs_rate_follows_the_efs_utils_the_nodes_build(monkeypatch):
     """efs-utils 1.x (stunnel) gets EFS's 500 MiB/s per client; 2.x (efs-proxy) 1,500 MiB/s:
-    a bump of bootstrap.EFS_UTILS_VERSION changes the plan."""
-    from components import bootstrap
+    a bump of versions.EFS_UTILS_VERSION changes the plan."""
+    from components import versions
 
-    assert bootstrap.EFS_UTILS_VERSION.startswith("v1.")
+    assert versions.EFS_UTILS_VERSION.startswith("v1.")
     assert sizing.efs_client_mib_s() == 500
     stunnel_copy = sizing.node_loads(LLAMA_70B, P4D, 2, 2)[0].copy_seconds
-    monkeypatch.setattr(bootstrap, "EFS_UTILS_VERSION", "v2.1.0")
+    monkeypatch.setattr(versions, "EFS_UTILS_VERSION", "v2.1.0")
     assert sizing.efs_client_mib_s() == 1500
     assert "efs-proxy" in sizing.efs_client_rate()[1] and "v2.1.0" in sizing.efs_client_rate()[1]
     loads = sizing.node_loads(LLAMA_70B, P4D, 2, 2)

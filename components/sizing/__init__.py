@@ -1,0 +1,196 @@
+"""Sizing arithmetic for the planner: does the model fit, how much context the KV
+cache holds, what the cluster costs, how long a cold `pulumi up` takes to the
+first token. Pure functions over plain values; every assumption is a named
+constant with where it comes from, and the planner prints each one it used.
+
+One module a question, importing one way (model_size first, the others on it):
+    model_size  - what is sized: a model's parameters, weight type and architecture
+                  (ModelSize), the weight types' spellings, the pipeline stages' layers
+    memory_fit  - does it fit the GPUs: weights, runtime and KV cache per rank, the
+                  cheapest catalog configuration that fits, the planner's warnings
+    cost        - what the cluster costs an hour
+    model_bytes - the model's bytes on the way to each engine: the download into the EFS
+                  cache, each node's stage copy to its local NVMe, the engine's read
+    start_time  - a cold `pulumi up` to the first token, term by term; the node image's
+                  bake; the engine start's bounds that follow from the same estimates
+
+Import from here (components.sizing), not from the modules: this file names the
+package's surface, what the program, the spec, cli/ and tests use.
+"""
+
+from components.sizing.cost import (
+    EFS_STANDARD_GB_MONTH,
+    GATEWAY_PRICE_PER_HOUR,
+    HOURS_PER_MONTH,
+    NAT_GATEWAY_PER_HOUR,
+    Cost,
+    cost,
+)
+from components.sizing.memory_fit import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    RUNTIME_OVERHEAD_GIB,
+    Fit,
+    Option,
+    fit,
+    smallest_fit,
+    warnings_for,
+)
+from components.sizing.model_bytes import (
+    EFS_CLIENT_MIB_S_EFS_PROXY,
+    EFS_CLIENT_MIB_S_OTHER,
+    EFS_ELASTIC_FS_READ_MIB_S,
+    EFS_ELASTIC_FS_WRITE_MIB_S,
+    EFS_PERFORMANCE_PAGE,
+    EFS_PROXY_FIRST_MAJOR,
+    EMBEDDINGS_ON_EVERY_STAGE,
+    MODEL_EMBEDDINGS,
+    NVME_ESTIMATE_IOPS_PER_DISK,
+    NVME_IO_BYTES,
+    NVME_USABLE_FRACTION,
+    Download,
+    NodeLoad,
+    NodeShare,
+    copied_stages,
+    efs_client_mib_s,
+    efs_client_rate,
+    efs_utils_major,
+    embedding_bytes,
+    loader_reads,
+    local_disk_decision,
+    model_download,
+    node_loads,
+    node_shares,
+    nvme_read_rate,
+    serves_from_local_disk,
+    stages_by_node,
+)
+from components.sizing.model_size import (
+    DTYPE_SPELLINGS,
+    GB,
+    GIB,
+    MIB,
+    UNMODELLED_MEMORY_FLAGS,
+    VLLM_DTYPE_CHOICES,
+    VLLM_DTYPES,
+    ModelSize,
+    canonical_dtype,
+    flag_value,
+    served_model_size,
+    served_size,
+    stage_layers,
+    unmodelled_memory_flags,
+    vllm_dtype,
+)
+from components.sizing.start_time import (
+    BUILDER_VCPUS,
+    EFS_UTILS_BUILD_SECONDS,
+    ENGINE_READY_TIMEOUT_FACTOR,
+    ENGINE_READY_TIMEOUT_FLOOR_SECONDS,
+    ENGINE_START_BASE_SECONDS,
+    ENGINE_START_SECONDS_PER_B,
+    ENGINE_START_STALL_FACTOR,
+    ENGINE_START_STALL_FLOOR_SECONDS,
+    GPU_WHEELHOUSE_GB,
+    IMAGE_BUILDER_OVERHEAD_SECONDS,
+    INDEX_DOWNLOAD_MB_S,
+    INSTANCE_BOOT_SECONDS,
+    SOFTWARE_CHECK_SECONDS,
+    WHEELHOUSE_INSTALL_SECONDS_PER_GB,
+    Term,
+    engine_ready_timeout_for,
+    engine_ready_timeout_seconds,
+    engine_start_seconds,
+    engine_start_stall_for,
+    engine_start_stall_seconds,
+    image_bake,
+    model_load_seconds,
+    software_terms,
+    time_to_first_token,
+)
+
+__all__ = [
+    # model_size: What is sized: the model, its weight types, its pipeline stages, the units.
+    "GIB",
+    "GB",
+    "MIB",
+    "DTYPE_SPELLINGS",
+    "VLLM_DTYPE_CHOICES",
+    "VLLM_DTYPES",
+    "canonical_dtype",
+    "vllm_dtype",
+    "ModelSize",
+    "UNMODELLED_MEMORY_FLAGS",
+    "flag_value",
+    "unmodelled_memory_flags",
+    "served_size",
+    "served_model_size",
+    "stage_layers",
+    # memory_fit: Does it fit: weights, runtime and KV cache per GPU; the cheapest fit; warnings.
+    "DEFAULT_GPU_MEMORY_UTILIZATION",
+    "RUNTIME_OVERHEAD_GIB",
+    "Fit",
+    "fit",
+    "Option",
+    "smallest_fit",
+    "warnings_for",
+    # cost: What it costs an hour.
+    "GATEWAY_PRICE_PER_HOUR",
+    "NAT_GATEWAY_PER_HOUR",
+    "EFS_STANDARD_GB_MONTH",
+    "HOURS_PER_MONTH",
+    "Cost",
+    "cost",
+    # model_bytes: The model's bytes: download, each node's stage copy and the engine's read.
+    "EFS_PERFORMANCE_PAGE",
+    "EFS_CLIENT_MIB_S_EFS_PROXY",
+    "EFS_CLIENT_MIB_S_OTHER",
+    "EFS_PROXY_FIRST_MAJOR",
+    "EFS_ELASTIC_FS_READ_MIB_S",
+    "EFS_ELASTIC_FS_WRITE_MIB_S",
+    "NVME_IO_BYTES",
+    "NVME_ESTIMATE_IOPS_PER_DISK",
+    "NVME_USABLE_FRACTION",
+    "MODEL_EMBEDDINGS",
+    "EMBEDDINGS_ON_EVERY_STAGE",
+    "efs_utils_major",
+    "efs_client_rate",
+    "efs_client_mib_s",
+    "nvme_read_rate",
+    "loader_reads",
+    "stages_by_node",
+    "copied_stages",
+    "NodeShare",
+    "embedding_bytes",
+    "node_shares",
+    "local_disk_decision",
+    "serves_from_local_disk",
+    "NodeLoad",
+    "node_loads",
+    "Download",
+    "model_download",
+    # start_time: Time to first token, the image bake, and the engine start bounds that follow.
+    "INSTANCE_BOOT_SECONDS",
+    "GPU_WHEELHOUSE_GB",
+    "INDEX_DOWNLOAD_MB_S",
+    "WHEELHOUSE_INSTALL_SECONDS_PER_GB",
+    "EFS_UTILS_BUILD_SECONDS",
+    "SOFTWARE_CHECK_SECONDS",
+    "IMAGE_BUILDER_OVERHEAD_SECONDS",
+    "BUILDER_VCPUS",
+    "ENGINE_START_BASE_SECONDS",
+    "ENGINE_START_SECONDS_PER_B",
+    "ENGINE_READY_TIMEOUT_FLOOR_SECONDS",
+    "ENGINE_READY_TIMEOUT_FACTOR",
+    "ENGINE_START_STALL_FACTOR",
+    "ENGINE_START_STALL_FLOOR_SECONDS",
+    "Term",
+    "model_load_seconds",
+    "engine_start_seconds",
+    "engine_ready_timeout_seconds",
+    "engine_start_stall_seconds",
+    "engine_ready_timeout_for",
+    "engine_start_stall_for",
+    "software_terms",
+    "image_bake",
+    "time_to_first_token",
+]
