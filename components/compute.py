@@ -523,7 +523,6 @@ class GpuNodes(pulumi.ComponentResource):
         """One node from its gang's template, and its SSH host key's public half; `profile`
         overrides the template's (an instance's own iamInstanceProfile wins over its launch
         template's)."""
-        role = node_role(index)
         # The node's own host key, kept when the instance is replaced (a new node in its place
         # answers with the key the stack pins), delivered in its user data (components/host_keys.py).
         host_key = tls.PrivateKey(
@@ -539,8 +538,22 @@ class GpuNodes(pulumi.ComponentResource):
                 )
             )
         )
-        gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.gang_count > 1 else {}
-        instance = aws.ec2.Instance(
+        instance = self._instance(name, gang, index, template, args, user_data, profile)
+        return instance, host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)
+
+    def _instance(
+        self,
+        name: str,
+        gang: int,
+        index: int,
+        template: aws.ec2.LaunchTemplate,
+        args: GpuNodesArgs,
+        user_data: pulumi.Output[str],
+        profile: aws.iam.InstanceProfile | None,
+    ) -> aws.ec2.Instance:
+        """The node's instance: what its launch template leaves to each node (user data,
+        profile, market, shutdown, stage volume, tags) and why its replacement is as it is."""
+        return aws.ec2.Instance(
             f"{name}-{node_name(index, gang)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             iam_instance_profile=profile.name if profile is not None else None,
@@ -570,13 +583,7 @@ class GpuNodes(pulumi.ComponentResource):
             # it was created with, even when replaced under its own name for another reason
             # (the replacement is made from the same recorded inputs).
             ebs_block_devices=self._stage_volume_devices(args),
-            tags=tags(
-                f"{name}-{node_name(index, gang)}",
-                **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
-                **gang_tag,
-                # What the gateway's role may start it by (idle_stop.gateway_wake_policy).
-                **{idle_stop.STACK_ID_TAG: self.stack_id},
-            ),
+            tags=self._node_tags(name, gang, index, args),
             # User data is first-boot only (cloud-init runs it once per instance), and
             # changing it would stop and start a GPU node. Later changes reach running
             # nodes through the setup command, which sends the node's scripts and
@@ -590,4 +597,15 @@ class GpuNodes(pulumi.ComponentResource):
                 delete_before_replace=args.capacity_reservation_id is not None,
             ),
         )
-        return instance, host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)
+
+    def _node_tags(self, name: str, gang: int, index: int, args: GpuNodesArgs) -> dict:
+        """A node's tags: its name, role and index, its gang's name with replicas, and the stack's id."""
+        role = node_role(index)
+        gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.gang_count > 1 else {}
+        return tags(
+            f"{name}-{node_name(index, gang)}",
+            **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
+            **gang_tag,
+            # What the gateway's role may start it by (idle_stop.gateway_wake_policy).
+            **{idle_stop.STACK_ID_TAG: self.stack_id},
+        )
