@@ -523,37 +523,8 @@ class GpuNodes(pulumi.ComponentResource):
         """One node from its gang's template, and its SSH host key's public half; `profile`
         overrides the template's (an instance's own iamInstanceProfile wins over its launch
         template's)."""
-        # The node's own host key, kept when the instance is replaced (a new node in its place
-        # answers with the key the stack pins), delivered in its user data (components/host_keys.py).
-        host_key = tls.PrivateKey(
-            f"{name}-{node_name(index, gang)}-host-key", algorithm="ED25519", opts=pulumi.ResourceOptions(parent=self)
-        )
-        # Secret: the host key's private half is in it (encrypted in state).
-        user_data = pulumi.Output.secret(
-            pulumi.Output.all(
-                node_boot(args.boot, index, head_ip, gang), host_key.private_key_openssh, host_key.public_key_openssh
-            ).apply(
-                lambda values: host_keys.multipart_user_data(
-                    bootstrap.node_user_data(values[0]), host_keys.host_key_cloud_config(values[1], values[2])
-                )
-            )
-        )
-        instance = self._instance(name, gang, index, template, args, user_data, profile)
-        return instance, host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)
-
-    def _instance(
-        self,
-        name: str,
-        gang: int,
-        index: int,
-        template: aws.ec2.LaunchTemplate,
-        args: GpuNodesArgs,
-        user_data: pulumi.Output[str],
-        profile: aws.iam.InstanceProfile | None,
-    ) -> aws.ec2.Instance:
-        """The node's instance: what its launch template leaves to each node (user data,
-        profile, market, shutdown, stage volume, tags) and why its replacement is as it is."""
-        return aws.ec2.Instance(
+        host_key, user_data = self._host_key_and_user_data(name, gang, index, args, head_ip)
+        instance = aws.ec2.Instance(
             f"{name}-{node_name(index, gang)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             iam_instance_profile=profile.name if profile is not None else None,
@@ -597,6 +568,28 @@ class GpuNodes(pulumi.ComponentResource):
                 delete_before_replace=args.capacity_reservation_id is not None,
             ),
         )
+        return instance, host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)
+
+    def _host_key_and_user_data(
+        self, name: str, gang: int, index: int, args: GpuNodesArgs, head_ip
+    ) -> tuple[tls.PrivateKey, pulumi.Output[str]]:
+        """The node's SSH host key, and its user data: its first-boot script with that key."""
+        # The node's own host key, kept when the instance is replaced (a new node in its place
+        # answers with the key the stack pins), delivered in its user data (components/host_keys.py).
+        host_key = tls.PrivateKey(
+            f"{name}-{node_name(index, gang)}-host-key", algorithm="ED25519", opts=pulumi.ResourceOptions(parent=self)
+        )
+        # Secret: the host key's private half is in it (encrypted in state).
+        user_data = pulumi.Output.secret(
+            pulumi.Output.all(
+                node_boot(args.boot, index, head_ip, gang), host_key.private_key_openssh, host_key.public_key_openssh
+            ).apply(
+                lambda values: host_keys.multipart_user_data(
+                    bootstrap.node_user_data(values[0]), host_keys.host_key_cloud_config(values[1], values[2])
+                )
+            )
+        )
+        return host_key, user_data
 
     def _node_tags(self, name: str, gang: int, index: int, args: GpuNodesArgs) -> dict:
         """A node's tags: its name, role and index, its gang's name with replicas, and the stack's id."""
