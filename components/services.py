@@ -80,30 +80,30 @@ class ClusterServices(pulumi.ComponentResource):
             self, name, args.ssh_private_key, args.nodes.boot.login_user, args.gateway.public_ip, args.gateway.host_key
         )
         drain_wait = gang_turn_seconds(args.serving.engine_ready_timeout_seconds)
-        self._gateway = GatewaySteps(remote, args.gateway, args.nodes, args.idle_stop, drain_wait)
-        self._nodes = NodeSteps(remote, args.nodes, args.serving, args.idle_stop, args.gateway)
+        self._gateway_steps = GatewaySteps(remote, args.gateway, args.nodes, args.idle_stop, drain_wait)
+        self._node_steps = NodeSteps(remote, args.nodes, args.serving, args.idle_stop, args.gateway)
         # Every gang's readiness triggers: the park command (warm gangs) comes after every
         # command and re-runs with any of these.
         self._readiness_triggers: list = []
-        gateway = self._gateway.proxy()
+        gateway = self._gateway_steps.proxy()
         model = None
         drained = None
         reports = []
         for gang in args.nodes.gangs:
             if args.nodes.rolling:
-                drained = self._gateway.drain(gang, [gateway.proxy, *([drained] if drained is not None else [])])
-            nodes = self._nodes.bootstrap(gang, gateway.login_probe, drained)
+                drained = self._gateway_steps.drain(gang, [gateway.proxy, *([drained] if drained is not None else [])])
+            nodes = self._node_steps.bootstrap(gang, gateway.login_probe, drained)
             if args.idle_stop.minutes is not None:
-                self._nodes.idle_stop(gang, nodes)
-            ray = self._nodes.ray(gang, nodes)
+                self._node_steps.idle_stop(gang, nodes)
+            ray = self._node_steps.ray(gang, nodes)
             if model is None:
                 # Once for every gang: the model cache is shared.
-                model = self._nodes.stage_model(gang, nodes, ray)
+                model = self._node_steps.stage_model(gang, nodes, ray)
             reports.append(self._serving(gang, nodes, ray, model, gateway).stdout)
         if args.idle_stop.minutes:
-            self._gateway.waker(gateway)
+            self._gateway_steps.waker(gateway)
         if idle_stop.scales(args.idle_stop.replicas, args.idle_stop.max_replicas):
-            self._gateway.park(self._readiness_triggers)
+            self._gateway_steps.park(self._readiness_triggers)
         self.readiness = (
             reports[0]
             if len(reports) == 1
@@ -123,7 +123,7 @@ class ClusterServices(pulumi.ComponentResource):
         succeeded on the gang's head), the gang's head into the pool (its return with
         replicas, the pool's configure with one gang: the switch to a replaced head), then
         the probe through the gateway: returns that last command, the readiness check."""
-        steps, rolling = self._nodes, self._args.nodes.rolling
+        steps, rolling = self._node_steps, self._args.nodes.rolling
         vllm_restarts = steps.vllm_restarts(ray)
         prepared = steps.prepare(gang, nodes, model)
         preflight = steps.preflight(gang, prepared, ray, vllm_restarts, model)
@@ -133,11 +133,11 @@ class ClusterServices(pulumi.ComponentResource):
         )
         steps.keep_warmup(gang, serve, prepared, vllm_restarts)
         if rolling:
-            served = self._gateway.return_to_pool(gang, serve)
+            served = self._gateway_steps.return_to_pool(gang, serve)
         else:
             # The only gang: nothing drains, and the pool's configure runs once its vLLM
             # answered the probe (on the first `pulumi up` nothing serves anyway).
-            served = gateway.proxy = self._gateway.pool([gateway.tls, gateway.api_keys, gateway.metrics, serve])
+            served = gateway.proxy = self._gateway_steps.pool([gateway.tls, gateway.api_keys, gateway.metrics, serve])
         proxy = gateway.proxy if rolling else served
         # Check again whenever vLLM may have restarted: new settings, key, version or Ray.
         triggers = [gang.vllm_settings, pulumi.Output.secret(self._args.nodes.heads_api_key), *vllm_restarts]
