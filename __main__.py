@@ -19,7 +19,15 @@ from components.gateway import GATEWAY_ROOT_GIB, Gateway, GatewayArgs
 from components.network import Network, NetworkArgs, first_zone
 from components.own_hosts import OwnHosts, OwnHostsArgs
 from components.security import SecurityArgs, SecurityGroups
-from components.services import ClusterServices, ServicesArgs, ServingGang, vllm_settings
+from components.services import ClusterServices, vllm_settings
+from components.services_args import (
+    GatewayServiceArgs,
+    IdleStopArgs,
+    ModelServingArgs,
+    NodesArgs,
+    ServicesArgs,
+    ServingGang,
+)
 from components.spec import (
     CONFIG_KEYS,
     MIN_ROOT_VOLUME_GIB,
@@ -529,21 +537,17 @@ for index, (gang_ips, hosts, gang_host_keys) in enumerate(machines.gangs):
             ray_token=credentials.ray_tokens[index],
         )
     )
-# The fabric gate's collectives: NCCL where the lock's torch is a CUDA build, Gloo where it
-# is a CPU build (the local hosts' lock): components/fabric.py.
-gloo_fabric = fabric.cpu_torch(
-    {name: package.version for name, package in node_env.read_lock(machines.node_boot.node_lock).packages.items()}
-)
-services = ClusterServices(
-    name,
-    ServicesArgs(
-        ssh_private_key=credentials.ssh_private_key,
-        gateway_public_ip=machines.gateway_public_address,
-        gateway_private_ip=machines.gateway_private_ip,
-        gateway_host_key=machines.gateway_host_key,
-        gangs=serving_gangs,
-        gateway=machines.gateway,
-        gateway_setup_script=bootstrap.gateway_setup_script(),
+
+
+def gateway_service_args() -> GatewayServiceArgs:
+    """The gateway's part of the services: its host, setup, TLS and site, the clients'
+    keys and Prometheus."""
+    return GatewayServiceArgs(
+        public_ip=machines.gateway_public_address,
+        private_ip=machines.gateway_private_ip,
+        host_key=machines.gateway_host_key,
+        instances=machines.gateway,
+        setup_script=bootstrap.gateway_setup_script(),
         tls_certificate_pem=certificate.certificate_pem,
         tls_private_key_pem=certificate.private_key_pem,
         tls_self_signed=certificate.self_signed,
@@ -556,11 +560,18 @@ services = ClusterServices(
         api_routes=spec.api_routes,
         login_probe_private_key=credentials.login_probe_private_key,
         metrics_password=credentials.metrics_password,
-        gateway_disk_gib=GATEWAY_ROOT_GIB,
-        node_boot=machines.node_boot,
-        heads_api_key=credentials.heads_api_key,
-        probe_api_key=credentials.probe_api_key,
-        hf_token=spec.hf_token,
+        disk_gib=GATEWAY_ROOT_GIB,
+    )
+
+
+def model_serving_args() -> ModelServingArgs:
+    """The model and its serving: staging, preflight's expectations, vLLM's start and the fabric gate."""
+    # The fabric gate's collectives: NCCL where the lock's torch is a CUDA build, Gloo where it
+    # is a CPU build (the local hosts' lock): components/fabric.py.
+    gloo_fabric = fabric.cpu_torch(
+        {name: package.version for name, package in node_env.read_lock(machines.node_boot.node_lock).packages.items()}
+    )
+    return ModelServingArgs(
         model=spec.model,
         start_vllm_command=bootstrap.start_vllm_command(
             bootstrap.stack_probe(spec), sizing.engine_start_stall_for(spec.model, spec.instance, spec.nodes)
@@ -577,9 +588,15 @@ services = ClusterServices(
         warmup_key=bootstrap.warmup_key(spec),
         fabric_measurement=(fabric.measurement(spec.instance, gloo_fabric) if fabric.gated(spec.nodes) else None),
         fabric_floor=fabric.floor(spec.instance, gloo_fabric, spec.fabric_floor_gbps),
+    )
+
+
+def idle_stop_args() -> IdleStopArgs:
+    """Idle stop and the warm gangs."""
+    return IdleStopArgs(
         # EC2's nodes always get their idle-stop command, 0 when the key is unset (a command
         # that vanished would leave a node's timer on); a stack of hosts none (refused there).
-        idle_stop_minutes=(spec.idle_stop_minutes or 0) if spec.own_hosts is None else None,
+        minutes=(spec.idle_stop_minutes or 0) if spec.own_hosts is None else None,
         waker_config=machines.waker_config,
         never_served_grace_seconds=idle_stop.never_served_grace_seconds(
             idle_stop.expected_wake_seconds(
@@ -589,6 +606,23 @@ services = ClusterServices(
         ),
         replicas=spec.replicas,
         max_replicas=spec.max_replicas,
+    )
+
+
+services = ClusterServices(
+    name,
+    ServicesArgs(
+        ssh_private_key=credentials.ssh_private_key,
+        gateway=gateway_service_args(),
+        nodes=NodesArgs(
+            gangs=serving_gangs,
+            boot=machines.node_boot,
+            heads_api_key=credentials.heads_api_key,
+            probe_api_key=credentials.probe_api_key,
+            hf_token=spec.hf_token,
+        ),
+        serving=model_serving_args(),
+        idle_stop=idle_stop_args(),
     ),
 )
 

@@ -653,6 +653,13 @@ def interface_findings(
     instance = catalog.get(str(inputs.get("instanceType")))
     if instance is None or not interfaces:
         return found
+    return found + _card_findings(resource, interfaces, instance)
+
+
+def _card_findings(resource: Declared, interfaces: list[dict], instance: InstanceType) -> list[Finding]:
+    """The interfaces against the type's network cards: each on a card it has, one per
+    card and device index, at most one EFA interface per card and the type's EFA maximum."""
+    found = []
     efa_per_card: Counter = Counter()
     slots: Counter = Counter()
     for i, interface in enumerate(interfaces):
@@ -685,6 +692,11 @@ def interface_findings(
                     INTERFACES_SOURCE,
                 )
             )
+    return found + _efa_findings(resource, efa_per_card, instance)
+
+
+def _efa_findings(resource: Declared, efa_per_card: Counter, instance: InstanceType) -> list[Finding]:
+    found = []
     for card, count in sorted(efa_per_card.items()):
         if count > 1:
             found.append(

@@ -523,23 +523,7 @@ class GpuNodes(pulumi.ComponentResource):
         """One node from its gang's template, and its SSH host key's public half; `profile`
         overrides the template's (an instance's own iamInstanceProfile wins over its launch
         template's)."""
-        role = node_role(index)
-        # The node's own host key, kept when the instance is replaced (a new node in its place
-        # answers with the key the stack pins), delivered in its user data (components/host_keys.py).
-        host_key = tls.PrivateKey(
-            f"{name}-{node_name(index, gang)}-host-key", algorithm="ED25519", opts=pulumi.ResourceOptions(parent=self)
-        )
-        # Secret: the host key's private half is in it (encrypted in state).
-        user_data = pulumi.Output.secret(
-            pulumi.Output.all(
-                node_boot(args.boot, index, head_ip, gang), host_key.private_key_openssh, host_key.public_key_openssh
-            ).apply(
-                lambda values: host_keys.multipart_user_data(
-                    bootstrap.node_user_data(values[0]), host_keys.host_key_cloud_config(values[1], values[2])
-                )
-            )
-        )
-        gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.gang_count > 1 else {}
+        host_key, user_data = self._host_key_and_user_data(name, gang, index, args, head_ip)
         instance = aws.ec2.Instance(
             f"{name}-{node_name(index, gang)}",
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
@@ -570,13 +554,7 @@ class GpuNodes(pulumi.ComponentResource):
             # it was created with, even when replaced under its own name for another reason
             # (the replacement is made from the same recorded inputs).
             ebs_block_devices=self._stage_volume_devices(args),
-            tags=tags(
-                f"{name}-{node_name(index, gang)}",
-                **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
-                **gang_tag,
-                # What the gateway's role may start it by (idle_stop.gateway_wake_policy).
-                **{idle_stop.STACK_ID_TAG: self.stack_id},
-            ),
+            tags=self._node_tags(name, gang, index, args),
             # User data is first-boot only (cloud-init runs it once per instance), and
             # changing it would stop and start a GPU node. Later changes reach running
             # nodes through the setup command, which sends the node's scripts and
@@ -591,3 +569,36 @@ class GpuNodes(pulumi.ComponentResource):
             ),
         )
         return instance, host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)
+
+    def _host_key_and_user_data(
+        self, name: str, gang: int, index: int, args: GpuNodesArgs, head_ip
+    ) -> tuple[tls.PrivateKey, pulumi.Output[str]]:
+        """The node's SSH host key, and its user data: its first-boot script with that key."""
+        # The node's own host key, kept when the instance is replaced (a new node in its place
+        # answers with the key the stack pins), delivered in its user data (components/host_keys.py).
+        host_key = tls.PrivateKey(
+            f"{name}-{node_name(index, gang)}-host-key", algorithm="ED25519", opts=pulumi.ResourceOptions(parent=self)
+        )
+        # Secret: the host key's private half is in it (encrypted in state).
+        user_data = pulumi.Output.secret(
+            pulumi.Output.all(
+                node_boot(args.boot, index, head_ip, gang), host_key.private_key_openssh, host_key.public_key_openssh
+            ).apply(
+                lambda values: host_keys.multipart_user_data(
+                    bootstrap.node_user_data(values[0]), host_keys.host_key_cloud_config(values[1], values[2])
+                )
+            )
+        )
+        return host_key, user_data
+
+    def _node_tags(self, name: str, gang: int, index: int, args: GpuNodesArgs) -> dict:
+        """A node's tags: its name, role and index, its gang's name with replicas, and the stack's id."""
+        role = node_role(index)
+        gang_tag = {"vllm-cluster:gang": gang_name(gang)} if args.gang_count > 1 else {}
+        return tags(
+            f"{name}-{node_name(index, gang)}",
+            **{"vllm-cluster:role": role, "vllm-cluster:node-index": str(index)},
+            **gang_tag,
+            # What the gateway's role may start it by (idle_stop.gateway_wake_policy).
+            **{idle_stop.STACK_ID_TAG: self.stack_id},
+        )

@@ -76,39 +76,8 @@ class Credentials(pulumi.ComponentResource):
     def __init__(self, name: str, args: CredentialsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:Credentials", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-
-        if args.ssh_private_key is not None:
-            self.ssh_private_key = pulumi.Output.secret(args.ssh_private_key.reveal())
-            self.key_pair_name = None
-        else:
-            # Ed25519: short keys, fast handshakes, and supported by EC2 key pairs and OpenSSH.
-            ssh_key = tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
-            key_pair = aws.ec2.KeyPair(
-                f"{name}-ssh",
-                public_key=ssh_key.public_key_openssh,
-                tags=tags(f"{name}-ssh"),
-                opts=child,
-            )
-            self.ssh_private_key = pulumi.Output.secret(ssh_key.private_key_openssh)
-            self.key_pair_name = key_pair.key_name
-
-        if args.api_key is not None:
-            self.api_key = pulumi.Output.secret(args.api_key.reveal())
-        else:
-            # Letters and digits only: the key travels in an HTTP header and an env file.
-            generated = random.RandomPassword(f"{name}-api-key", length=API_KEY_LENGTH, special=False, opts=child)
-            self.api_key = pulumi.Output.secret(generated.result)
-        self.previous_api_key = (
-            pulumi.Output.secret(args.previous_api_key.reveal()) if args.previous_api_key is not None else None
-        )
-        # The heads' own key: never configured, never exported, only on the gateway and
-        # the heads (their vllm-api.env).
-        self.heads_api_key = pulumi.Output.secret(
-            random.RandomPassword(f"{name}-heads-api-key", length=API_KEY_LENGTH, special=False, opts=child).result
-        )
-        self.probe_api_key = pulumi.Output.secret(
-            random.RandomPassword(f"{name}-probe-api-key", length=API_KEY_LENGTH, special=False, opts=child).result
-        )
+        self._ssh_key(name, args, child)
+        self._api_keys(name, args, child)
 
         # Ray token authentication: every node and every client presents its gang's
         # token to the GCS and the dashboard (the Jobs API runs code: CVE-2023-48022).
@@ -150,4 +119,43 @@ class Credentials(pulumi.ComponentResource):
                 "loginProbePublicKey": self.login_probe_public_key,
                 "metricsPassword": self.metrics_password,
             }
+        )
+
+    def _ssh_key(self, name: str, args: CredentialsArgs, child: pulumi.ResourceOptions) -> None:
+        """The key the stack's commands log in with: the user's own on their hosts, else
+        one made here with its EC2 key pair."""
+        if args.ssh_private_key is not None:
+            self.ssh_private_key = pulumi.Output.secret(args.ssh_private_key.reveal())
+            self.key_pair_name = None
+        else:
+            # Ed25519: short keys, fast handshakes, and supported by EC2 key pairs and OpenSSH.
+            ssh_key = tls.PrivateKey(f"{name}-ssh", algorithm="ED25519", opts=child)
+            key_pair = aws.ec2.KeyPair(
+                f"{name}-ssh",
+                public_key=ssh_key.public_key_openssh,
+                tags=tags(f"{name}-ssh"),
+                opts=child,
+            )
+            self.ssh_private_key = pulumi.Output.secret(ssh_key.private_key_openssh)
+            self.key_pair_name = key_pair.key_name
+
+    def _api_keys(self, name: str, args: CredentialsArgs, child: pulumi.ResourceOptions) -> None:
+        """The clients' apiKey (and previousApiKey), the heads' own key and the gateway's
+        probe key."""
+        if args.api_key is not None:
+            self.api_key = pulumi.Output.secret(args.api_key.reveal())
+        else:
+            # Letters and digits only: the key travels in an HTTP header and an env file.
+            generated = random.RandomPassword(f"{name}-api-key", length=API_KEY_LENGTH, special=False, opts=child)
+            self.api_key = pulumi.Output.secret(generated.result)
+        self.previous_api_key = (
+            pulumi.Output.secret(args.previous_api_key.reveal()) if args.previous_api_key is not None else None
+        )
+        # The heads' own key: never configured, never exported, only on the gateway and
+        # the heads (their vllm-api.env).
+        self.heads_api_key = pulumi.Output.secret(
+            random.RandomPassword(f"{name}-heads-api-key", length=API_KEY_LENGTH, special=False, opts=child).result
+        )
+        self.probe_api_key = pulumi.Output.secret(
+            random.RandomPassword(f"{name}-probe-api-key", length=API_KEY_LENGTH, special=False, opts=child).result
         )

@@ -88,9 +88,43 @@ class Gateway(pulumi.ComponentResource):
                 )
             )
         )
-        instance = aws.ec2.Instance(
+        instance = self._instance(name, args, image.id, profile, user_data)
+        address = aws.ec2.Eip(
+            f"{name}-gateway-ip",
+            domain="vpc",
+            instance=instance.id,
+            tags=tags(f"{name}-gateway-ip"),
+            opts=renamed_from(f"{name}-ip", parent=self),
+        )
+
+        self.wake_profile_arn = profile.arn if profile is not None else None
+        self.public_ip = address.public_ip
+        self.private_ip = instance.private_ip
+        self.instance_id = instance.id
+        self.resources = [instance, address]
+        self.host_key = host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)
+        self.register_outputs(
+            {
+                "publicIp": self.public_ip,
+                "privateIp": self.private_ip,
+                "instanceId": self.instance_id,
+                "wakeProfileArn": self.wake_profile_arn,
+                "hostKey": self.host_key,
+            }
+        )
+
+    def _instance(
+        self,
+        name: str,
+        args: GatewayArgs,
+        image_id: pulumi.Input[str],
+        profile: aws.iam.InstanceProfile | None,
+        user_data: pulumi.Output[str],
+    ) -> aws.ec2.Instance:
+        """The gateway's host in the public subnet, from Ubuntu's image and its gzipped user data."""
+        return aws.ec2.Instance(
             f"{name}-gateway-host",
-            ami=image.id,
+            ami=image_id,
             instance_type=args.instance_type,
             subnet_id=args.subnet_id,
             vpc_security_group_ids=[args.gateway_group_id],
@@ -118,29 +152,6 @@ class Gateway(pulumi.ComponentResource):
                 ignore_changes=["ami", "userData", "userDataBase64"],
                 depends_on=list(args.boot_after),
             ),
-        )
-        address = aws.ec2.Eip(
-            f"{name}-gateway-ip",
-            domain="vpc",
-            instance=instance.id,
-            tags=tags(f"{name}-gateway-ip"),
-            opts=renamed_from(f"{name}-ip", parent=self),
-        )
-
-        self.wake_profile_arn = profile.arn if profile is not None else None
-        self.public_ip = address.public_ip
-        self.private_ip = instance.private_ip
-        self.instance_id = instance.id
-        self.resources = [instance, address]
-        self.host_key = host_key.public_key_openssh.apply(lambda key: host_keys.parse_public_key(key).authorized)
-        self.register_outputs(
-            {
-                "publicIp": self.public_ip,
-                "privateIp": self.private_ip,
-                "instanceId": self.instance_id,
-                "wakeProfileArn": self.wake_profile_arn,
-                "hostKey": self.host_key,
-            }
         )
 
     def _wake_profile(self, name: str, stack_id: pulumi.Input[str]) -> aws.iam.InstanceProfile:

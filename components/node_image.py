@@ -201,6 +201,43 @@ class NodeImage(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         # The component's own name says what it is (vllm-node-image): its children's start with it.
         prefix = name
+        object_key = f"bake/{args.key.lock_sha256[:12]}/bake.sh"
+        bucket, script = self._bake_script(prefix, args, object_key, child)
+        profile, role_policies = self._builder_role(prefix, bucket, object_key, child)
+        group, rules = self._builder_group(prefix, args, child)
+        recipe = self._recipe(prefix, args, bucket, object_key, child)
+        infrastructure = aws.imagebuilder.InfrastructureConfiguration(
+            f"{prefix}-infrastructure",
+            name=args.key.name,
+            instance_types=[BUILDER_INSTANCE_TYPE],
+            instance_profile_name=profile.name,
+            subnet_id=args.subnet_id,
+            security_group_ids=[group.id],
+            # IMDSv2 only, as the nodes.
+            instance_metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1},
+            terminate_instance_on_failure=True,
+            resource_tags=tags(f"{prefix}-builder"),
+            tags=tags(f"{prefix}-infrastructure"),
+            opts=child,
+        )
+        image = aws.imagebuilder.Image(
+            f"{prefix}-image",
+            image_recipe_arn=recipe.arn,
+            infrastructure_configuration_arn=infrastructure.arn,
+            # Image Builder's own test phase would launch the image once more; setup checks
+            # the environment on every node anyway.
+            image_tests_configuration={"image_tests_enabled": False},
+            tags=tags(f"{prefix}-image"),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[script, *role_policies, *rules, *args.build_after]),
+        )
+        # The AMI the build made (one region: no distribution configuration).
+        self.image_id = image.output_resources.apply(lambda resources: resources[0].amis[0].image)
+        self.register_outputs({"imageId": self.image_id})
+
+    def _bake_script(
+        self, prefix: str, args: NodeImageArgs, object_key: str, child: pulumi.ResourceOptions
+    ) -> tuple[aws.s3.Bucket, aws.s3.BucketObjectv2]:
+        """A private bucket holding the bake script at `object_key`, where the builder fetches it."""
         bucket = aws.s3.Bucket(f"{prefix}-bucket", force_destroy=True, tags=tags(f"{prefix}-bucket"), opts=child)
         aws.s3.BucketPublicAccessBlock(
             f"{prefix}-bucket-private",
@@ -211,7 +248,6 @@ class NodeImage(pulumi.ComponentResource):
             restrict_public_buckets=True,
             opts=child,
         )
-        object_key = f"bake/{args.key.lock_sha256[:12]}/bake.sh"
         script = aws.s3.BucketObjectv2(
             f"{prefix}-bake-script",
             bucket=bucket.id,
@@ -221,6 +257,13 @@ class NodeImage(pulumi.ComponentResource):
             tags=tags(f"{prefix}-bake-script"),
             opts=child,
         )
+        return bucket, script
+
+    def _builder_role(
+        self, prefix: str, bucket: aws.s3.Bucket, object_key: str, child: pulumi.ResourceOptions
+    ) -> tuple[aws.iam.InstanceProfile, list[pulumi.Resource]]:
+        """The builder instance's profile, and its role's policies, which the build waits for:
+        Image Builder's managed policy and the role's own (builder_policy)."""
         role = aws.iam.Role(
             f"{prefix}-builder-role",
             assume_role_policy=json.dumps(
@@ -247,6 +290,12 @@ class NodeImage(pulumi.ComponentResource):
         profile = aws.iam.InstanceProfile(
             f"{prefix}-builder-profile", role=role.name, tags=tags(f"{prefix}-builder-profile"), opts=child
         )
+        return profile, [attachment, own_policy]
+
+    def _builder_group(
+        self, prefix: str, args: NodeImageArgs, child: pulumi.ResourceOptions
+    ) -> tuple[aws.ec2.SecurityGroup, list[pulumi.Resource]]:
+        """The builder's security group and its egress rules (BUILDER_EGRESS)."""
         group = aws.ec2.SecurityGroup(
             f"{prefix}-builder-sg",
             vpc_id=args.vpc_id,
@@ -267,6 +316,13 @@ class NodeImage(pulumi.ComponentResource):
             )
             for port, why in BUILDER_EGRESS
         ]
+        return group, rules
+
+    def _recipe(
+        self, prefix: str, args: NodeImageArgs, bucket: aws.s3.Bucket, object_key: str, child: pulumi.ResourceOptions
+    ) -> aws.imagebuilder.ImageRecipe:
+        """The bake component (it runs the script from the bucket) on the base image, with
+        the root volume the nodes launch with."""
         component = aws.imagebuilder.Component(
             f"{prefix}-component",
             name=args.key.name,
@@ -277,7 +333,7 @@ class NodeImage(pulumi.ComponentResource):
             tags=tags(f"{prefix}-component"),
             opts=child,
         )
-        recipe = aws.imagebuilder.ImageRecipe(
+        return aws.imagebuilder.ImageRecipe(
             f"{prefix}-recipe",
             name=args.key.name,
             version=BAKE_VERSION,
@@ -299,32 +355,3 @@ class NodeImage(pulumi.ComponentResource):
             tags=tags(f"{prefix}-recipe"),
             opts=child,
         )
-        infrastructure = aws.imagebuilder.InfrastructureConfiguration(
-            f"{prefix}-infrastructure",
-            name=args.key.name,
-            instance_types=[BUILDER_INSTANCE_TYPE],
-            instance_profile_name=profile.name,
-            subnet_id=args.subnet_id,
-            security_group_ids=[group.id],
-            # IMDSv2 only, as the nodes.
-            instance_metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1},
-            terminate_instance_on_failure=True,
-            resource_tags=tags(f"{prefix}-builder"),
-            tags=tags(f"{prefix}-infrastructure"),
-            opts=child,
-        )
-        image = aws.imagebuilder.Image(
-            f"{prefix}-image",
-            image_recipe_arn=recipe.arn,
-            infrastructure_configuration_arn=infrastructure.arn,
-            # Image Builder's own test phase would launch the image once more; setup checks
-            # the environment on every node anyway.
-            image_tests_configuration={"image_tests_enabled": False},
-            tags=tags(f"{prefix}-image"),
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[script, attachment, own_policy, *rules, *args.build_after]
-            ),
-        )
-        # The AMI the build made (one region: no distribution configuration).
-        self.image_id = image.output_resources.apply(lambda resources: resources[0].amis[0].image)
-        self.register_outputs({"imageId": self.image_id})

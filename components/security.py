@@ -104,6 +104,11 @@ class SecurityGroups(pulumi.ComponentResource):
 
     def _gateway_rules(self, gateway, nodes, args: SecurityArgs) -> None:
         """The only group with rules that name outside addresses."""
+        self._gateway_from_outside(gateway, args)
+        self._gateway_with_nodes(gateway, nodes)
+
+    def _gateway_from_outside(self, gateway, args: SecurityArgs) -> None:
+        """The clients' API and the admins' SSH and dashboard, each from its own CIDRs."""
         for cidr in args.api_allowed_cidrs:
             self._ingress(
                 f"gateway-api-{_slug(cidr)}",
@@ -127,6 +132,10 @@ class SecurityGroups(pulumi.ComponentResource):
                 cidr=cidr,
                 why=f"Ray dashboard over TLS for admins {cidr} (adminCidrs) only: it can run any code",
             )
+
+    def _gateway_with_nodes(self, gateway, nodes) -> None:
+        """The nodes in on the API and Prometheus, the gateway out to the nodes on what it
+        proxies, scrapes and jumps to, and out to the internet for its packages."""
         self._ingress(
             "gateway-api-from-nodes",
             gateway,

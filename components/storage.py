@@ -127,21 +127,7 @@ class ModelStorage(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ModelStorageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("vllm-cluster:index:ModelStorage", name, None, opts)
-        if args.existing is None:
-            file_system = aws.efs.FileSystem(
-                f"{name}-model-cache",
-                encrypted=True,
-                throughput_mode="elastic",
-                performance_mode="generalPurpose",
-                tags=tags(f"{name}-model-cache"),
-                opts=renamed_from(f"{name}-fs", parent=self, retain_on_delete=args.retain_on_destroy),
-            )
-            file_system_id, file_system_arn, dns_name = file_system.id, file_system.arn, file_system.dns_name
-        else:
-            # Not the stack's: nothing here can delete it, whatever retainModelCache says.
-            file_system_id = pulumi.Output.from_input(args.existing.file_system_id)
-            file_system_arn = pulumi.Output.from_input(args.existing.arn)
-            dns_name = pulumi.Output.from_input(args.existing.dns_name)
+        file_system_id, file_system_arn, dns_name = self._file_system(name, args)
         mount_target = aws.efs.MountTarget(
             f"{name}-model-cache-mount",
             file_system_id=file_system_id,
@@ -161,21 +147,7 @@ class ModelStorage(pulumi.ComponentResource):
             WHEELHOUSE_DIRECTORY,
             pulumi.ResourceOptions(parent=self),
         )
-        policy = aws.efs.FileSystemPolicy(
-            f"{name}-model-cache-tls-only",
-            file_system_id=file_system_id,
-            policy=pulumi.Output.all(file_system_arn, access_point.arn, wheelhouse_access_point.arn).apply(
-                lambda arns: file_system_policy(*arns)
-            ),
-            # A file system that outlives the stack keeps its policy: without one EFS lets
-            # any client of a mount target in, TLS or not. This one names only the stack's
-            # access points, so it admits nobody until a stack reuses the cache.
-            opts=renamed_from(
-                f"{name}-tls-only",
-                parent=self,
-                retain_on_delete=args.retain_on_destroy or args.existing is not None,
-            ),
-        )
+        policy = self._policy(name, args, file_system_id, file_system_arn, access_point, wheelhouse_access_point)
 
         self.file_system_id = file_system_id
         self.file_system_arn = file_system_arn
@@ -197,6 +169,55 @@ class ModelStorage(pulumi.ComponentResource):
                 "wheelhouseAccessPointArn": self.wheelhouse_access_point_arn,
                 "mountTargetId": self.mount_target_id,
             }
+        )
+
+    def _file_system(
+        self, name: str, args: ModelStorageArgs
+    ) -> tuple[pulumi.Output[str], pulumi.Output[str], pulumi.Output[str]]:
+        """The file system's id, ARN and DNS name: the stack's own, or the one it reuses
+        (modelCacheFileSystemId)."""
+        if args.existing is None:
+            file_system = aws.efs.FileSystem(
+                f"{name}-model-cache",
+                encrypted=True,
+                throughput_mode="elastic",
+                performance_mode="generalPurpose",
+                tags=tags(f"{name}-model-cache"),
+                opts=renamed_from(f"{name}-fs", parent=self, retain_on_delete=args.retain_on_destroy),
+            )
+            return file_system.id, file_system.arn, file_system.dns_name
+        # Not the stack's: nothing here can delete it, whatever retainModelCache says.
+        return (
+            pulumi.Output.from_input(args.existing.file_system_id),
+            pulumi.Output.from_input(args.existing.arn),
+            pulumi.Output.from_input(args.existing.dns_name),
+        )
+
+    def _policy(
+        self,
+        name: str,
+        args: ModelStorageArgs,
+        file_system_id: pulumi.Output[str],
+        file_system_arn: pulumi.Output[str],
+        access_point: aws.efs.AccessPoint,
+        wheelhouse_access_point: aws.efs.AccessPoint,
+    ) -> aws.efs.FileSystemPolicy:
+        """The file system's policy (file_system_policy): TLS only, through the stack's
+        mount target and access points."""
+        return aws.efs.FileSystemPolicy(
+            f"{name}-model-cache-tls-only",
+            file_system_id=file_system_id,
+            policy=pulumi.Output.all(file_system_arn, access_point.arn, wheelhouse_access_point.arn).apply(
+                lambda arns: file_system_policy(*arns)
+            ),
+            # A file system that outlives the stack keeps its policy: without one EFS lets
+            # any client of a mount target in, TLS or not. This one names only the stack's
+            # access points, so it admits nobody until a stack reuses the cache.
+            opts=renamed_from(
+                f"{name}-tls-only",
+                parent=self,
+                retain_on_delete=args.retain_on_destroy or args.existing is not None,
+            ),
         )
 
     @staticmethod

@@ -13,7 +13,7 @@ from pulumi_mocks import booted_script, run_stack, stack_config, stack_names, un
 
 from components import bootstrap, metrics, node_env, ports, versions
 from components.catalog import CATALOG
-from components.services import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
+from components.remote_commands import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
 from tests.test_host_firewall import Firewall, firewall_sent
 
 COMMAND = "command:remote:Command"
