@@ -1,6 +1,6 @@
 """`vllm-cluster plan --stack NAME`: what a stack would create and whether it works,
 offline (no AWS, no Pulumi CLI). The resource list comes from running the real
-program under the mock runtime; the figures from components/sizing.py; the
+program under the mock runtime; the figures from components/sizing/; the
 `vllm serve` arguments from the same function the bootstrap uses. Every declared
 resource's inputs go through AWS's own rules (components/aws_contract.py): what EC2,
 IAM or EFS would refuse is shown as a problem of the stack before anything exists.
@@ -24,6 +24,7 @@ from components import (
     quotas,
     sizing,
     stage_volume,
+    versions,
     warm_pool_cost,
 )
 from components.catalog import InstanceType
@@ -346,7 +347,7 @@ def _stage_volume(spec, volume: stage_volume.StageVolume, wakes: dict[str, list]
     return {
         "chosen": spec.stage_volume,
         # The volume only keeps a local copy of the stage: a stack that serves from the
-        # EFS cache has none (spec._resolve_stage_volume).
+        # EFS cache has none (components/spec/loader.py resolve_stage_volume).
         "offered": sizing.serves_from_local_disk(spec)[0],
         "sizeGiB": volume.size_gib,
         "iops": volume.iops,
@@ -491,17 +492,16 @@ def _prometheus(spec) -> dict[str, Any]:
 
 
 def _model_bytes(model: sizing.ModelSize, spec, loads: list[sizing.NodeLoad], topology: dict) -> dict[str, Any]:
-    """The model's bytes on the way to each node's engine (components/sizing.py, issue 20):
+    """The model's bytes on the way to each node's engine (components/sizing/model_bytes.py, issue 20):
     the first download from the Hub, then per node what it pulls from the EFS cache, the
     copy to its local NVMe (none when it serves from the cache) and the engine's read, each
     with its rate, time and source."""
-    from components.bootstrap import EFS_UTILS_VERSION  # the efs-utils the nodes build
 
     rate, rate_source = sizing.efs_client_rate()
     download = sizing.model_download(model, spec.nodes)
     roles = {node["node"]: node["role"] for node in topology["nodes"]}
     return {
-        "efsUtilsVersion": EFS_UTILS_VERSION,
+        "efsUtilsVersion": versions.EFS_UTILS_VERSION,  # the efs-utils the nodes build
         "efsClientMiBps": rate,
         "efsRateSource": rate_source,
         "download": {
@@ -939,7 +939,7 @@ def _ec2_model_bytes_lines(plan: dict[str, Any]) -> list[str]:
         else "by one node"
     )
     out = [
-        "Model bytes per node (estimates, components/sizing.py)",
+        "Model bytes per node (estimates, components/sizing/model_bytes.py)",
         f"  EFS rate       {b['efsClientMiBps']} MiB/s per client: {b['efsRateSource']}",
         f"  download       {d['totalGB']:g} GB from {d['from']} to {d['to']} {who}, at {d['rateMiBps']:g} MiB/s "
         f"(the EFS rate; the Hub and the NAT gateway assumed not slower): {d['seconds']} s, once per model "

@@ -22,8 +22,6 @@ from pathlib import Path
 
 from components import api_routes, image, ports, sizing, stage_volume, versions
 from components.gateway_nginx import API_KEY_VARIABLE, HEADS_AUTHORIZATION_VARIABLE, VLLM_HTTP_KEEP_ALIVE_SECONDS
-from components.gateway_nginx import gateway_gangs as gateway_gangs  # moved (issue 37): lead removes at integration
-from components.gateway_nginx import nginx_site as nginx_site  # moved (issue 37): lead removes at integration
 from components.host_paths import (
     BIN_DIR,
     CLUSTER_ENV,
@@ -40,7 +38,6 @@ from components.host_paths import (
 )
 from components.spec import MAX_API_KEY_LENGTH, ClusterSpec
 from components.topology import node_name, node_role, writes_wheelhouse
-from components.versions import EFS_UTILS_VERSION as EFS_UTILS_VERSION  # moved (issue 37): lead removes at integration
 from scripts.lib import engine_cache
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ NCCL loads it or at what speed the gang's nodes exchange: a wrong NIC, a plugin 
 did not load, a security group that is not self-referencing or nodes outside the
 placement group leave the service up at a fraction of its bandwidth, or hanging. So
 before vLLM starts, every node of a gang of several runs one all-reduce over all the
-gang's GPUs (scripts/node/fabric-check, from services.py), and the head fails
+gang's GPUs (scripts/node/fabric-check, from components/node_commands.py), and the head fails
 `pulumi up` when its bus bandwidth is below the floor, naming both and the likely
 causes.
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_command as command
 
-from components import bootstrap, idle_stop, metrics, ports
+from components import bootstrap, gateway_nginx, idle_stop, metrics, ports
 from components.bootstrap import GATEWAY_COMMAND
 from components.remote_commands import RemoteCommands
 from components.services_args import GatewayServiceArgs, IdleStopArgs, NodesArgs, ServingGang
@@ -166,7 +166,7 @@ class GatewaySteps:
         args, gangs = self.args, self.nodes.gangs
         # The dashboard is gang 0's; the API balances over every gang's head.
         site = pulumi.Output.all(gangs[0].node_ips[0], args.private_ip).apply(
-            lambda values: bootstrap.nginx_site(
+            lambda values: gateway_nginx.nginx_site(
                 values[0],
                 args.admin_cidrs,
                 read_timeout_seconds=args.api_read_timeout_seconds,
@@ -179,7 +179,7 @@ class GatewaySteps:
             )
         )
         pool = pulumi.Output.all(*[gang.node_ips[0] for gang in gangs]).apply(
-            lambda heads: bootstrap.gateway_gangs({gang.name: ip for gang, ip in zip(gangs, heads, strict=True)})
+            lambda heads: gateway_nginx.gateway_gangs({gang.name: ip for gang, ip in zip(gangs, heads, strict=True)})
         )
         # With replicas this runs as soon as replaced heads have addresses: a replaced
         # gang keeps its old head (while that serves and the new one does not) until its

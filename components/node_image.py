@@ -48,7 +48,7 @@ BAKED_BY_TAG = "vllm-cluster:baked-by"
 
 # The builder: no GPU is needed to install wheels, and the image runs on any x86_64 Nitro
 # type. 8 vCPUs shorten the install (unpacking and byte-compiling spread over the cores,
-# components/sizing.py) at $0.34/h (us-east-1 on-demand, aws.amazon.com/ec2/pricing).
+# components/sizing/) at $0.34/h (us-east-1 on-demand, aws.amazon.com/ec2/pricing).
 BUILDER_INSTANCE_TYPE = "c6i.2xlarge"
 
 # What the builder's role needs. Image Builder's setup guide attaches two managed policies to

@@ -28,7 +28,7 @@ import pulumi_command as command
 from components import bootstrap
 from components.bootstrap import REMOVE_COMMAND
 from components.compute import NodeBootArgs, node_boot
-from components.services import dial
+from components.remote_commands import dial
 from components.topology import node_name
 
 

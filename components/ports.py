@@ -83,7 +83,7 @@ RAY_MAX_WORKER = 19999
 # users reach it through nginx on DASHBOARD_HTTPS under /prometheus/ behind the stack's
 # metrics login, and the GPU nodes (Ray's dashboard on each head reads it) reach nginx on
 # this port of the gateway's private address, which passes them its query API alone
-# (bootstrap.nginx_site); a security group rule admits the nodes' group only. Its admin
+# (gateway_nginx.nginx_site); a security group rule admits the nodes' group only. Its admin
 # and lifecycle APIs stay off (Prometheus's --web.enable-admin-api and
 # --web.enable-lifecycle are off by default).
 PROMETHEUS = 9090

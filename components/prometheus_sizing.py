@@ -89,7 +89,7 @@ GATEWAY_BASE_MIB = 500
 # own samples ("the actual data accessed from disk should be kept in page cache", same post).
 MEMORY_SHARE = 0.8
 
-# Memory of the gateway types the planner prices (components/sizing.py
+# Memory of the gateway types the planner prices (components/sizing/
 # GATEWAY_PRICE_PER_HOUR), in GiB, from AWS's instance type pages, "Mem (GiB)":
 # https://aws.amazon.com/ec2/instance-types/t3/ and https://aws.amazon.com/ec2/instance-types/t4g/.
 GATEWAY_MEMORY_GIB = {"t3.micro": 1, "t3.small": 2, "t3.medium": 4, "t4g.small": 2}

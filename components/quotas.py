@@ -53,7 +53,7 @@ _FAMILY_QUOTAS = {
     **{letter: STANDARD for letter in "acdhimrtz"},
 }
 
-# The gateway types the stack prices (components/sizing.py): all two vCPUs
+# The gateway types the stack prices (components/sizing/cost.py): all two vCPUs
 # (https://aws.amazon.com/ec2/instance-types/t3/ and .../t4/: t3.micro, t3.small, t3.medium
 # and t4g.small each 2 vCPUs).
 GATEWAY_VCPUS = {"t3.micro": 2, "t3.small": 2, "t3.medium": 2, "t4g.small": 2}

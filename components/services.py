@@ -52,7 +52,6 @@ from components import bootstrap, idle_stop
 from components.gateway_commands import GatewayCommands, GatewaySteps
 from components.node_commands import NodeCommands, NodeSteps, RayCommands, gang_turn_seconds
 from components.remote_commands import RemoteCommands
-from components.remote_commands import dial as dial  # moved (issue 37): lead removes at integration
 from components.services_args import ServicesArgs, ServingGang
 from components.spec import ClusterSpec
 

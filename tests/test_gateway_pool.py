@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap, ports
+from components import bootstrap, gateway_nginx, ports
 from tests.test_bootstrap import self_signed_pair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,7 +191,7 @@ class Gateway:
     def site(self, **overrides) -> str:
         """The site the stack sends, listening on loopback ports of this test instead of
         443 and 8443 (and not on IPv6)."""
-        site = bootstrap.nginx_site(
+        site = gateway_nginx.nginx_site(
             "127.0.0.9",
             ("127.0.0.1/32",),
             str(self.cert),
@@ -366,7 +366,7 @@ esac
     nginx = subprocess.Popen([*nginx_args, "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         eventually(lambda: pid_file.exists() and pid_file.read_text().strip() == str(nginx.pid), what="nginx start")
-        # The stack installs the keys before its first configure (services.py).
+        # The stack installs the keys before its first configure (components/gateway_commands.py).
         assert_ran(gateway.install_keys())
         yield gateway
     finally:
@@ -415,7 +415,7 @@ def test_configure_puts_one_server_per_gang_in_the_pool_and_both_serve(gateway, 
 
 def test_configure_reads_the_gangs_as_the_stack_writes_them(gateway):
     heads = {"gang0": "10.42.128.10", "gang1": "10.42.0.20"}
-    assert_ran(gateway.run("configure", "--gangs", bootstrap.gateway_gangs(heads), stdin=gateway.site()))
+    assert_ran(gateway.run("configure", "--gangs", gateway_nginx.gateway_gangs(heads), stdin=gateway.site()))
     assert list(gateway.servers()) == [f"{ip}:{ports.VLLM_API}" for ip in heads.values()]
     assert (gateway.root / "var/lib/vllm-cluster/gateway/gangs").read_text() == "".join(
         f"{gang} {ip}:{ports.VLLM_API}\n" for gang, ip in heads.items()

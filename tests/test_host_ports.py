@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap, image, ports
+from components import bootstrap, gateway_nginx, image, ports
 from tests.test_bootstrap import boot, parse_env, spec_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,8 +194,8 @@ def test_vllm_serves_on_the_moved_port_and_the_gateway_reaches_it_there(tmp_path
     vllm_env = parse_env(bootstrap.vllm_env(spec_of(), HEAD_IP, [HEAD_IP]))
     served = expand_like_systemd(exec_start("vllm.service"), {**written_node_env(tmp_path, 0), **vllm_env})
     assert served[served.index("--port") + 1] == "18000"
-    assert bootstrap.gateway_gangs({"gang0": HEAD_IP}) == f"gang0={HEAD_IP}:18000"
-    site = bootstrap.nginx_site(HEAD_IP, ("198.51.100.7/32",))
+    assert gateway_nginx.gateway_gangs({"gang0": HEAD_IP}) == f"gang0={HEAD_IP}:18000"
+    site = gateway_nginx.nginx_site(HEAD_IP, ("198.51.100.7/32",))
     assert f"server {HEAD_IP}:18265;" in site
     assert "listen 10443 ssl;" in site and "listen 18443 ssl;" in site
 
@@ -209,10 +209,10 @@ def test_no_rendered_host_file_holds_a_port_that_moved(moved):
         "node user data": bootstrap.node_user_data(boot(1)),
         "gateway user data": bootstrap.gateway_user_data(),
         "vllm.env": bootstrap.vllm_env(spec_of(), HEAD_IP, [HEAD_IP, WORKER_IP]),
-        "nginx site": bootstrap.nginx_site(HEAD_IP, ("198.51.100.7/32",)),
-        "nginx site with the waker": bootstrap.nginx_site(HEAD_IP, ("198.51.100.7/32",), waker=True),
+        "nginx site": gateway_nginx.nginx_site(HEAD_IP, ("198.51.100.7/32",)),
+        "nginx site with the waker": gateway_nginx.nginx_site(HEAD_IP, ("198.51.100.7/32",), waker=True),
         "the gateway's waker script": bootstrap.gateway_waker_script("{}"),
-        "the gateway's gangs": bootstrap.gateway_gangs({"gang0": HEAD_IP, "gang1": WORKER_IP}),
+        "the gateway's gangs": gateway_nginx.gateway_gangs({"gang0": HEAD_IP, "gang1": WORKER_IP}),
     }
     for what, text in rendered.items():
         for name, old in ORIGINAL.items():

@@ -13,7 +13,7 @@ from pulumi_mocks import stack_config, stack_names
 
 from cli import plan
 from cli.stack_file import read_stack
-from components import aws_contract, bootstrap, image, prometheus_sizing, sizing
+from components import aws_contract, bootstrap, image, prometheus_sizing, sizing, versions
 from components.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def test_json_has_the_documented_fields():
     assert document["awsContract"] == {"ok": True, "errors": [], "warnings": []}
     # The model's bytes per node: what each pulls from the cache, its copy to NVMe, the engine's read.
     model_bytes = document["modelBytes"]
-    assert model_bytes["efsClientMiBps"] == 500 and model_bytes["efsUtilsVersion"] == bootstrap.EFS_UTILS_VERSION
+    assert model_bytes["efsClientMiBps"] == 500 and model_bytes["efsUtilsVersion"] == versions.EFS_UTILS_VERSION
     assert model_bytes["download"]["perNodeGB"] == 70.6 and model_bytes["servesFromLocalDisk"] is True
     assert [node["copy"]["to"] for node in model_bytes["perNode"]] == [image.NVME_MOUNT] * 2
 
@@ -180,7 +180,7 @@ def test_the_prod_plan_shows_what_each_node_pulls_copies_and_reads():
     assert "stunnel" in model_bytes["efsRateSource"] and "performance.html" in model_bytes["efsRateSource"]
     printed = plan.render(document)
     for line in (
-        "Model bytes per node (estimates, components/sizing.py)",
+        "Model bytes per node (estimates, components/sizing/model_bytes.py)",
         f"  EFS rate       500 MiB/s per client: {model_bytes['efsRateSource']}",
         f"  serves from    local NVMe: {model_bytes['reason']}",
         "    copy         70.6 GB from the EFS cache to /opt/dlami/nvme at 500 MiB/s: 135 s (the EFS rate above)",
@@ -214,7 +214,7 @@ def test_without_nvme_every_prod_node_pulls_the_whole_model_and_the_plan_says_wh
 
 
 def test_the_plan_follows_the_efs_utils_the_nodes_build(monkeypatch):
-    monkeypatch.setattr(bootstrap, "EFS_UTILS_VERSION", "v2.1.0")
+    monkeypatch.setattr(versions, "EFS_UTILS_VERSION", "v2.1.0")
     model_bytes = plan.build_plan("prod")["modelBytes"]
     assert model_bytes["efsUtilsVersion"] == "v2.1.0" and model_bytes["efsClientMiBps"] == 1500
     assert [node["copy"]["seconds"] for node in model_bytes["perNode"]] == [45, 45]

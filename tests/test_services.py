@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pulumi_mocks import booted_script, run_stack, stack_config, stack_names, unsecret, user_data_parts
 
-from components import bootstrap, metrics, node_env, ports, versions
+from components import bootstrap, gateway_nginx, metrics, node_env, ports, versions
 from components.catalog import CATALOG
 from components.remote_commands import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
 from tests.test_host_firewall import Firewall, firewall_sent
@@ -290,7 +290,7 @@ def test_the_gateway_site_points_at_the_head(run):
     waker = bool(run.outputs.get("idleStopMinutes"))
     # The gateway's private address, as the head's readiness check is told it.
     gateway_ip = re.search(r"--gateway (\S+) ", commands(run)["vllm-readiness"].inputs["create"]).group(1)
-    assert site == bootstrap.nginx_site(
+    assert site == gateway_nginx.nginx_site(
         run.outputs["headPrivateIp"],
         tuple(run.config["vllm-cluster:adminCidrs"]),
         waker=waker,

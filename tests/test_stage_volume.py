@@ -10,7 +10,8 @@ from pulumi_mocks import run_stack, stack_config
 
 from components import aws_contract, bootstrap, idle_stop, stage_volume
 from components.catalog import CATALOG
-from components.spec import SpecError, _resolve_stage_volume, load_spec
+from components.spec import SpecError, load_spec
+from components.spec.loader import resolve_stage_volume
 
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 INSTANCE = "aws:ec2/instance:Instance"
@@ -90,9 +91,9 @@ def test_a_stage_volume_on_a_stack_that_serves_from_the_efs_cache_is_refused_and
     seven_b = spec_of("dev", idleStopMinutes=30, model="Qwen/Qwen2.5-7B-Instruct")
     assert seven_b.stage_volume == "ebs"
     no_store = dataclasses.replace(seven_b, instance=dataclasses.replace(seven_b.instance, instance_store_gb=0))
-    assert _resolve_stage_volume(no_store, None) == "instance-store"
+    assert resolve_stage_volume(no_store, None) == "instance-store"
     with pytest.raises(SpecError) as caught:
-        _resolve_stage_volume(no_store, "ebs")
+        resolve_stage_volume(no_store, "ebs")
     assert caught.value.keys == ["stageVolume"]
     assert "serves from the EFS cache" in str(caught.value) and "pulumi config rm vllm-cluster:stageVolume" in str(
         caught.value

@@ -3,7 +3,7 @@
 start-vllm waits until the head's vLLM answers the stack's probe. It reads vllm.service's
 journal while it waits (by cursor) and what systemd knows of the unit, and fails, with the
 journal's last lines and the likely cause, when the start is stuck: no new line for the
-bound the stack planned (--stall-seconds, components/sizing.py
+bound the stack planned (--stall-seconds, components/sizing/start_time.py
 engine_start_stall_seconds), the engine's processes gone, or systemd restarting it in a
 loop. A start that keeps writing lines is waited for, however long it takes in all.
 

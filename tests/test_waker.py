@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap, idle_stop, ports
+from components import bootstrap, gateway_nginx, idle_stop, ports
 from tests.doubles.ec2_api import (
     CredentialStore,
     Ec2ApiDouble,
@@ -862,9 +862,9 @@ def needs_nginx() -> str:
 
 
 def test_the_site_hands_failed_requests_to_the_waker_only_when_asked():
-    plain = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",))
+    plain = gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",))
     assert "vllm_waker" not in plain and "error_page" not in plain
-    site = bootstrap.nginx_site("10.42.128.10", ("198.51.100.7/32",), waker=True)
+    site = gateway_nginx.nginx_site("10.42.128.10", ("198.51.100.7/32",), waker=True)
     assert site.replace("    error_page 502 504 = @vllm_waker;\n", "") != plain  # the named location is there too
     assert "error_page 502 504 = @vllm_waker;" in site
     assert f"proxy_pass http://127.0.0.1:{ports.WAKER};" in site
@@ -1136,7 +1136,7 @@ def test_the_waker_script_carries_the_waker_its_unit_and_port_and_then_configure
 def test_a_moved_waker_port_reaches_waker_env_and_the_site(monkeypatch):
     monkeypatch.setattr(ports, "WAKER", 18099)
     assert "PORT_WAKER=18099\n" in bootstrap.gateway_waker_script("{}")
-    assert "proxy_pass http://127.0.0.1:18099;" in bootstrap.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=True)
+    assert "proxy_pass http://127.0.0.1:18099;" in gateway_nginx.nginx_site("10.0.0.1", ("10.0.0.0/8",), waker=True)
 
 
 def test_the_endpoint_is_verified_against_the_trust_store(aws):

@@ -30,9 +30,6 @@ from components.config_keys import (
 from components.spec.cluster_spec import ClusterSpec
 from components.spec.gateway import UserCertificate
 from components.spec.loader import load_spec
-
-# moved (issue 37): lead removes at integration (tests/test_stage_volume.py imports it here).
-from components.spec.loader import resolve_stage_volume as _resolve_stage_volume
 from components.spec.network_placement import ExistingNetwork, existing_vpc_problems
 from components.spec.node_storage import (
     MIN_ROOT_VOLUME_GIB,
@@ -72,6 +69,4 @@ __all__ = [
     "existing_vpc_problems",
     "model_cache_problems",
     "model_cache_sharing_problems",
-    # moved (issue 37): lead removes at integration; now loader.resolve_stage_volume.
-    "_resolve_stage_volume",
 ]

@@ -1,5 +1,5 @@
 """Whether the model fits the shape: its weights and one sequence of maxModelLen in the
-GPUs of one gang, and maxModelLen within the model's context (components/sizing.py's
+GPUs of one gang, and maxModelLen within the model's context (components/sizing/memory_fit.py's
 figures, the same that `scripts/vllm-cluster plan` prints).
 """
 
@@ -21,7 +21,7 @@ from components.spec.reader import Reader
 #   len (X), (Y GiB KV cache is needed, which is larger than the available KV cache memory".
 # And weights that exceed a GPU's memory fail with CUDA out of memory while loading. The
 # spec refuses these before any resource where the model table knows the model; the
-# figures are components/sizing.py's, the same that `scripts/vllm-cluster plan` prints.
+# figures are components/sizing/memory_fit.py's, the same that `scripts/vllm-cluster plan` prints.
 _FIT_KEYS = (
     "model",
     "instanceType",
