@@ -56,7 +56,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -199,6 +199,44 @@ def _run(*args: str, **kwargs) -> subprocess.CompletedProcess:
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} exited {result.returncode}:\n{result.stderr[-3000:]}")
     return result
+
+
+# How long a fleet waits for the veths of a fleet that stopped just before it. A
+# namespace whose name `ip netns del` removed lives on while anything still holds it (a
+# host's last process, a socket), and its veth with it: on CI (2026-12-06) the replicas
+# fleet's gateway veth outlived its teardown by about ten minutes, and the next fleet's
+# `ip link add` failed "File exists".
+LEFTOVER_LINK_WAIT_SECONDS = 900
+LEFTOVER_LINK_POLL_SECONDS = 5
+
+
+def _link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
+
+
+def await_leftover_links(
+    links: list[str],
+    exists: Callable[[str], bool],
+    wait_seconds: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> list[str]:
+    """Waits up to `wait_seconds` until none of `links` exists; returns those still there."""
+    deadline = clock() + wait_seconds
+    while True:
+        left = [link for link in links if exists(link)]
+        if not left or clock() >= deadline:
+            return left
+        sleep(LEFTOVER_LINK_POLL_SECONDS)
+
+
+def leftover_links_error(left: list[str], waited_seconds: float) -> str:
+    return (
+        f"the veths {', '.join(left)} of an earlier fleet on this network are still there after "
+        f"{waited_seconds:.0f} s (a process may still hold its namespace: look for one with "
+        f"`ip netns identify PID`). Once nothing runs in it, remove them: "
+        + "; ".join(f"ip link del {link}" for link in left)
+    )
 
 
 def _digest(*parts: str) -> str:
@@ -885,13 +923,19 @@ class Fleet:
         ]
 
     def _remove_leftovers(self) -> None:
-        """A fleet of an earlier run that was killed before its teardown: same names, ours."""
+        """A fleet of an earlier run that was killed before its teardown: same names, ours.
+        Its bridge means a fleet is up (or was killed): refused at once. Its veths alone
+        mean a fleet that stopped moments ago: waited for (await_leftover_links)."""
         bridge = self.network.bridge
-        if subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode == 0:
+        if _link_exists(bridge):
             raise RuntimeError(
                 f"bridge {bridge} exists: another fleet is running on its network, or a killed run left it. "
                 f"Remove it with: ip link del {bridge}; ip netns list | grep {self.network.netns_prefix}"
             )
+        veths = [host.veth for host in self.hosts]
+        left = await_leftover_links(veths, _link_exists, LEFTOVER_LINK_WAIT_SECONDS, time.sleep, time.monotonic)
+        if left:
+            raise RuntimeError(leftover_links_error(left, LEFTOVER_LINK_WAIT_SECONDS))
 
     def _prepare(self, host: Host, rootfs: Path) -> None:
         """The host's root file system, before its first boot: its own layer over the

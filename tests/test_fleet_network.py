@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 
 from localhosts.cluster import fleet_config, instance_ips, own_hosts_config
-from localhosts.fleet import MAIN_NETWORK, SECOND_NETWORK, Fleet
+from localhosts.fleet import MAIN_NETWORK, SECOND_NETWORK, Fleet, await_leftover_links, leftover_links_error
 
 NETWORKS = (MAIN_NETWORK, SECOND_NETWORK)
 
@@ -67,3 +67,44 @@ def test_the_stack_configs_point_the_hosts_at_their_own_network():
     own = own_hosts_config(2, "key", network=SECOND_NETWORK)
     assert own["hosts"] == ["10.98.128.1,10.98.128.2"]
     assert own["gatewayHost"] == own["gatewayPrivateIp"] == "10.98.0.10"
+
+
+class _Clock:
+    """A clock the wait reads and its sleep advances: no real waiting in a unit test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_fleet_waits_for_the_veth_a_dying_namespace_of_the_last_run_still_holds():
+    # Found on CI (2026-12-06): a fleet's teardown had deleted its namespaces' names, but
+    # the kernel held the replicas fleet's gateway veth for about ten more minutes, and
+    # the next run's `ip link add` failed "File exists" at every setup attempt.
+    clock = _Clock()
+    gone_at = {"vd-v-gateway": 400.0, "vd-v-gang0-hea": 30.0}
+
+    def exists(link: str) -> bool:
+        return clock.now < gone_at.get(link, 0.0)
+
+    left = await_leftover_links(
+        ["vd-v-gateway", "vd-v-gang0-hea", "vd-v-gang0-wor"], exists, wait_seconds=900, sleep=clock.sleep, clock=clock
+    )
+    assert left == []
+    assert 400 <= clock.now < 900
+
+
+def test_a_veth_that_outlives_the_wait_is_named_with_the_fix():
+    clock = _Clock()
+    left = await_leftover_links(
+        ["vd-v-gateway", "vd-v-gang0-hea"], lambda link: link == "vd-v-gateway", 900, clock.sleep, clock
+    )
+    assert left == ["vd-v-gateway"]
+    assert clock.now >= 900
+    message = leftover_links_error(left, waited_seconds=900)
+    assert "vd-v-gateway" in message and "ip link del vd-v-gateway" in message and "900 s" in message
