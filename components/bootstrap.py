@@ -745,7 +745,7 @@ def api_keys_conf(keys: dict[str, str], heads_key: str) -> str:
     vLLM restarts. A map is a hash lookup (ngx_http_map_module), not a comparison a
     timing could walk character by character."""
     for label, key in {**keys, "heads": heads_key}.items():
-        # spec._TOKEN_CHARS: nothing nginx would read as a quote, a variable or an escape.
+        # components/spec/secrets.py _TOKEN_CHARS: nothing nginx would read as a quote, a variable or an escape.
         if not re.fullmatch(r"[A-Za-z0-9._~+/=-]{1,%d}" % MAX_API_KEY_LENGTH, key):
             raise ValueError(f"the {label} API key holds a character nginx cannot take in a map, or is too long")
     if len(set(keys.values())) != len(keys) or heads_key in keys.values():

@@ -56,7 +56,7 @@ class GatewayCommands:
     # nodes may take its port on the private address (pool waits for it).
     metrics: command.remote.Command
     # nginx serves the API and the dashboard with TLS. With replicas, declared before the
-    # gangs (their drains need the pool); with one gang, after its vLLM (services._serving).
+    # gangs (their drains need the pool); with one gang, after its vLLM (ClusterServices._serving).
     proxy: command.remote.Command | None = None
 
 

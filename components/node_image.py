@@ -26,7 +26,7 @@ Image Builder resources (an image build record, the recipe, the component, the b
 deleting them leaves the AMI, as deleting an Image Builder image "does not delete any
 EC2 AMIs" (https://docs.aws.amazon.com/imagebuilder/latest/APIReference/API_DeleteImage.html).
 So `pulumi destroy` of the stack that baked it never deregisters an image other stacks
-launch from; it is deregistered by hand (README, "The node image").
+launch from; it is deregistered by hand (docs/configuration.md, "The node image").
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -214,17 +215,32 @@ def _link_exists(name: str) -> bool:
     return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
 
 
+def link_names(ip_link_output: str, prefix: str) -> list[str]:
+    """The links `ip -o link show` lists whose names start with `prefix` ("7: vd-v-gateway@if2:
+    <...>": a veth's name ends at its peer's "@")."""
+    names = (line.split(":", 2)[1].strip().split("@")[0] for line in ip_link_output.splitlines() if ":" in line)
+    return [name for name in names if name.startswith(prefix)]
+
+
+def _links_named(prefix: str) -> list[str]:
+    return link_names(_run("ip", "-o", "link", "show").stdout, prefix)
+
+
+def _namespaces_named(prefix: str) -> list[str]:
+    listed = _run("ip", "netns", "list").stdout.splitlines()
+    return [line.split()[0] for line in listed if line.split() and line.split()[0].startswith(prefix)]
+
+
 def await_leftover_links(
-    links: list[str],
-    exists: Callable[[str], bool],
+    present: Callable[[], list[str]],
     wait_seconds: float,
     sleep: Callable[[float], None],
     clock: Callable[[], float],
 ) -> list[str]:
-    """Waits up to `wait_seconds` until none of `links` exists; returns those still there."""
+    """Waits up to `wait_seconds` until `present()` lists no link; returns those still there."""
     deadline = clock() + wait_seconds
     while True:
-        left = [link for link in links if exists(link)]
+        left = present()
         if not left or clock() >= deadline:
             return left
         sleep(LEFTOVER_LINK_POLL_SECONDS)
@@ -932,8 +948,18 @@ class Fleet:
                 f"bridge {bridge} exists: another fleet is running on its network, or a killed run left it. "
                 f"Remove it with: ip link del {bridge}; ip netns list | grep {self.network.netns_prefix}"
             )
-        veths = [host.veth for host in self.hosts]
-        left = await_leftover_links(veths, _link_exists, LEFTOVER_LINK_WAIT_SECONDS, time.sleep, time.monotonic)
+        prefix = self.network.netns_prefix
+        namespaces = _namespaces_named(prefix)
+        if namespaces:
+            # Named namespaces are a fleet not torn down, not one the kernel is still freeing.
+            raise RuntimeError(
+                f"network namespaces {', '.join(namespaces)} exist: a fleet on this network is running or "
+                f"was killed before its teardown. Remove them with: "
+                + "; ".join(f"ip netns del {name}" for name in namespaces)
+            )
+        # Every veth of this network, the nodes an earlier run added (add_node) among them.
+        veths = functools.partial(_links_named, f"{prefix}v-")
+        left = await_leftover_links(veths, LEFTOVER_LINK_WAIT_SECONDS, time.sleep, time.monotonic)
         if left:
             raise RuntimeError(leftover_links_error(left, LEFTOVER_LINK_WAIT_SECONDS))
 

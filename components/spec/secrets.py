@@ -15,7 +15,7 @@ from components.spec.reader import Reader
 
 MIN_API_KEY_LENGTH = 32
 # The gateway holds the keys in an nginx map whose bucket must fit "Bearer KEY"
-# (bootstrap.API_KEYS_MAP_BUCKET_SIZE).
+# (gateway_nginx.API_KEYS_MAP_BUCKET_SIZE).
 MAX_API_KEY_LENGTH = 200
 _TOKEN_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 
