@@ -9,6 +9,7 @@ import ipaddress
 
 from localhosts.cluster import fleet_config, instance_ips, own_hosts_config
 from localhosts.fleet import MAIN_NETWORK, SECOND_NETWORK, Fleet, await_leftover_links, leftover_links_error, link_names
+from tests.test_power import Clock  # a clock the wait reads and its sleep advances
 
 NETWORKS = (MAIN_NETWORK, SECOND_NETWORK)
 
@@ -69,24 +70,11 @@ def test_the_stack_configs_point_the_hosts_at_their_own_network():
     assert own["gatewayHost"] == own["gatewayPrivateIp"] == "10.98.0.10"
 
 
-class _Clock:
-    """A clock the wait reads and its sleep advances: no real waiting in a unit test."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_a_fleet_waits_for_the_veth_a_dying_namespace_of_the_last_run_still_holds():
     # Found on CI (2026-12-06): a fleet's teardown had deleted its namespaces' names, but
     # the kernel held the replicas fleet's gateway veth for about ten more minutes, and
     # the next run's `ip link add` failed "File exists" at every setup attempt.
-    clock = _Clock()
+    clock = Clock()
     gone_at = {"vd-v-gateway": 400.0, "vd-v-node3": 30.0}
 
     def present() -> list[str]:
@@ -97,7 +85,7 @@ def test_a_fleet_waits_for_the_veth_a_dying_namespace_of_the_last_run_still_hold
 
 
 def test_a_veth_that_outlives_the_wait_is_named_with_the_fix():
-    clock = _Clock()
+    clock = Clock()
     left = await_leftover_links(lambda: ["vd-v-gateway"], 900, clock.sleep, clock)
     assert left == ["vd-v-gateway"]
     assert clock.now >= 900
