@@ -227,8 +227,9 @@ def _links_named(prefix: str) -> list[str]:
 
 
 def _namespaces_named(prefix: str) -> list[str]:
-    listed = _run("ip", "netns", "list").stdout.splitlines()
-    return [line.split()[0] for line in listed if line.split() and line.split()[0].startswith(prefix)]
+    # `ip netns list` prints "vd-gateway (id: 3)": the name is the line's first word.
+    names = (line.split()[0] for line in _run("ip", "netns", "list").stdout.splitlines() if line.strip())
+    return [name for name in names if name.startswith(prefix)]
 
 
 def await_leftover_links(
