@@ -4,8 +4,14 @@ double's own reader (tests/doubles/fake_hf_hub.py), which only tests import."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import resource
+import ssl
 import threading
 import time
+import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 
 from doubles.fake_hf_hub import download_counts, revision_commit
@@ -75,3 +81,114 @@ def boot_log(cluster, host, unit: str) -> str:
 
 def first_timestamp(log: str, text: str) -> float:
     return next(float(line.split()[0]) for line in log.splitlines() if text in line)
+
+
+@dataclass
+class Streams:
+    """What `streams_at_once` saw: each request's outcome ("200", "HTTP 429", "reset: ...",
+    "incomplete: ..."), how many were in flight at the peak, and the bodies of the refusals."""
+
+    outcomes: Counter = field(default_factory=Counter)
+    peak_in_flight: int = 0
+    refusals: list[tuple[dict, str]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return sum(count for outcome, count in self.outcomes.items() if outcome != "200")
+
+
+def streams_at_once(cluster, count: int, max_tokens: int = 4, key: str | None = None, timeout: float = 900) -> Streams:
+    """`count` streamed completions through the gateway, all in flight at once, as many
+    clients (or one client with a connection pool) would hold them: every connection is
+    opened and its TLS handshake done first, then every request is sent together, so the
+    gateway holds `count` client connections (and as many to the heads, or queued in
+    them) at the same moment; each stream is read to its `data: [DONE]`. From this one
+    address, as one client with many requests in flight."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # A connection is a descriptor here too: a client holding many raises its own limit.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, count + 1024)), hard))
+    try:
+        return asyncio.run(_streams(cluster, count, max_tokens, key or cluster.api_key, timeout))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def _streams(cluster, count: int, max_tokens: int, key: str, timeout: float) -> Streams:
+    url = urllib.parse.urlsplit(cluster.endpoint)
+    body = json.dumps(
+        {"model": cluster.served_model, "prompt": "Hello", "max_tokens": max_tokens, "stream": True}
+    ).encode()
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {url.hostname}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    seen = Streams()
+    connected, go = asyncio.Semaphore(0), asyncio.Event()
+    in_flight = 0
+
+    async def one(context: ssl.SSLContext) -> None:
+        nonlocal in_flight
+        try:
+            reader, writer = await asyncio.open_connection(url.hostname, url.port or 443, ssl=context)
+        except OSError as failure:
+            connected.release()
+            seen.outcomes[f"connect: {type(failure).__name__}"] += 1
+            return
+        connected.release()
+        await go.wait()
+        in_flight += 1
+        seen.peak_in_flight = max(seen.peak_in_flight, in_flight)
+        try:
+            writer.write(request)
+            await writer.drain()
+            answer = await reader.read()
+            seen.outcomes[_stream_outcome(answer, seen)] += 1
+        except (OSError, ssl.SSLError) as failure:
+            seen.outcomes[f"reset: {type(failure).__name__}"] += 1
+        finally:
+            in_flight -= 1
+            writer.close()
+
+    context = cluster.tls()
+    tasks = [asyncio.create_task(one(context)) for _ in range(count)]
+    for _ in range(count):
+        await asyncio.wait_for(connected.acquire(), timeout)
+    go.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+    return seen
+
+
+def _stream_outcome(answer: bytes, seen: Streams) -> str:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+    parts = status_line.split()
+    if len(parts) < 2:
+        return "incomplete: no status line"
+    if parts[1] != "200":
+        headers = dict(
+            line.decode(errors="replace").lower().split(": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line
+        )
+        if len(seen.refusals) < 5:
+            seen.refusals.append((headers, body.decode(errors="replace")))
+        return f"HTTP {parts[1]}"
+    if b"transfer-encoding: chunked" in head.lower():
+        body = _dechunked(body)
+        if body is None:
+            return "incomplete: the chunked body ended early"
+    return "200" if b"data: [DONE]" in body else "incomplete: no [DONE]"
+
+
+def _dechunked(body: bytes) -> bytes | None:
+    """A chunked body's bytes (RFC 9112 section 7.1), or None when it ends before its last chunk."""
+    out, rest = bytearray(), body
+    while True:
+        size_line, found, rest = rest.partition(b"\r\n")
+        if not found:
+            return None
+        size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+        if size == 0:
+            return bytes(out)
+        if len(rest) < size + 2:
+            return None
+        out += rest[:size]
+        rest = rest[size + 2 :]

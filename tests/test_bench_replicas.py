@@ -352,11 +352,18 @@ def test_the_client_gets_the_key_and_the_ca_from_its_environment_and_is_measured
 
 
 def fleet_vllm() -> Path:
-    from localhosts.fleet import fleet_venv_dir
+    """The fleet's engine environment, where vLLM's benchmark client lives. On a machine that
+    can host the fleet it is built here when no fleet built it yet (or waited for, while a
+    fleet's worker builds it: localhosts/fleet.py building): on a fresh machine this test
+    runs before the fleets' fixtures would have made it."""
+    from localhosts.fleet import fleet_venv, fleet_venv_dir, why_no_fleet
 
     venv = fleet_venv_dir()
     if not (venv / ".complete").exists():
-        pytest.skip(f"no fleet engine environment at {venv} (localhosts/fleet.py fleet_venv builds it)")
+        reason = why_no_fleet()
+        if reason is not None:
+            pytest.skip(f"no fleet engine environment at {venv}, and none can be built here: {reason}")
+        venv = fleet_venv()
     return venv / "bin" / "python"
 
 
