@@ -38,8 +38,14 @@ heads' firewall admits besides the gang's), once through the gateway's TLS endpo
 and once at the head's vLLM directly (with the heads' own key, read from the head),
 at the one-gang saturated concurrency: what nginx costs.
 
-Needs what the fleet needs (root, systemd-nspawn, debootstrap). Ends with
-`gateway: X of direct throughput, TTFT +Y ms` and then the line
+The same pair of runs at 256 and 1,000 in flight (GATEWAY_SHARE_CONCURRENCIES): the load
+a gang's full batch and the gateway's stream capacity ask of nginx, with the requests that
+failed through it and where its cost goes (gateway_cpu_line: nginx's cores, and the share
+with the engine's CPU evened out, since here nginx and the engine share two cores).
+
+Needs what the fleet needs (root, systemd-nspawn, debootstrap). Ends with a
+`gateway: X of direct throughput, TTFT +Y ms` and a `gateway at concurrency C: ...` line
+per concurrency, and then the line
 `replicas: 1 gang A req/s, 2 gangs B req/s, ratio R (saturated at concurrency C1, C2)`.
 """
 
@@ -102,6 +108,11 @@ BUSY_MACHINE = 0.9
 # (vllm/benchmarks/serve.py): the CPU is read between the two.
 # Runs at the gateway and at the head, each, taken in turns.
 PAIR_ROUNDS = 2
+# Besides the one-gang saturated concurrency, the gateway's cost is measured at these: a
+# full batch of a GPU gang at vLLM's default (256, max_num_seqs on most GPUs) and the
+# 1,000 streams in flight that Debian's nginx defaults reset (issue 48).
+GATEWAY_SHARE_CONCURRENCIES = (256, 1000)
+GATEWAY_SHARE_ROUNDS = 2
 RUN_STARTS = "Starting main benchmark run..."
 RUN_ENDS = "Serving Benchmark Result"
 CLIENT = "client"
@@ -180,10 +191,10 @@ class Sweep:
     saturated: bool
 
 
-def prompts_for(concurrency: int, best_rate: float, seconds: float) -> int:
+def prompts_for(concurrency: int, best_rate: float, seconds: float, rounds: int = ROUNDS_PER_RUN) -> int:
     """Requests for a run at `concurrency`: about `seconds` at the best throughput seen so
-    far, and at least ROUNDS_PER_RUN per slot."""
-    return max(ROUNDS_PER_RUN * concurrency, math.ceil(best_rate * seconds))
+    far, and at least `rounds` per slot."""
+    return max(rounds * concurrency, math.ceil(best_rate * seconds))
 
 
 def process_ticks(stat: str) -> int:
@@ -305,6 +316,38 @@ def gateway_line(through_gateway: list[Point], direct: list[Point]) -> str:
         f"(concurrency {direct[0].concurrency}, p50, mean of {len(direct)} runs each; "
         f"{rate_gateway:.2f} vs {rate_direct:.2f} req/s)"
     )
+
+
+def gateway_cpu_line(through_gateway: list[Point], direct: list[Point], cores: int) -> str:
+    """Where the gateway's cost goes at one concurrency, from the same runs as gateway_line:
+    the requests that failed through it (a reset is one), the cores nginx used, and the
+    engine's (gang 0's host) cores through the gateway and direct. On this machine nginx's
+    TLS and proxying take their CPU from the same two cores as the engine; on EC2 the
+    gateway is an instance of its own. So the throughput through the gateway is also given
+    as if the engine had had the CPU it had in the direct runs (rate x engine cores direct /
+    engine cores through the gateway, when the machine was busy): what is left of the gap is
+    the gateway's own (connection setup, TLS, buffering), not this machine's."""
+
+    def mean(points: list[Point], value: Callable[[Point], float]) -> float:
+        return sum(value(p) for p in points) / len(points)
+
+    engine = gang_group(0)
+    rate_gateway, rate_direct = mean(through_gateway, lambda p: p.request_rate), mean(direct, lambda p: p.request_rate)
+    engine_gateway = mean(through_gateway, lambda p: p.cpu.get(engine, 0.0))
+    engine_direct = mean(direct, lambda p: p.cpu.get(engine, 0.0))
+    nginx = mean(through_gateway, lambda p: p.cpu.get(GATEWAY, 0.0))
+    busy = mean(through_gateway, lambda p: p.cpu.get("machine", 0.0))
+    failed = sum(p.failed for p in through_gateway)
+    sent = sum(p.completed + p.failed for p in through_gateway)
+    line = (
+        f"gateway at concurrency {direct[0].concurrency}: {failed} of {sent} failed through it; nginx used "
+        f"{nginx:.2f} cores, the engine {engine_gateway:.2f} through it vs {engine_direct:.2f} direct, "
+        f"machine {busy:.2f} of {cores}"
+    )
+    if busy >= BUSY_MACHINE * cores and 0 < engine_gateway < engine_direct:
+        evened = rate_gateway * engine_direct / engine_gateway / rate_direct
+        line += f"; with the engine's CPU evened out: {evened:.0%} of direct (the rest of the gap is this machine's)"
+    return line
 
 
 def cpu_quota(share: float, period_us: int = CPU_PERIOD_US) -> int:
@@ -567,21 +610,32 @@ def main() -> int:
             heads_key = next(
                 line.split("=", 1)[1] for line in heads_env.splitlines() if line.startswith("VLLM_API_KEY=")
             )
-            at, rate = saturation[1].best.concurrency, saturation[1].best.request_rate
-            pair = {"concurrency": at, "prompts": prompts_for(at, rate, args.seconds)}
+            rate = saturation[1].best.request_rate
             at_head = {"base_url": f"http://{fleet.nodes[0].ip}:{VLLM_API}", "key": heads_key}
-            direct, proxied = [], []
-            # In turns, so a drift of the machine's load over the runs falls on both.
-            for _ in range(PAIR_ROUNDS):
-                direct.append(client.run(**at_head, netns=fleet.gateway.netns, **pair))
-                show(direct[-1], "direct")
-                proxied.append(client.run(**through_gateway, netns=fleet.gateway.netns, **pair))
-                show(proxied[-1], "gateway")
+            pairs = {}
+            # At the saturated concurrency and at the loads the gateway must hold
+            # (GATEWAY_SHARE_CONCURRENCIES), in turns, so a drift of the machine's load over
+            # the runs falls on both.
+            for at in sorted({saturation[1].best.concurrency, *GATEWAY_SHARE_CONCURRENCIES}):
+                # Above saturation every slot past the engine's batch only queues: two rounds
+                # per slot keep a run at 1,000 in flight under two minutes here.
+                rounds = ROUNDS_PER_RUN if at == saturation[1].best.concurrency else GATEWAY_SHARE_ROUNDS
+                pair = {"concurrency": at, "prompts": prompts_for(at, rate, args.seconds, rounds)}
+                direct, proxied = pairs.setdefault(at, ([], []))
+                for _ in range(PAIR_ROUNDS):
+                    direct.append(client.run(**at_head, netns=fleet.gateway.netns, **pair))
+                    show(direct[-1], "direct")
+                    proxied.append(client.run(**through_gateway, netns=fleet.gateway.netns, **pair))
+                    show(proxied[-1], "gateway")
+                print(gateway_line(proxied, direct), flush=True)
+                print(gateway_cpu_line(proxied, direct, cores), flush=True)
             gateway("return --gang gang1")
             print(gateway("pool").strip(), flush=True)
             saturation[2] = sweep(client, args.concurrency, args.seconds, show, **through_gateway)
             print(pool_line(2, saturation[2], cores, args.gang_share), flush=True)
-    print(gateway_line(proxied, direct))
+    for direct, proxied in pairs.values():
+        print(gateway_line(proxied, direct))
+        print(gateway_cpu_line(proxied, direct, cores))
     print(replicas_line(saturation[1], saturation[2], cores, args.gang_share))
     return 0
 

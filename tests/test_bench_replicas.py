@@ -308,6 +308,27 @@ def test_the_gateway_line_takes_the_mean_of_the_runs_in_turns():
         bench.gateway_line([], direct)
 
 
+def test_the_gateways_cpu_line_counts_failures_and_evens_out_the_engines_cpu_on_a_busy_machine():
+    direct = [point(256, 20.0, cpu=cpu(gang0=0.70, gateway=0.0, machine=1.95))]
+    through = [
+        bench.point_from_result(
+            {**result(concurrency=256, rate=16.0, completed=990, failed=10)},
+            cpu(gang0=0.56, gateway=0.40, machine=1.96),
+        )
+    ]
+    line = bench.gateway_cpu_line(through, direct, CORES)
+    assert line.startswith("gateway at concurrency 256: 10 of 1000 failed through it; nginx used 0.40 cores")
+    assert "the engine 0.56 through it vs 0.70 direct" in line
+    # 16 req/s with 0.56 of a core is 20 req/s with 0.70: the gap was the engine's CPU.
+    assert line.endswith("with the engine's CPU evened out: 100% of direct (the rest of the gap is this machine's)")
+
+
+def test_the_gateways_cpu_line_evens_out_nothing_on_a_machine_with_room():
+    direct = [point(256, 20.0, cpu=cpu(gang0=0.70, machine=1.2))]
+    through = [point(256, 16.0, cpu=cpu(gang0=0.56, gateway=0.4, machine=1.3))]
+    assert "evened out" not in bench.gateway_cpu_line(through, direct, CORES)
+
+
 def point_with(rate, ttft):
     return bench.point_from_result(result(concurrency=16, rate=rate, ttft=(ttft, ttft * 2)))
 
