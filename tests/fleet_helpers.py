@@ -35,6 +35,8 @@ class Load:
     # Tokens each completion generates; above the default, every one of them (ignore_eos,
     # vLLM's sampling parameter), so a request holds its engine slot for as long as asked.
     max_tokens: int = 4
+    # Seconds a client waits for its completion: a queued one waits for those before it.
+    timeout: float = 120
     sent: int = 0
     failed: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -51,7 +53,7 @@ class Load:
                         "max_tokens": self.max_tokens,
                         **({"ignore_eos": True} if self.max_tokens > 4 else {}),
                     },
-                    timeout=120,
+                    timeout=self.timeout,
                 )
                 error = None if code == 200 else f"HTTP {code}: {str(body)[:200]}"
             except OSError as failure:

@@ -131,12 +131,14 @@ def test_the_gateway_balances_over_both_gangs(gangs):
         gang_name(g): ["in-pool", "serving"] for g in range(REPLICAS)
     }
     before = [served_requests(gangs, g) for g in range(REPLICAS)]
-    with Load(gangs, clients=2) as load:
-        time.sleep(20)
-    assert load.failed == [] and load.sent >= 10, (load.sent, load.failed[:3])
+    # Twenty at once, each long enough to hold its slot: least connections hands them out
+    # while all are in flight, so each gang's share does not hang on which gang a busy
+    # machine slowed (as a client sending one after the other would).
+    seen = streams_at_once(gangs, 20, max_tokens=64)
+    assert seen.outcomes == {"200": 20}, dict(seen.outcomes)
     served = [served_requests(gangs, g) - before[g] for g in range(REPLICAS)]
     # Least connections over two gangs: each serves a real share.
-    assert min(served) >= load.sent / 5, (served, load.sent)
+    assert min(served) >= 5, served
 
 
 def test_status_shows_each_gang_and_a_healthy_pool(gangs):
@@ -804,8 +806,11 @@ PARK_COMMAND = "vllm-gateway-park"
 QUEUEING_CLIENTS = 8
 QUEUEING_TOKENS = 256
 # A queue held for the hold time, seen by Prometheus (every 15 s) and by the waker's look
-# (every 15 s), then StartInstances.
-SCALES_OUT_WITHIN = 60 + 15 + 15 + 60
+# (every 15 s), then StartInstances; and once more the hold and a look: on a starved
+# gateway one look may find Prometheus slow (the waker's 2 s timeout) or one scrape of the
+# saturated head may fail, and either starts the hold again. The test asserts that a queue
+# wakes gang 1, not how fast.
+SCALES_OUT_WITHIN = 60 + 15 + 15 + 60 + 60 + 15
 # A warm gang parks once its last client request is IDLE_MINUTES old, at the waker's next
 # look (15 s), Prometheus's scrape (15 s), the drain and the poweroff.
 PARKS_WITHIN = IDLE_MINUTES * 60 + 150
@@ -888,7 +893,9 @@ def test_a_warm_gang_is_parked_woken_by_a_queue_and_parked_again_when_idle_faili
     # Scale out: requests wait on gang 0; the waker starts gang 1 through EC2's API.
     started_before = len(stand_in.started)
     asked = time.monotonic()
-    with Load(gangs, clients=QUEUEING_CLIENTS, max_tokens=QUEUEING_TOKENS) as load:
+    # Each queued completion waits for six before it on a starved engine: the gateway's read
+    # timeout (600 s), not the client's default, bounds it.
+    with Load(gangs, clients=QUEUEING_CLIENTS, max_tokens=QUEUEING_TOKENS, timeout=600) as load:
         wait_for(
             lambda: id1 in stand_in.started[started_before:],
             SCALES_OUT_WITHIN,
@@ -896,7 +903,9 @@ def test_a_warm_gang_is_parked_woken_by_a_queue_and_parked_again_when_idle_faili
             lambda: f"{load.sent} sent, {len(load.failed)} failed: {load.failed[:2]}\n{waker_view(gangs)}",
         )
         print(f"scale out: gang1 started {time.monotonic() - asked:.0f} s after the queue began")
-        assert "scale out" in power(gangs)["gang1"]["why"], power(gangs)["gang1"]
+        # The stand-in records the start before the waker's StartInstances returns and it
+        # writes power.json.
+        wait_for(lambda: "scale out" in (power(gangs)["gang1"].get("why") or ""), 30, "gang1's why: scale out")
         wait_for(lambda: pool(gangs)["gang1"][1:] == ["in-pool", "serving"], SERVES_AGAIN_WITHIN, "gang1 in the pool")
         print(f"scale out: gang1 serves in the pool {time.monotonic() - asked:.0f} s after the queue began")
         served = served_requests(gangs, 1)
