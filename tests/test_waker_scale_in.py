@@ -491,15 +491,59 @@ def test_park_parks_every_idle_warm_gang_at_once_and_only_for_this_hosts_root(tw
     assert aws.stopped == GANG1 and woken.power["gang1"]["why"] == "parked after deploy"
 
 
-def test_park_leaves_a_warm_gang_with_requests_and_says_why(two_serving, aws, prometheus):  # noqa: F811
+def test_park_drains_a_warm_gang_with_requests_while_another_gang_serves(two_serving, aws, prometheus):  # noqa: F811
+    """Issue 48: the park after an up used to leave a warm gang with a request running to the
+    idle rule (and a fleet test, whose own client had a request on gang1, raced on it). The
+    drain is what makes it safe: out of the pool (new requests go to gang0), its requests
+    finish on it (the drain waits up to the API's read timeout), then it stops."""
     make, _ = two_serving
     woken = make()
     woken.figures_wait_seconds = 0
-    prometheus.running = {"gang0": 0, "gang1": 2}
+    prometheus.running, prometheus.waiting = {"gang0": 1, "gang1": 2}, {"gang0": 0, "gang1": 1}
     outcome = woken.park_idle()
-    assert outcome["parked"] == {} and outcome["failed"] == {}
-    assert outcome["left"]["gang1"] == "2 requests running, 0 waiting now: the idle rule parks it later"
-    assert aws.stopped == [] and woken.pool_command.calls == []
+    assert outcome["failed"] == {} and outcome["left"] == {"gang0": "always-on: it always serves"}
+    assert outcome["parked"]["gang1"] == (
+        "parked after deploy (drained first: 2 requests running, 1 waiting finished on it, "
+        "new ones went to the other gangs)"
+    )
+    wait = str(waker.PARK_WAIT_SECONDS)
+    assert woken.pool_command.of("drain") == [
+        ["drain", "--gang", "gang1", "--timeout", "600", "--wait", wait, "--park"]
+    ]
+    assert aws.stopped == GANG1 and woken.power["gang1"]["why"] == waker.PARKED_AFTER_DEPLOY
+
+
+def test_park_needs_no_figures_while_another_gang_serves(two_serving, aws, prometheus):  # noqa: F811
+    """Whatever runs on a warm gang, the drain lets it finish: with replicas 1 the park does
+    not wait for Prometheus to scrape it."""
+    make, _ = two_serving
+    woken = make()
+    woken.figures_wait_seconds = 30
+    prometheus.running = {"gang0": 0}  # gang1's engine not scraped yet
+    outcome = woken.park_idle()
+    assert outcome["parked"] == {"gang1": "parked after deploy"} and aws.stopped == GANG1
+
+
+def test_park_leaves_the_last_serving_gang_while_requests_run_on_it(two_serving, aws, prometheus):  # noqa: F811
+    """replicas 0: gang1 is parked (gang0 serves on), then gang0 is the last serving gang,
+    and a request on it would find no other gang: it is left to the idle rule; idle, it
+    is parked with --last."""
+    make, _ = two_serving
+    woken = make(replicas=0)
+    woken.figures_wait_seconds = 0
+    prometheus.running = {"gang0": 1, "gang1": 1}
+    outcome = woken.park_idle()
+    assert list(outcome["parked"]) == ["gang1"] and outcome["failed"] == {}
+    assert outcome["left"]["gang0"] == (
+        "the last serving gang, 1 requests running, 0 waiting now: no other gang would take them; "
+        "the idle rule parks it later"
+    )
+    assert [call[2] for call in woken.pool_command.of("drain")] == ["gang1"] and aws.stopped == GANG1
+    prometheus.running = {"gang0": 0, "gang1": 0}
+    outcome = woken.park_idle()
+    assert outcome["parked"] == {"gang0": "parked after deploy"}
+    assert woken.pool_command.of("drain")[-1][-2:] == ["--park", "--last"]
+    assert sorted(aws.stopped) == sorted(GANG0 + GANG1)
 
 
 def test_park_reports_a_drain_that_failed_as_a_failure(two_serving, aws, tmp_path, capsys):  # noqa: F811
