@@ -665,6 +665,25 @@ def test_the_exposition_counts_the_pools_gangs_by_state_and_its_bounds(two_servi
     assert named == (metrics.POOL_GANGS, metrics.POOL_MAX_GANGS, metrics.POOL_REPLICAS)
 
 
+def test_the_exposition_says_how_long_the_load_has_fit_on_one_gang_fewer(two_serving, prometheus):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    look(woken, 0)
+    look(woken)
+    look(woken)
+
+    def gauges():
+        text = waker.exposition(woken.states(), woken.power, woken.pool_bounds(), woken.scale_in_window()).decode()
+        return {line.split()[0]: line.split()[1] for line in text.splitlines() if line.startswith("vllm_cluster_scale")}
+
+    assert gauges() == {"vllm_cluster_scale_in_fit_seconds": "30", "vllm_cluster_scale_in_window_seconds": "600"}
+    prometheus.running = {"gang0": 2, "gang1": 0}  # above 0.5 x 1 x 2: the window starts again
+    look(woken)
+    assert gauges()["vllm_cluster_scale_in_fit_seconds"] == "0"
+    # Without warm gangs: none of them.
+    assert "vllm_cluster_scale_in" not in waker.exposition(woken.states(), woken.power).decode()
+
+
 def test_the_gateways_park_asks_the_running_waker_and_needs_one(aws, head, gateway_host):  # noqa: F811
     """`sudo vllm-cluster-gateway park`, as the stack's last command runs it: through the
     waker's port in waker.env to the running waker; without a waker it says so and fails."""
