@@ -34,7 +34,7 @@ SCALE_OUT_HOLD_SECONDS = 60
 # over the n serving gangs, stayed at or below SCALE_IN_FRACTION x (n - 1) x max_num_seqs at
 # every look for idleStopMinutes. max_num_seqs is what one gang's engine runs at once
 # (components/engine_capacity.py, waker.json's gang_max_num_seqs); both figures are vLLM's
-# gauges of its scheduler, set at every log interval from len(self.running) and
+# gauges of its scheduler, set from its stats: len(self.running) and
 # len(self.waiting) (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record:
 # gauge_scheduler_running.set(scheduler_stats.num_running_reqs),
 # gauge_scheduler_waiting.set(scheduler_stats.num_waiting_reqs); vllm/v1/core/sched/
