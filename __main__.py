@@ -15,6 +15,7 @@ from components import bootstrap, fabric, host_keys, idle_stop, metrics, node_en
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs, node_image_query
 from components.credentials import Credentials, CredentialsArgs
+from components.engine_capacity import spec_gang_max_num_seqs
 from components.gateway import GATEWAY_ROOT_GIB, Gateway, GatewayArgs
 from components.network import Network, NetworkArgs, first_zone
 from components.own_hosts import OwnHosts, OwnHostsArgs
@@ -476,6 +477,8 @@ def waker_config(gangs) -> pulumi.Output[str]:
             max_replicas=spec.max_replicas,
             # A park's drain waits as long as a request may run through the API.
             drain_timeout_seconds=spec.api_read_timeout_seconds,
+            # What one gang runs at once: the scale-in's measure of whether the load fits on fewer.
+            gang_max_num_seqs=spec_gang_max_num_seqs(spec),
         )
     )
 

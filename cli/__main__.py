@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in (
         ("wake", "start a stack's stopped gangs (idleStopMinutes) and wait until they serve"),
         ("stop", "power a stack's GPU nodes off now (idleStopMinutes) and wait until they are stopped"),
-        ("park", "drain and stop a stack's idle warm gangs now (maxReplicas), as the stack does after pulumi up"),
+        ("park", "drain and stop a stack's serving warm gangs now (maxReplicas), as the stack does after pulumi up"),
     ):
         sub = commands.add_parser(name, help=text)
         deployed_stack_arguments(sub)

@@ -113,7 +113,8 @@ def wake(cluster: Cluster, timeout: float, say: Callable[[str], None] = _say) ->
 
 def park(cluster: Cluster, say: Callable[[str], None] = _say) -> int:
     """Ask the gateway's waker to park the warm gangs now (`vllm-cluster-gateway park`:
-    each warm gang with no request running or waiting is drained, then stopped), and say
+    each serving warm gang is drained, its requests finishing on it, then stopped; the last
+    serving gang only with none running or waiting), and say
     what it did. scripts/deploy runs it after `pulumi up`, which it woke every gang for."""
     result = cluster.ssh_gateway(f"sudo {bootstrap.GATEWAY_COMMAND} park")
     for line in result.stdout.splitlines():

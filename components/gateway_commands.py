@@ -260,8 +260,9 @@ class GatewaySteps:
     def park(self, readiness_triggers: list) -> command.remote.Command:
         """Warm gangs (maxReplicas, issue 36): the stack creates, sets up and readies every
         gang, so that a later wake is only a power-on, then parks the warm ones: `park`
-        asks the gateway's waker to drain and stop every warm gang with no request running
-        or waiting (scripts/gateway/vllm-cluster-gateway). The stack's last command: after
+        asks the gateway's waker to drain and stop every serving warm gang, its requests
+        finishing on it first (the last serving gang only with none running or waiting:
+        scripts/gateway/vllm-cluster-gateway). The stack's last command: after
         every other one (no command may find a warm gang stopped under it), and again
         whenever any gang's readiness check ran again (the same triggers; scripts/deploy
         starts the stack's stopped gangs before `pulumi up` reaches them) or the gateway

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 from components import aws_contract, config_keys, metrics, ports, sizing, stage_volume
 from components.catalog import InstanceType
-from components.scale_out import SCALE_OUT_HOLD_SECONDS, SCALE_OUT_WAITING_PER_GANG
+from components.scale_out import SCALE_IN_FRACTION, SCALE_OUT_HOLD_SECONDS, SCALE_OUT_WAITING_PER_GANG
 
 SHUTDOWN_BEHAVIOR_DOC = (
     "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_ChangingInstanceInitiatedShutdownBehavior.html"
@@ -331,8 +331,10 @@ def short_give_up_warning(minutes: int | None, wake_seconds: int) -> str | None:
 
 # --- warm gangs (maxReplicas, issue 36) ----------------------------------------------------
 #
-# When the gateway's waker starts one more warm gang: SCALE_OUT_WAITING_PER_GANG and
-# SCALE_OUT_HOLD_SECONDS, and why, in components/scale_out.py (metrics reads the threshold too).
+# When the gateway's waker starts one more warm gang (SCALE_OUT_WAITING_PER_GANG,
+# SCALE_OUT_HOLD_SECONDS) and parks one again (SCALE_IN_FRACTION of one gang fewer's
+# max_num_seqs, for idleStopMinutes), and why, in components/scale_out.py (metrics reads the
+# scale-out threshold too).
 
 # Prometheus on the gateway as the waker (on the same host) reaches it: loopback, under the
 # route prefix every endpoint is served at.
@@ -378,19 +380,26 @@ def waker_config(
     replicas: int | None = None,
     max_replicas: int | None = None,
     drain_timeout_seconds: int = config_keys.DEFAULT_API_READ_TIMEOUT_SECONDS,
+    gang_max_num_seqs: int | None = None,
 ) -> str:
     """The JSON `vllm-cluster-gateway waker-config` reads on stdin: where EC2 is, which tags
     the stack's instances carry, each gang's instance ids (head first, gangs in order); with
-    warm gangs (max_replicas above replicas) when to start one, where the queue and each
-    gang's activity are read, and how long a park's drain waits for requests in flight
-    (drain_timeout_seconds: the API's read timeout, apiReadTimeoutSeconds, the longest
-    nginx lets a request run). The roles follow from replicas and gang order."""
+    warm gangs (max_replicas above replicas) when to start one, when to park one (the
+    requests one gang runs at once, gang_max_num_seqs: engine_capacity.spec_gang_max_num_seqs,
+    which warm gangs need), where the queue and each gang's activity are read, and how long
+    a park's drain waits for requests in flight (drain_timeout_seconds: the API's read
+    timeout, apiReadTimeoutSeconds, the longest nginx lets a request run). The roles follow
+    from replicas and gang order."""
+    if scales(replicas, max_replicas) and gang_max_num_seqs is None:
+        raise ValueError("waker_config: warm gangs (max_replicas above replicas) need gang_max_num_seqs")
     scaling = (
         {
             "replicas": replicas,
             "max_replicas": max_replicas,
             "scale_out_waiting_per_gang": SCALE_OUT_WAITING_PER_GANG,
             "scale_out_hold_seconds": SCALE_OUT_HOLD_SECONDS,
+            "scale_in_fraction": SCALE_IN_FRACTION,
+            "gang_max_num_seqs": gang_max_num_seqs,
             "prometheus": PROMETHEUS_ON_GATEWAY,
             "drain_timeout_seconds": drain_timeout_seconds,
         }

@@ -458,17 +458,24 @@ def test_the_waker_is_told_to_scale_only_with_warm_gangs_and_reads_what_it_is_to
     plain = waker.parse_config(warm_waker_config())
     assert not waker.scales(plain)
     assert not waker.scales(waker.parse_config(warm_waker_config(replicas=2, max_replicas=2)))
-    told = waker.parse_config(warm_waker_config(replicas=1, max_replicas=2))
+    told = waker.parse_config(warm_waker_config(replicas=1, max_replicas=2, gang_max_num_seqs=64))
     assert waker.scales(told)
     assert (told["replicas"], told["max_replicas"]) == (1, 2)
     assert told["scale_out_hold_seconds"] == scale_out.SCALE_OUT_HOLD_SECONDS
     assert told["scale_out_waiting_per_gang"] == scale_out.SCALE_OUT_WAITING_PER_GANG
+    # The scale-in's measure: the share of one gang fewer's slots the load must fit in.
+    assert (told["scale_in_fraction"], told["gang_max_num_seqs"]) == (scale_out.SCALE_IN_FRACTION, 64)
     # Prometheus on the gateway's loopback, under its route prefix (components/metrics.py).
     assert told["prometheus"] == f"http://127.0.0.1:{ports.PROMETHEUS}{metrics.ROUTE_PREFIX}"
     # A park's drain waits for requests in flight as long as nginx lets one run.
     assert told["drain_timeout_seconds"] == config_keys.DEFAULT_API_READ_TIMEOUT_SECONDS
-    longer = waker.parse_config(warm_waker_config(replicas=1, max_replicas=2, drain_timeout_seconds=1800))
+    longer = waker.parse_config(
+        warm_waker_config(replicas=1, max_replicas=2, gang_max_num_seqs=64, drain_timeout_seconds=1800)
+    )
     assert longer["drain_timeout_seconds"] == 1800
+    # Warm gangs without the gangs' capacity: the program's mistake, said at once.
+    with pytest.raises(ValueError, match="need gang_max_num_seqs"):
+        warm_waker_config(replicas=1, max_replicas=2)
 
 
 def test_with_warm_gangs_the_always_on_gangs_never_stop_for_idleness_and_the_waker_parks_the_warm_ones():

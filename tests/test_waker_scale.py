@@ -119,6 +119,8 @@ def scaling(**overrides) -> dict:
         "max_replicas": 2,
         "scale_out_waiting_per_gang": 0,
         "scale_out_hold_seconds": HOLD,
+        "scale_in_fraction": 0.5,
+        "gang_max_num_seqs": 2,
         "prometheus": "http://127.0.0.1:9090/prometheus",
         "drain_timeout_seconds": 600,
         **overrides,
@@ -136,6 +138,10 @@ def test_scaling_settings_are_all_or_none_and_checked():
         (scaling(replicas=-1), "replicas must be at least 0"),
         (scaling(scale_out_hold_seconds=0), "scale_out_hold_seconds must be at least 1"),
         (scaling(scale_out_waiting_per_gang="1"), "scale_out_waiting_per_gang is not a number"),
+        (scaling(scale_in_fraction=0), "scale_in_fraction must be above 0 and at most 1"),
+        (scaling(scale_in_fraction=1.5), "scale_in_fraction must be above 0 and at most 1"),
+        (scaling(gang_max_num_seqs=0), "gang_max_num_seqs must be at least 1"),
+        (scaling(gang_max_num_seqs=2.5), "gang_max_num_seqs is not a int"),
         (scaling(prometheus="https://elsewhere"), "prometheus is not an http:// URL"),
     ]
     for settings, message in refused:

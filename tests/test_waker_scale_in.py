@@ -1,11 +1,13 @@
-"""The waker's scale-in (issue 36, point 2, design decisions 2-3): a warm gang that has served
-no client request for idle_stop_minutes is parked (drained from the API pool, then its
-instances stopped), never an always-on gang, never below `replicas` serving gangs, never the
-last serving gang while requests run or wait; a drain that fails stops nothing; a parked gang
-woken again goes back into the pool. The decision as pure logic, then the waker in process
-against the EC2 double (tests/doubles/ec2_api.py), the Prometheus query double
-(tests/doubles/prometheus_api.py) and a double of the gateway's pool commands, on a clock the
-test moves."""
+"""The waker's scale-in (issue 36, point 2, design decisions 2-3; on the load, issue 48
+point 3): a serving warm gang is parked (drained from the API pool, then its instances
+stopped) when the load, requests running plus waiting over the serving gangs, fit on one gang
+fewer (at most scale_in_fraction x (n - 1) x gang_max_num_seqs) at every look for
+idle_stop_minutes; never an always-on gang, never below `replicas` serving gangs, never while
+a gang wakes; the last serving gang only when it had no client request for
+idle_stop_minutes; a drain that fails stops nothing; a parked gang woken again goes back
+into the pool. The decision as pure logic, then the waker in process against the EC2 double
+(tests/doubles/ec2_api.py), the Prometheus query double (tests/doubles/prometheus_api.py)
+and a double of the gateway's pool commands, on a clock the test moves."""
 
 from __future__ import annotations
 
@@ -80,34 +82,140 @@ def test_a_gang_without_figures_is_never_idle_and_a_gang_counts_from_when_it_ser
 
 # --- the decision, pure -------------------------------------------------------------------------
 
+# What test_waker_scale's scaling() tells the waker: engines of two slots (as the fleet's),
+# half of one gang fewer's slots.
+CAPACITY, FRACTION = 2, 0.5
+SERVING2 = {"gang0": "serving", "gang1": "serving"}
+SERVING3 = {"gang0": "serving", "gang1": "serving", "gang2": "serving"}
 
-def decide(states, idle, replicas=1, busy=False):
+
+def rule(replicas=1):
+    return waker.ScaleInRule(replicas, CAPACITY, FRACTION, IDLE)
+
+
+def watched(states, *loads, replicas=1, window=None, start=0.0):
+    """A LoadWindow that saw `loads` (running, waiting), or None for a look without figures,
+    one look every POLL from `start` on the pool `states`; and the time of its last look."""
+    window = window or waker.LoadWindow()
+    serving = sum(state == "serving" for state in states.values())
+    at = start
+    for index, load in enumerate(loads):
+        at = start + index * POLL
+        window.observe(at, states, None if load is None else waker.Load(*load), rule(replicas).limit(serving))
+    return window, at
+
+
+def looks(load, seconds=IDLE):
+    """The same load at every look for `seconds`, both ends included."""
+    return [load] * (int(seconds // POLL) + 1)
+
+
+def decide(states, window, now, replicas=1, idle=None, busy=False):
     roles = waker.gang_roles(list(states), replicas)
-    return waker.scale_in_decision(states, idle, roles, replicas, MINUTES, busy)
+    return waker.scale_in_decision(states, roles, rule(replicas), window, now, idle or {}, busy)
 
 
-def test_an_idle_warm_gang_is_parked_the_last_warm_first():
-    states = {"gang0": "serving", "gang1": "serving", "gang2": "serving"}
-    decision = decide(states, {"gang0": IDLE, "gang1": IDLE, "gang2": IDLE})
+def test_a_load_that_fits_on_one_gang_fewer_for_the_window_parks_the_last_serving_warm_gang():
+    # Three serving, two slots each: one gang fewer runs 4, half of it is 2.
+    window, now = watched(SERVING3, *looks((1, 1)))
+    decision = decide(SERVING3, window, now)
     assert decision.gang == "gang2" and not decision.last
-    assert decision.reason == f"scaled in: no client request for {MINUTES} min"
-    assert decide(states, {"gang0": IDLE, "gang1": IDLE, "gang2": IDLE - 1}).gang == "gang1"
-    assert decide(states, {"gang0": IDLE, "gang1": IDLE - 1, "gang2": IDLE - 1}) is None
+    assert decision.reason == (
+        f"scaled in: the load (at most 1 running + 1 waiting) fit on 2 gangs for {MINUTES} min "
+        "(limit 0.5 x 2 x 2 slots = 2)"
+    )
+    # One look short of the window: not yet.
+    window, now = watched(SERVING3, *looks((1, 1), IDLE - POLL))
+    assert decide(SERVING3, window, now) is None
+
+
+def test_the_limit_is_inclusive_and_one_request_more_at_any_look_starts_the_window_again():
+    """Two serving gangs of two slots: the load may hold 1 request (0.5 x 1 x 2), running or
+    waiting; 2 at one look, even a minute into the window, restarts it."""
+    assert rule().limit(2) == 1 and rule().limit(3) == 2
+    for load in ((1, 0), (0, 1)):
+        window, now = watched(SERVING2, *looks(load))
+        assert decide(SERVING2, window, now).gang == "gang1", load
+    window, now = watched(SERVING2, (1, 0), (1, 0), (1, 0), (1, 0), (1, 1), *looks((1, 0), IDLE - POLL))
+    assert decide(SERVING2, window, now) is None
+    window, now = watched(SERVING2, (1, 0), window=window, start=now + POLL)
+    decision = decide(SERVING2, window, now)
+    assert decision.gang == "gang1" and "at most 1 running + 0 waiting" in decision.reason
+
+
+def test_scale_out_and_scale_in_never_oscillate():
+    """The hysteresis. Scale-out needs requests waiting on every serving gang (each engine
+    admits no more: above n x 2 requests); scale-in needs at most 0.5 x (n - 1) x 2. The
+    highest load that scales in leaves the gangs that stay half full, nothing waits, and the
+    scale-out's window sees no queue; and the load that scaled out never fits on fewer."""
+    window, now = watched(SERVING2, *looks((1, 0)))
+    assert decide(SERVING2, window, now).gang == "gang1"
+    after = {"gang0": "serving", "gang1": "stopped"}
+    # The same request, now on gang0 alone: one of its two slots, none waiting.
+    queue = [waker.QueueSample(at, {"gang0": 0.0}) for at in range(0, 120, POLL)]
+    assert waker.scale_decision(after, queue, 105, 2, 0.0, 60) is None
+    # The other way: a queue on gang0 alone (2 running, 1 waiting) for a minute wakes gang1.
+    queue = [waker.QueueSample(at, {"gang0": 1.0}) for at in range(0, 75, POLL)]
+    assert waker.scale_decision(after, queue, 60, 2, 0.0, 60).gang == "gang1"
+    # Once gang1 serves, that load (3 requests) is above 1: no scale-in, however long.
+    window, now = watched(SERVING2, *looks((2, 1), 3 * IDLE))
+    assert decide(SERVING2, window, now) is None
+
+
+def test_no_scale_in_right_after_a_scale_out_until_the_window_passed_with_the_new_gang():
+    """The window belongs to the pool as it is: a gang waking, then serving, starts it
+    again, so the load must fit for the whole window with the woken gang serving."""
+    waking = {"gang0": "serving", "gang1": "serving", "gang2": "waking"}
+    window, now = watched(SERVING2, *looks((0, 0)))
+    window, now = watched(waking, *looks((0, 0)), window=window, start=now + POLL)
+    assert decide(waking, window, now) is None  # capacity on its way: the load asked for more
+    window, now = watched(SERVING3, *looks((0, 0), IDLE - POLL), window=window, start=now + POLL)
+    assert decide(SERVING3, window, now) is None
+    window, now = watched(SERVING3, (0, 0), window=window, start=now + POLL)
+    assert decide(SERVING3, window, now).gang == "gang2"
+    # The decision reads only a window of this pool: one observed for another is no window.
+    assert decide(SERVING2, window, now) is None
+
+
+def test_a_look_without_figures_starts_the_window_again():
+    """Prometheus down (the waker's forget) or a serving gang's engine not scraped (no
+    figures of it: pool_load None): the load then is unknown."""
+    figures = {"gang0": waker.Activity(1, 0, 5)}
+    assert waker.pool_load(frozenset({"gang0", "gang1"}), figures) is None
+    both = {**figures, "gang1": waker.Activity(0, 1, 7), "gang9": waker.Activity(9, 9, 0)}
+    assert waker.pool_load(frozenset({"gang0", "gang1"}), both) == waker.Load(1, 1)
+    window, now = watched(SERVING2, *looks((0, 0), IDLE / 2), None, *looks((0, 0), IDLE - POLL))
+    assert decide(SERVING2, window, now) is None
+    window.forget()
+    window, now = watched(SERVING2, *looks((0, 0), IDLE - POLL), window=window, start=now + POLL)
+    assert decide(SERVING2, window, now) is None
 
 
 def test_an_always_on_gang_is_never_parked_and_never_fewer_than_replicas_serve():
-    assert decide({"gang0": "serving", "gang1": "stopped"}, {"gang0": 10 * IDLE}) is None
-    # replicas 2: gang0 is broken (waking again), gang1 serves alone: not parked.
-    states = {"gang0": "waking", "gang1": "serving", "gang2": "serving"}
-    assert decide(states, {"gang1": IDLE, "gang2": IDLE}, replicas=2) is None
-    assert decide({**states, "gang0": "serving"}, {"gang2": IDLE}, replicas=2).gang == "gang2"
+    window, now = watched({"gang0": "serving", "gang1": "stopped"}, *looks((0, 0), 10 * IDLE))
+    assert decide({"gang0": "serving", "gang1": "stopped"}, window, now, idle={"gang0": 10 * IDLE}) is None
+    # replicas 2: gang0 is down, gang1 and gang2 serve: not parked.
+    states = {"gang0": "stopped", "gang1": "serving", "gang2": "serving"}
+    window, now = watched(states, *looks((0, 0)), replicas=2)
+    assert decide(states, window, now, replicas=2) is None
+    window, now = watched(SERVING3, *looks((0, 0)), replicas=2)
+    assert decide(SERVING3, window, now, replicas=2).gang == "gang2"
 
 
-def test_with_replicas_0_the_last_serving_gang_parks_only_while_no_request_runs_or_waits():
+def test_with_replicas_0_the_last_serving_gang_parks_only_when_it_had_no_client_request():
+    """The last serving gang leaves no gang behind: the load rule does not apply (no gang
+    fewer to fit on), only the idle rule: no client request for the window (IdleClock) and
+    none running or waiting."""
+    window, now = watched(SERVING2, *looks((0, 0)), replicas=0)
+    assert decide(SERVING2, window, now, replicas=0).gang == "gang1"
     states = {"gang0": "serving", "gang1": "stopped"}
-    decision = decide(states, {"gang0": IDLE}, replicas=0)
+    window, now = watched(states, *looks((0, 0)), replicas=0)
+    assert decide(states, window, now, replicas=0, idle={"gang0": IDLE - 1}) is None
+    decision = decide(states, window, now, replicas=0, idle={"gang0": IDLE})
     assert decision.gang == "gang0" and decision.last
-    assert decide(states, {"gang0": IDLE}, replicas=0, busy=True) is None
+    assert decision.reason == f"scaled in: no client request for {MINUTES} min"
+    assert decide(states, window, now, replicas=0, idle={"gang0": IDLE}, busy=True) is None
+    assert decide({**states, "gang1": "waking"}, window, now, replicas=0, idle={"gang0": IDLE}) is None
 
 
 def test_roles_follow_replicas_and_gang_order():
@@ -188,6 +296,12 @@ def idle_out(woken, seconds: float = IDLE):
         look(woken)
 
 
+# What power.json says of a warm gang parked after a window without any request.
+IDLE_WHY = (
+    f"scaled in: the load (at most 0 running + 0 waiting) fit on 1 gang for {MINUTES} min (limit 0.5 x 1 x 2 slots = 1)"
+)
+
+
 def test_an_idle_warm_gang_is_drained_then_stopped_and_the_always_on_gang_keeps_serving(two_serving, aws):  # noqa: F811 - the fixture
     make, _ = two_serving
     woken = make()
@@ -203,20 +317,66 @@ def test_an_idle_warm_gang_is_drained_then_stopped_and_the_always_on_gang_keeps_
     record = woken.power["gang1"]
     assert record["state"] in ("stopping", "stopped") and record["parked"]
     assert record["role"] == "warm" and woken.power["gang0"]["role"] == "always-on"
-    assert record["why"] == f"scaled in: no client request for {MINUTES} min" and record["why_at"]
+    assert record["why"] == IDLE_WHY and record["why_at"]
     # Much later, still idle: gang0 always serves.
     idle_out(woken, 3 * IDLE)
     assert aws.stopped == GANG1 and len(woken.pool_command.of("drain")) == 1
     assert json.loads(Path(woken.power_file).read_text())["gangs"]["gang1"]["why"].startswith("scaled in")
 
 
-def test_client_requests_keep_a_warm_gang_serving(two_serving, aws, prometheus):  # noqa: F811 - the fixture
+def test_a_trickle_below_one_gangs_capacity_scales_a_warm_gang_in_within_the_window(two_serving, aws, prometheus):  # noqa: F811
+    """Issue 48: one client's requests, one at a time, spread by the pool over both gangs and
+    never idle: before, the warm gang stayed up as long as they came; now the load (1
+    request, half of gang0's two slots) fits on gang0, and gang1 is parked after the window
+    with the request it runs drained, not cut."""
     make, _ = two_serving
     woken = make()
-    for step in range(3 * int(IDLE // POLL)):
-        prometheus.client_finished = {"gang0": 3, "gang1": 7 + step // 20}  # one every 5 minutes
+    on = ({"gang0": 1, "gang1": 0}, {"gang0": 0, "gang1": 1})
+    for step in range(int(IDLE // POLL)):
+        prometheus.running = on[step % 2]
+        prometheus.client_finished = {"gang0": 3 + step, "gang1": 7 + step}
         look(woken)
     assert woken.pool_command.calls == [] and aws.stopped == []
+    look(woken)
+    assert [call[:3] for call in woken.pool_command.of("drain")] == [["drain", "--gang", "gang1"]]
+    assert aws.stopped == GANG1
+    assert woken.power["gang1"]["why"] == (
+        f"scaled in: the load (at most 1 running + 0 waiting) fit on 1 gang for {MINUTES} min "
+        "(limit 0.5 x 1 x 2 slots = 1)"
+    )
+
+
+def test_a_load_above_the_limit_keeps_a_warm_gang_serving(two_serving, aws, prometheus):  # noqa: F811
+    """Two requests at every look, one on each gang: on gang0 alone they would fill both its
+    slots, above half of them: both gangs serve on."""
+    make, _ = two_serving
+    woken = make()
+    prometheus.running = {"gang0": 1, "gang1": 1}
+    idle_out(woken, 3 * IDLE)
+    assert woken.pool_command.calls == [] and aws.stopped == []
+    # The load falls to one request: the window starts then, and gang1 parks a window later.
+    prometheus.running = {"gang0": 1, "gang1": 0}
+    idle_out(woken, IDLE - POLL)
+    assert aws.stopped == []
+    look(woken)
+    assert aws.stopped == GANG1
+
+
+def test_a_look_at_prometheus_that_fails_or_lacks_a_gang_starts_the_window_again(two_serving, aws, prometheus):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    idle_out(woken, IDLE / 2)
+    prometheus.down = True
+    look(woken)
+    prometheus.down = False
+    idle_out(woken, IDLE / 2)
+    prometheus.running = {"gang0": 0}  # gang1's engine not scraped at this look
+    look(woken)
+    prometheus.running = {"gang0": 0, "gang1": 0}
+    idle_out(woken, IDLE - 2 * POLL)
+    assert woken.pool_command.calls == [] and aws.stopped == []
+    idle_out(woken, POLL)
+    assert aws.stopped == GANG1
 
 
 def test_a_drain_that_fails_stops_nothing_and_says_so(two_serving, aws):  # noqa: F811 - the fixture
@@ -331,15 +491,59 @@ def test_park_parks_every_idle_warm_gang_at_once_and_only_for_this_hosts_root(tw
     assert aws.stopped == GANG1 and woken.power["gang1"]["why"] == "parked after deploy"
 
 
-def test_park_leaves_a_warm_gang_with_requests_and_says_why(two_serving, aws, prometheus):  # noqa: F811
+def test_park_drains_a_warm_gang_with_requests_while_another_gang_serves(two_serving, aws, prometheus):  # noqa: F811
+    """Issue 48: the park after an up used to leave a warm gang with a request running to the
+    idle rule (and a fleet test, whose own client had a request on gang1, raced on it). The
+    drain is what makes it safe: out of the pool (new requests go to gang0), its requests
+    finish on it (the drain waits up to the API's read timeout), then it stops."""
     make, _ = two_serving
     woken = make()
     woken.figures_wait_seconds = 0
-    prometheus.running = {"gang0": 0, "gang1": 2}
+    prometheus.running, prometheus.waiting = {"gang0": 1, "gang1": 2}, {"gang0": 0, "gang1": 1}
     outcome = woken.park_idle()
-    assert outcome["parked"] == {} and outcome["failed"] == {}
-    assert outcome["left"]["gang1"] == "2 requests running, 0 waiting now: the idle rule parks it later"
-    assert aws.stopped == [] and woken.pool_command.calls == []
+    assert outcome["failed"] == {} and outcome["left"] == {"gang0": "always-on: it always serves"}
+    assert outcome["parked"]["gang1"] == (
+        "parked after deploy (drained first: 2 requests running, 1 waiting finished on it, "
+        "new ones went to the other gangs)"
+    )
+    wait = str(waker.PARK_WAIT_SECONDS)
+    assert woken.pool_command.of("drain") == [
+        ["drain", "--gang", "gang1", "--timeout", "600", "--wait", wait, "--park"]
+    ]
+    assert aws.stopped == GANG1 and woken.power["gang1"]["why"] == waker.PARKED_AFTER_DEPLOY
+
+
+def test_park_needs_no_figures_while_another_gang_serves(two_serving, aws, prometheus):  # noqa: F811
+    """Whatever runs on a warm gang, the drain lets it finish: with replicas 1 the park does
+    not wait for Prometheus to scrape it."""
+    make, _ = two_serving
+    woken = make()
+    woken.figures_wait_seconds = 30
+    prometheus.running = {"gang0": 0}  # gang1's engine not scraped yet
+    outcome = woken.park_idle()
+    assert outcome["parked"] == {"gang1": "parked after deploy"} and aws.stopped == GANG1
+
+
+def test_park_leaves_the_last_serving_gang_while_requests_run_on_it(two_serving, aws, prometheus):  # noqa: F811
+    """replicas 0: gang1 is parked (gang0 serves on), then gang0 is the last serving gang,
+    and a request on it would find no other gang: it is left to the idle rule; idle, it
+    is parked with --last."""
+    make, _ = two_serving
+    woken = make(replicas=0)
+    woken.figures_wait_seconds = 0
+    prometheus.running = {"gang0": 1, "gang1": 1}
+    outcome = woken.park_idle()
+    assert list(outcome["parked"]) == ["gang1"] and outcome["failed"] == {}
+    assert outcome["left"]["gang0"] == (
+        "the last serving gang, 1 requests running, 0 waiting now: no other gang would take them; "
+        "the idle rule parks it later"
+    )
+    assert [call[2] for call in woken.pool_command.of("drain")] == ["gang1"] and aws.stopped == GANG1
+    prometheus.running = {"gang0": 0, "gang1": 0}
+    outcome = woken.park_idle()
+    assert outcome["parked"] == {"gang0": "parked after deploy"}
+    assert woken.pool_command.of("drain")[-1][-2:] == ["--park", "--last"]
+    assert sorted(aws.stopped) == sorted(GANG0 + GANG1)
 
 
 def test_park_reports_a_drain_that_failed_as_a_failure(two_serving, aws, tmp_path, capsys):  # noqa: F811
@@ -419,7 +623,7 @@ def test_power_prints_each_gangs_role_and_why_after_its_first_three_columns(two_
     assert gang0[:2] == ["gang0", "serving"] and gang0[3:] == ["always-on"]
     assert gang1[:2] == ["gang1", "stopped"] and gang1[2].endswith("Z") and gang1[3] == "warm"
     why_at = woken.power["gang1"]["why_at"]
-    assert lines[1].endswith(f" warm why: scaled in: no client request for {MINUTES} min (at {why_at})")
+    assert lines[1].endswith(f" warm why: {IDLE_WHY} (at {why_at})")
     assert waker.main(["--config", str(settings), "--state-dir", woken.state_dir, "power", "--json"]) == 0
     records = json.loads(capsys.readouterr().out)["gangs"]
     assert records["gang1"]["role"] == "warm" and records["gang1"]["why"].startswith("scaled in")
@@ -459,6 +663,25 @@ def test_the_exposition_counts_the_pools_gangs_by_state_and_its_bounds(two_servi
     # The names the alert rule reads (components/metrics.py).
     named = (waker.POOL_GANGS_METRIC, waker.POOL_MAX_METRIC, waker.POOL_REPLICAS_METRIC)
     assert named == (metrics.POOL_GANGS, metrics.POOL_MAX_GANGS, metrics.POOL_REPLICAS)
+
+
+def test_the_exposition_says_how_long_the_load_has_fit_on_one_gang_fewer(two_serving, prometheus):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    look(woken, 0)
+    look(woken)
+    look(woken)
+
+    def gauges():
+        text = waker.exposition(woken.states(), woken.power, woken.pool_bounds(), woken.scale_in_window()).decode()
+        return {line.split()[0]: line.split()[1] for line in text.splitlines() if line.startswith("vllm_cluster_scale")}
+
+    assert gauges() == {"vllm_cluster_scale_in_fit_seconds": "30", "vllm_cluster_scale_in_window_seconds": "600"}
+    prometheus.running = {"gang0": 2, "gang1": 0}  # above 0.5 x 1 x 2: the window starts again
+    look(woken)
+    assert gauges()["vllm_cluster_scale_in_fit_seconds"] == "0"
+    # Without warm gangs: none of them.
+    assert "vllm_cluster_scale_in" not in waker.exposition(woken.states(), woken.power).decode()
 
 
 def test_the_gateways_park_asks_the_running_waker_and_needs_one(aws, head, gateway_host):  # noqa: F811

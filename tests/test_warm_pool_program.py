@@ -13,6 +13,7 @@ from test_replicas_program import command, depends_on
 
 from components import idle_stop
 from components.bootstrap import GATEWAY_COMMAND
+from components.scale_out import SCALE_IN_FRACTION
 
 COMMAND = "command:remote:Command"
 INSTANCE = "aws:ec2/instance:Instance"
@@ -89,6 +90,16 @@ def test_the_waker_drains_a_gang_for_as_long_as_a_request_may_run():
     run = run_stack("dev", {"replicas": 1, "maxReplicas": 2, "apiReadTimeoutSeconds": 900})
     assert run.error is None, run.error
     assert waker_told(run)["drain_timeout_seconds"] == 900
+
+
+def test_the_waker_measures_the_load_against_what_one_gang_runs_at_once(warm):
+    """The scale-in parks a warm gang when the load fits in a share of one gang fewer's
+    slots: the waker is told vLLM's max_num_seqs for the stack's gangs, vLLM's default for
+    dev's L4 (256) or what vllmExtraArgs set, and the share (components/scale_out.py)."""
+    assert (waker_told(warm)["gang_max_num_seqs"], waker_told(warm)["scale_in_fraction"]) == (256, SCALE_IN_FRACTION)
+    run = run_stack("dev", {"replicas": 1, "maxReplicas": 2, "vllmExtraArgs": ["--max-num-seqs", "64"]})
+    assert run.error is None, run.error
+    assert waker_told(run)["gang_max_num_seqs"] == 64
 
 
 def test_prometheus_on_the_gateway_gets_the_pools_alert(warm):
