@@ -106,3 +106,73 @@ def spec_capacity(spec) -> GatewayCapacity:
     """capacity for a ClusterSpec: every declared gang (maxReplicas: warm gangs serve
     through the same gateway once woken) at the gangs' max_num_seqs."""
     return capacity(spec.declared_gangs, spec_gang_max_num_seqs(spec))
+
+
+# --- the gateway's instance type against that load (plan) ------------------------------------
+
+# The vCPUs a burstable gateway type sustains, as a share of each vCPU (AWS, "Key concepts
+# for burstable performance instances", baseline utilization per vCPU: t3.micro 10 %,
+# t3.small 20 %, t3.medium 20 %, t4g.small 20 %); above it the type spends CPU credits
+# and, out of them (standard mode) or at a charge (unlimited, T3's default), runs on.
+# A type not in this table: not checked.
+BURSTABLE_BASELINE = {"t3.micro": 0.10, "t3.small": 0.20, "t3.medium": 0.20, "t4g.small": 0.20}
+BURSTABLE_DOC = "https://docs.aws.amazon.com/ec2/latest/instancetypes/burstable-performance-instances.html"
+# ESTIMATE, not a measurement here: the tokens one running sequence streams a second at a
+# full batch (an inter-token latency of about 33 ms), each one server-sent event that
+# nginx reads from vLLM, encrypts and writes to its client.
+ESTIMATED_TOKENS_PER_SECOND_PER_SEQUENCE = 30
+# nginx's CPU per proxied SSE event under TLS (a read from the upstream, one TLS record, a
+# write), MEASURED on this project's 2-core test machine on loopback, 2026-12-07, by
+# bench/bench_gateway_sse.py (one worker, TLS 1.3, proxy_buffering off, 20 ms between a
+# stream's events, a fleet running beside it): 23 to 28 us of the worker's CPU an event
+# over 100 to 1,000 streams; the highest is taken. A gateway's core may be slower or faster.
+CPU_SECONDS_PER_EVENT = 28e-6
+# Memory a TLS stream takes in nginx: MEASURED by the same bench, the worker's resident
+# memory grew by 47 to 55 KiB a stream (300 and 1,000 streams: its buffers and OpenSSL's
+# state); plus a request body's buffer, client_body_buffer_size 16k on 64-bit
+# (ngx_http_core_module), which the bench's GETs do not hold: 55 + 16, taken as 72.
+KIB_PER_STREAM = 72
+
+
+@dataclass(frozen=True)
+class GatewayLoad:
+    """The gateway type's CPU and memory against the streams it holds; None: not known."""
+
+    instance_type: str
+    events_per_second: int  # SSE events at every gang's full batch
+    vcpus_needed: float
+    vcpus_sustained: float | None  # None: a type the planner does not know
+    nginx_mib: float  # nginx at every stream it holds
+    memory_mib: int | None
+    warnings: tuple[str, ...]
+
+
+def gateway_load(
+    sized: GatewayCapacity, instance_type: str, vcpus: int | None, memory_mib: int | None, other_mib: float
+) -> GatewayLoad:
+    """nginx's CPU for TLS + SSE at every gang's full batch, against the vCPUs the type
+    sustains (BURSTABLE_BASELINE; unknown types are not checked), and its memory at every
+    stream beside `other_mib` (Prometheus's need) within `memory_mib`. The token rate is
+    an estimate (ESTIMATED_TOKENS_PER_SECOND_PER_SEQUENCE); the per-event CPU and the
+    per-stream memory were measured on loopback (bench/bench_gateway_sse.py)."""
+    events = sized.gangs * sized.max_num_seqs * ESTIMATED_TOKENS_PER_SECOND_PER_SEQUENCE
+    needed = events * CPU_SECONDS_PER_EVENT
+    baseline = BURSTABLE_BASELINE.get(instance_type)
+    sustained = vcpus * baseline if vcpus is not None and baseline is not None else None
+    nginx_mib = sized.streams * KIB_PER_STREAM / 1024
+    warnings = []
+    key = f"gatewayInstanceType {instance_type}"
+    if sustained is not None and needed > sustained:
+        warnings.append(
+            f"{key} sustains {sustained:g} vCPU ({vcpus} x its {baseline:.0%} baseline, {BURSTABLE_DOC}); nginx's "
+            f"TLS and SSE at every gang's full batch (~{events:,} events/s at an estimated "
+            f"{ESTIMATED_TOKENS_PER_SECOND_PER_SEQUENCE} tokens/s a sequence) needs ~{needed:.2f}. Fix: a "
+            f"type that is not burstable, with at least {max(2, -int(-needed // 1))} vCPUs (e.g. c7i.large), or "
+            "t3.xlarge: pulumi config set vllm-cluster:gatewayInstanceType c7i.large"
+        )
+    if memory_mib is not None and nginx_mib + other_mib > memory_mib:
+        warnings.append(
+            f"{key} has {memory_mib:,} MiB; nginx at {sized.streams:,} streams (~{nginx_mib:,.0f} MiB) "
+            f"and Prometheus ({other_mib:,.0f} MiB) need more. Fix: a type with more memory (t3.medium: 4 GiB)"
+        )
+    return GatewayLoad(instance_type, events, needed, sustained, nginx_mib, memory_mib, tuple(warnings))

@@ -67,3 +67,27 @@ def test_max_num_seqs_in_vllm_extra_args_sizes_the_gateway():
 def test_no_gang_or_no_batch_is_a_mistake_not_a_size(gangs, seqs):
     with pytest.raises(ValueError):
         capacity(gangs, seqs)
+
+
+# --- the gateway's type against that load ---------------------------------------------------
+
+
+def test_a_small_gateway_carries_one_gang_of_256_and_warns_at_a_large_batch():
+    small = gateway_capacity.gateway_load(capacity(1, 256), "t3.small", 2, 2048, 509)
+    assert small.warnings == ()
+    assert small.vcpus_sustained == pytest.approx(0.4)  # t3.small: 2 vCPUs at a 20 % baseline
+    large = gateway_capacity.gateway_load(capacity(1, 1024), "t3.small", 2, 2048, 509)
+    assert large.vcpus_needed > large.vcpus_sustained
+    (warning,) = large.warnings
+    assert "gatewayInstanceType t3.small" in warning and "Fix:" in warning and "c7i.large" in warning
+
+
+def test_memory_for_every_stream_beside_prometheus_is_checked():
+    many = capacity(16, 4096)  # 262,144 streams
+    load = gateway_capacity.gateway_load(many, "t3.medium", 2, 4096, 509)
+    assert any("MiB" in warning and "more memory" in warning for warning in load.warnings)
+
+
+def test_a_type_the_planner_does_not_know_is_not_checked():
+    load = gateway_capacity.gateway_load(capacity(16, 1024), "c7i.large", None, None, 509)
+    assert load.vcpus_sustained is None and load.memory_mib is None and load.warnings == ()
