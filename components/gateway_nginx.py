@@ -36,6 +36,11 @@ RATE_LIMITED_RETRY_AFTER_SECONDS = 1
 # $binary_remote_addr (ngx_http_limit_conn_module: "One megabyte zone can keep about 32
 # thousand 32-byte states or about 16 thousand 64-byte states").
 LIMIT_ZONE_SIZE = "10m"
+# The site sets no error_log: nginx logs "worker_connections are not enough, reusing
+# connections" at warn on the cycle's log, the main context's error_log
+# (src/core/ngx_connection.c, ngx_drain_connections), which an http-level error_log here
+# would not change; `vllm-cluster-gateway configure` raises nginx.conf's to warn instead,
+# beside the worker_connections it sets (components/gateway_capacity.py).
 # The probe key's label (components/bootstrap.py api_keys_conf): the stack's readiness
 # check and `vllm-cluster status` send it, and no per-key limit may refuse them.
 PROBE_KEY_LABEL = "probe"
@@ -254,6 +259,7 @@ class Limits:
         zones = ""
         if self.rate_per_second:
             zones += (
+                "# Requests per second per client address (apiRateLimitPerSecond).\n"
                 f"limit_req_zone $binary_remote_addr zone=vllm_api:{LIMIT_ZONE_SIZE} rate={self.rate_per_second}r/s;\n"
             )
         for limit, variable, value, zone in (
@@ -262,7 +268,7 @@ class Limits:
         ):
             if limit:
                 zones += (
-                    f"# Counted by {value}; the stack's probe key never (its readiness check).\n"
+                    f"# Requests in flight by {value}; the stack's probe key never counts (its readiness check).\n"
                     f"map {API_KEY_VARIABLE} {variable} {{\n"
                     f'    {PROBE_KEY_LABEL} "";\n'
                     f"    default {value};\n"

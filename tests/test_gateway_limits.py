@@ -249,3 +249,18 @@ def test_the_rate_limits_429_is_json_with_retry_after(gateway, gang):  # noqa: F
     assert refused and len(refused) <= 5
     for answer in refused:
         assert_refused_like_openai(*answer)
+
+
+def test_every_limit_at_once_leaves_the_probe_key_alone(gateway, gang):  # noqa: F811
+    """All three limits and the waker in one site nginx accepts; the probe key is counted
+    by neither in-flight limit, so the readiness check passes beside a client at its limit."""
+    assert_ran(gateway.install_keys({"current": CLIENT_KEY, "probe": PROBE_KEY}))
+    limits = {"rate_limit_per_second": 100, "max_in_flight_per_key": 1, "max_in_flight_per_address": 1}
+    assert_ran(configure_with_limits(gateway, gang, site=gateway.site(waker=True, **limits)))
+    pool, futures = slow_requests(gateway, gang, 3, key=PROBE_KEY)
+    futures.append(pool.submit(post, gateway, CLIENT_KEY, "slow"))
+    eventually(lambda: gang.in_flight == 4, what="the client's request beside the probes")
+    assert_refused_like_openai(*post(gateway))
+    gang.release.set()
+    assert [future.result()[0] for future in futures] == [200] * 4
+    pool.shutdown()
