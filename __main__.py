@@ -11,7 +11,19 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components import bootstrap, fabric, host_keys, idle_stop, metrics, node_env, node_image, ports, quotas, sizing
+from components import (
+    bootstrap,
+    fabric,
+    gateway_capacity,
+    host_keys,
+    idle_stop,
+    metrics,
+    node_env,
+    node_image,
+    ports,
+    quotas,
+    sizing,
+)
 from components.certificate import GatewayCertificate, GatewayCertificateArgs
 from components.compute import GpuNodes, GpuNodesArgs, NodeBootArgs, node_image_query
 from components.credentials import Credentials, CredentialsArgs
@@ -545,6 +557,8 @@ for index, (gang_ips, hosts, gang_host_keys) in enumerate(machines.gangs):
 def gateway_service_args() -> GatewayServiceArgs:
     """The gateway's part of the services: its host, setup, TLS and site, the clients'
     keys and Prometheus."""
+    # What the gateway's nginx must hold: every declared gang's batch and a queue as long.
+    gateway_sizing = gateway_capacity.spec_capacity(spec)
     return GatewayServiceArgs(
         public_ip=machines.gateway_public_address,
         private_ip=machines.gateway_private_ip,
@@ -558,6 +572,11 @@ def gateway_service_args() -> GatewayServiceArgs:
         admin_cidrs=spec.admin_cidrs,
         api_read_timeout_seconds=spec.api_read_timeout_seconds,
         api_rate_limit_per_second=spec.api_rate_limit_per_second,
+        api_max_requests_in_flight_per_key=spec.api_max_requests_in_flight_per_key,
+        api_max_requests_in_flight_per_address=spec.api_max_requests_in_flight_per_address,
+        gateway_connections=gateway_sizing.worker_connections,
+        gateway_open_files=gateway_sizing.open_files,
+        upstream_keepalive=gateway_sizing.upstream_keepalive,
         api_key=credentials.api_key,
         previous_api_key=credentials.previous_api_key,
         api_routes=spec.api_routes,

@@ -557,9 +557,9 @@ def main() -> int:
     saturation = {}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as workdir:
         # The engine's KV cache size as the fleet gives it, and vLLM's default batch. No
-        # per-client rate limit at the gateway: its default (apiRateLimitPerSecond, 20 a
-        # second per address) would cap the one address the client sends from, which stands
-        # for many clients here, at 20 req/s whatever the gangs can serve.
+        # per-client rate limit at the gateway (apiRateLimitPerSecond 0, the default since
+        # issue 48; said here as well): a limit per address would cap the one address the
+        # client sends from, which stands for many clients here.
         extra = [f"--kv-cache-memory-bytes={KV_CACHE_BYTES}"]
         with (
             serving_cluster(

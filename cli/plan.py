@@ -16,6 +16,7 @@ from cli.stack_file import read_stack
 from components import (
     aws_contract,
     bootstrap,
+    gateway_capacity,
     idle_stop,
     image,
     metrics,
@@ -127,6 +128,7 @@ def build_plan(
     the_fit = sizing.fit(model, instance, tp, pp, spec.gpu_memory_utilization, spec.max_model_len)
     contract = aws_contract.check(run.resources, run.id_of)
     prometheus = _prometheus(spec)
+    gateway = _gateway(spec, prometheus)
     # The plan's sections, in the order its JSON and text show them: what the stack
     # declares, whether the model fits, what it costs, how long it takes to serve, and
     # what would stop it.
@@ -135,6 +137,7 @@ def build_plan(
         **_what_it_declares(spec, run, model, "model table" if info and params_b is None else "--params-b"),
         **_fit_section(spec, model, the_fit),
         **_cost_section(spec, the_fit.weights_gb, busy_hours, prometheus),
+        "gateway": gateway,
         **_time_section(spec, model),
         **_problems_section(spec, model, the_fit, contract, prometheus, the_stack.secret_keys),
     }
@@ -281,7 +284,8 @@ def _problems_section(
         "warnings": sizing.warnings_for(model, spec.instance, spec.tensor_parallel_size, the_fit)
         + list(spec.warnings)
         + [str(finding) for finding in contract.warnings]
-        + prometheus["warnings"],
+        + prometheus["warnings"]
+        + _gateway(spec, prometheus)["warnings"],
         "vllmServeArgs": bootstrap.vllm_serve_args(spec, "<head-ip>"),
         "secretsNotRead": secret_keys,
     }
@@ -489,6 +493,69 @@ def _prometheus(spec) -> dict[str, Any]:
         # warning is about gatewayInstanceType, which such a stack does not use.
         "warnings": list(sized.warnings) if spec.own_hosts is None else [],
     }
+
+
+def _gateway(spec, prometheus: dict[str, Any]) -> dict[str, Any]:
+    """What the gateway's nginx holds (components/gateway_capacity.py, issue 48) and its
+    instance type against that load: CPU for TLS and SSE at every gang's full batch and
+    memory per stream, estimates; a type the planner does not know is not checked."""
+    sized = gateway_capacity.spec_capacity(spec)
+    own = spec.own_hosts is not None
+    load = gateway_capacity.gateway_load(
+        sized,
+        OWN_GATEWAY if own else spec.gateway_instance_type,
+        None if own else quotas.GATEWAY_VCPUS.get(spec.gateway_instance_type),
+        None if own else prometheus_sizing.gateway_memory_mib(spec.gateway_instance_type),
+        prometheus["memory"]["neededMiB"],
+    )
+    return {
+        "gangs": sized.gangs,
+        "maxNumSeqs": sized.max_num_seqs,
+        "streams": sized.streams,
+        "workerConnections": sized.worker_connections,
+        "workerRlimitNofile": sized.open_files,
+        "upstreamKeepalive": sized.upstream_keepalive,
+        "minStreams": gateway_capacity.MIN_STREAMS,
+        "load": {
+            "instanceType": load.instance_type,
+            "eventsPerSecond": load.events_per_second,
+            "vcpusNeeded": round(load.vcpus_needed, 2),
+            "vcpusSustained": load.vcpus_sustained,
+            "nginxMiB": round(load.nginx_mib),
+            "memoryMiB": load.memory_mib,
+            "tokensPerSecondPerSequence": gateway_capacity.ESTIMATED_TOKENS_PER_SECOND_PER_SEQUENCE,
+            "cpuMicrosecondsPerEvent": round(gateway_capacity.CPU_SECONDS_PER_EVENT * 1e6, 1),
+            "kibPerStream": gateway_capacity.KIB_PER_STREAM,
+        },
+        "warnings": list(load.warnings),
+    }
+
+
+def _gateway_lines(plan: dict[str, Any]) -> list[str]:
+    g = plan["gateway"]
+    load = g["load"]
+    if load["instanceType"] == OWN_GATEWAY:
+        cpu = "not checked: the planner does not know your gateway machine's CPU"
+    elif load["vcpusSustained"] is None:
+        cpu = f"not checked: {load['instanceType']} is not a type the planner knows"
+    else:
+        verdict = "fits" if load["vcpusNeeded"] <= load["vcpusSustained"] else "TOO SMALL"
+        cpu = (
+            f"{load['vcpusNeeded']:g} of the {load['vcpusSustained']:g} vCPU {load['instanceType']} sustains: {verdict}"
+        )
+    return [
+        "Gateway (nginx; components/gateway_capacity.py)",
+        f"  streams        the gateway holds {g['streams']:,} streams: {g['gangs']} gang(s) x max_num_seqs "
+        f"{g['maxNumSeqs']:,} running + as many queued, x2 headroom, at least {g['minStreams']:,}",
+        f"  nginx          worker_connections {g['workerConnections']:,}, worker_rlimit_nofile "
+        f"{g['workerRlimitNofile']:,}, keepalive {g['upstreamKeepalive']:,} idle connections to the heads per worker",
+        f"  CPU            TLS + SSE at every gang's full batch, ~{load['eventsPerSecond']:,} events/s "
+        f"({load['tokensPerSecondPerSequence']} tokens/s a sequence, an estimate, x "
+        f"{load['cpuMicrosecondsPerEvent']:g} us an event, measured on loopback: bench/bench_gateway_sse.py): {cpu}",
+        f"  memory         ~{load['nginxMiB']:,} MiB at {g['streams']:,} streams ({load['kibPerStream']} KiB a TLS "
+        "stream: measured, with a request body's buffer)"
+        + (f" of {load['memoryMiB']:,} MiB beside Prometheus" if load["memoryMiB"] else ": not checked"),
+    ]
 
 
 def _model_bytes(model: sizing.ModelSize, spec, loads: list[sizing.NodeLoad], topology: dict) -> dict[str, Any]:
@@ -1056,6 +1123,7 @@ def render(plan: dict[str, Any]) -> str:
         _vcpu_quota_lines,
         _idle_stop_lines,
         _warm_pool_lines,
+        _gateway_lines,
         _prometheus_lines,
         _model_bytes_lines,
         _time_to_first_token_lines,

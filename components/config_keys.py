@@ -27,9 +27,16 @@ DEFAULT_GATEWAY_INSTANCE_TYPE = "t3.small"
 # waits: stream instead.
 DEFAULT_API_READ_TIMEOUT_SECONDS = 600
 MAX_API_READ_TIMEOUT_SECONDS = 3600
-# Per client address: stops a runaway script, not a busy application. Every client behind
-# one NAT shares it; 0 turns it off (the API key still guards the routes).
-DEFAULT_API_RATE_LIMIT_PER_SECOND = 20
+# Per client address, off by default (issue 48): an inference client (a backend, a batch
+# job, a benchmark) opens many requests at once, and 20 a second with a burst of 40
+# refused 212 of 256 requests at 64 in flight. Where asked it stops a runaway script.
+# Every client behind one NAT shares it.
+DEFAULT_API_RATE_LIMIT_PER_SECOND = 0
+# Requests in flight per API key and per client address (nginx limit_conn), off by default:
+# one client may use the whole stack's capacity. The bound: far above any stack's streams
+# (components/gateway_capacity.py: 16 gangs of 1,024 are 65,536), so a typo is caught.
+DEFAULT_API_MAX_REQUESTS_IN_FLIGHT = 0
+MAX_API_REQUESTS_IN_FLIGHT = 100000
 # Gangs behind one gateway: its nginx and a t3.small carry far more, but every gang is
 # `nodes` GPU instances and the roll takes one engine start per gang.
 MAX_REPLICAS = 16
@@ -217,9 +224,20 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
               "probe: /v1/completions, /v1/embeddings, /classify or, for token_embed, /v1/score.",
               default=[]),
     ConfigKey("apiRateLimitPerSecond", "integer",
-              "API requests per second per client address at the gateway (burst: twice as many), "
-              f"up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share it. 0: no limit.",
+              "API requests per second per client address at the gateway (burst: twice as many, refused beyond "
+              f"it with 429 and Retry-After), up to {MAX_API_RATE_LIMIT_PER_SECOND}. Clients behind one NAT share "
+              "it. 0: no limit.",
               default=DEFAULT_API_RATE_LIMIT_PER_SECOND),
+    ConfigKey("apiMaxRequestsInFlightPerKey", "integer",
+              "API requests one API key may have in flight at the gateway at once (apiKey and previousApiKey "
+              "each; the stack's own probe key never counts); one more is refused with 429 and Retry-After. "
+              f"Up to {MAX_API_REQUESTS_IN_FLIGHT}. 0: no limit beyond the gateway's capacity.",
+              default=DEFAULT_API_MAX_REQUESTS_IN_FLIGHT),
+    ConfigKey("apiMaxRequestsInFlightPerAddress", "integer",
+              "API requests one client address may have in flight at the gateway at once (clients behind one "
+              f"NAT share it); one more is refused with 429 and Retry-After. Up to {MAX_API_REQUESTS_IN_FLIGHT}. "
+              "0: no limit beyond the gateway's capacity.",
+              default=DEFAULT_API_MAX_REQUESTS_IN_FLIGHT),
     ConfigKey("idleStopMinutes", "integer",
               "Stop a gang's GPU instances after this many minutes without a request (EC2 stop: no instance "
               "charge while stopped); the gateway starts them again on the next request and answers 503 with "

@@ -171,6 +171,10 @@ class GatewaySteps:
                 args.admin_cidrs,
                 read_timeout_seconds=args.api_read_timeout_seconds,
                 rate_limit_per_second=args.api_rate_limit_per_second,
+                max_in_flight_per_key=args.api_max_requests_in_flight_per_key,
+                max_in_flight_per_address=args.api_max_requests_in_flight_per_address,
+                # Every gang's batch of idle connections per worker (gateway_capacity).
+                keepalive=args.upstream_keepalive,
                 # A request no gang could take goes to the waker, which starts stopped gangs.
                 waker=bool(self.idle.minutes),
                 api_routes=args.api_routes,
@@ -185,9 +189,11 @@ class GatewaySteps:
         # gang keeps its old head (while that serves and the new one does not) until its
         # return switches it. With one gang this runs after its vLLM: the new head is it.
         keep = " --keep-old-heads" if self.nodes.rolling else ""
+        # nginx.conf's limits, which the conf.d site cannot set (components/gateway_capacity.py).
+        limits = f" --connections {args.gateway_connections} --open-files {args.gateway_open_files}"
         return self._run(
             "gateway-proxy",
-            pulumi.Output.concat(f"sudo {GATEWAY_COMMAND} configure{keep} --gangs ", pool),
+            pulumi.Output.concat(f"sudo {GATEWAY_COMMAND} configure{keep}{limits} --gangs ", pool),
             stdin=site,
             after=after,
             triggers=self.triggers,

@@ -69,6 +69,13 @@ class GatewayServiceArgs:
     admin_cidrs: tuple[str, ...]
     api_read_timeout_seconds: int
     api_rate_limit_per_second: int
+    api_max_requests_in_flight_per_key: int
+    api_max_requests_in_flight_per_address: int
+    # What the gateway's nginx holds (components/gateway_capacity.py): worker_connections
+    # and worker_rlimit_nofile for nginx.conf, the upstream's idle keep-alive pool.
+    gateway_connections: int
+    gateway_open_files: int
+    upstream_keepalive: int
     # The clients' keys, checked at the gateway: apiKey and, while clients move over,
     # previousApiKey; and the routes it forwards (spec.api_routes).
     api_key: pulumi.Output[str]

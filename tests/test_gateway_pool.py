@@ -321,13 +321,17 @@ def gateway(tmp_path):
     (root / "opt/vllm-cluster/lib/vllm-cluster-lib.sh").write_text(library)
     self_signed_pair(root / "etc/vllm-cluster/tls")
 
-    conf = root / "nginx.conf"
+    # nginx.conf where the script keeps it (configure --connections rewrites it), in the
+    # shape of Debian's and Ubuntu's: the events block over lines of its own.
+    conf = root / "etc/nginx/nginx.conf"
     pid_file = root / "run/nginx.pid"
     conf.write_text(f"""{"user root;  # a test instance: its workers need no other user" if os.geteuid() == 0 else ""}
 pid {pid_file};
 error_log {gateway.error_log} info;
 worker_processes 1;
-events {{ worker_connections 256; }}
+events {{
+\tworker_connections 256;
+}}
 http {{
     access_log {root}/log/access.log;
     client_body_temp_path {root}/tmp/client_body;

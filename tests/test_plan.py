@@ -13,7 +13,7 @@ from pulumi_mocks import stack_config, stack_names
 
 from cli import plan
 from cli.stack_file import read_stack
-from components import aws_contract, bootstrap, image, prometheus_sizing, sizing, versions
+from components import aws_contract, bootstrap, gateway_capacity, image, prometheus_sizing, sizing, versions
 from components.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,3 +283,40 @@ def test_an_unknown_gateway_type_is_named_not_guessed(tmp_path):
         for w in document["warnings"]
     )
     assert "of m7i.large's memory, which the planner does not know: not checked\n" in plan.render(document)
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "h100"])
+def test_the_plan_states_the_streams_the_gateway_holds_and_its_nginx_limits(stack):
+    """Issue 48: the gateway's capacity from the stack (components/gateway_capacity.py), in
+    the text and the JSON, as configure and the site get it."""
+    document = plan.build_plan(stack)
+    g = document["gateway"]
+    the_stack = read_stack(stack, None)
+    sized = gateway_capacity.spec_capacity(the_stack.spec)
+    assert (g["streams"], g["workerConnections"], g["workerRlimitNofile"], g["upstreamKeepalive"]) == (
+        sized.streams,
+        sized.worker_connections,
+        sized.open_files,
+        sized.upstream_keepalive,
+    )
+    printed = plan.render(document)
+    assert f"the gateway holds {sized.streams:,} streams" in printed
+    assert f"worker_connections {sized.worker_connections:,}, worker_rlimit_nofile {sized.open_files:,}" in printed
+
+
+def test_a_gateway_type_too_slow_for_the_stacks_batch_is_a_warning_with_the_fix():
+    """h100: one gang of max_num_seqs 1,024 streams ~30,000 events a second; a t3.small
+    sustains 0.4 vCPU of its 2 (20 % baseline)."""
+    document = plan.build_plan("h100")
+    [warning] = [w for w in document["warnings"] if w.startswith("gatewayInstanceType t3.small sustains")]
+    assert "Fix:" in warning and "pulumi config set vllm-cluster:gatewayInstanceType" in warning
+    assert "TOO SMALL" in plan.render(document)
+    assert not [w for w in plan.build_plan("dev")["warnings"] if "sustains" in w]
+
+
+def test_the_gateway_load_of_an_unknown_type_is_not_checked(tmp_path):
+    stack_file = _stack_file(tmp_path, "h100", "vllm-cluster:gatewayInstanceType: c7i.large")
+    document = plan.build_plan("h100", stack_file=stack_file)
+    assert document["gateway"]["load"]["vcpusSustained"] is None
+    assert not [w for w in document["warnings"] if "sustains" in w]
+    assert "not checked: c7i.large is not a type the planner knows" in plan.render(document)

@@ -9,6 +9,8 @@ import json
 import pytest
 from pulumi_mocks import ROOT, ec2_stack_names, engine_urns, run_stack, unsecret
 
+from components import engine_capacity, gateway_capacity
+
 STACKS = ec2_stack_names()
 GOLDEN = ROOT / "tests" / "golden"
 COMMAND = "command:remote:Command"
@@ -154,7 +156,11 @@ def test_the_gateway_pools_every_gang_head(two_gangs):
     proxy = command(two_gangs, "gateway-proxy")
     heads = [g["nodes"][0]["ip"] for g in two_gangs.outputs["gangs"]]
     pool = f"gang0={heads[0]}:8000,gang1={heads[1]}:8000"
-    assert proxy.inputs["create"].endswith(f"configure --keep-old-heads --gangs {pool}")
+    # nginx.conf's limits for two gangs of prod's A100s at vLLM's default batch, 256
+    # (components/engine_capacity.py, components/gateway_capacity.py).
+    sized = gateway_capacity.capacity(2, engine_capacity.VLLM_DEFAULT_MAX_NUM_SEQS)
+    limits = f"--connections {sized.worker_connections} --open-files {sized.open_files}"
+    assert proxy.inputs["create"].endswith(f"configure --keep-old-heads {limits} --gangs {pool}")
 
 
 def test_each_gang_is_its_own_ray_cluster_with_its_own_vllm(two_gangs):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pulumi_mocks import booted_script, run_stack, stack_config, stack_names, unsecret, user_data_parts
 
-from components import bootstrap, gateway_nginx, metrics, node_env, ports, versions
+from components import bootstrap, gateway_capacity, gateway_nginx, metrics, node_env, ports, versions
 from components.catalog import CATALOG
 from components.remote_commands import DIAL_ERROR_LIMIT, PER_DIAL_TIMEOUT_SECONDS
 from tests.test_host_firewall import Firewall, firewall_sent
@@ -290,19 +290,43 @@ def test_the_gateway_site_points_at_the_head(run):
     waker = bool(run.outputs.get("idleStopMinutes"))
     # The gateway's private address, as the head's readiness check is told it.
     gateway_ip = re.search(r"--gateway (\S+) ", commands(run)["vllm-readiness"].inputs["create"]).group(1)
+    sized = gateway_capacity.spec_capacity(spec_of_run(run))
     assert site == gateway_nginx.nginx_site(
         run.outputs["headPrivateIp"],
         tuple(run.config["vllm-cluster:adminCidrs"]),
         waker=waker,
         nodes_prometheus_ip=gateway_ip,
+        keepalive=sized.upstream_keepalive,
     )
 
 
-def test_the_gateway_site_follows_the_configured_read_timeout_and_rate_limit():
+def spec_of_run(run):
+    """The stack's spec, as the program read it."""
+    from cli.stack_file import readable_config
+    from components.spec import load_spec
+
+    readable, secret = readable_config(run.config)
+    return load_spec(readable, stack=run.stack, secret_keys=set(secret))
+
+
+def test_the_gateway_is_configured_for_the_streams_the_stack_holds(run):
+    """nginx.conf's worker_connections and worker_rlimit_nofile (issue 48), from every
+    declared gang's batch (components/gateway_capacity.py), on configure's line."""
+    sized = gateway_capacity.spec_capacity(spec_of_run(run))
+    create = plain(commands(run)["vllm-gateway-proxy"].inputs["create"])
+    assert f" --connections {sized.worker_connections} --open-files {sized.open_files} " in create
+    assert sized.worker_connections > 2 * 1000  # Debian's 768 reset 276 of 1,000 streams
+
+
+def test_the_gateway_site_follows_the_configured_read_timeout_and_limits():
     before = run_stack("dev")
-    after = run_stack("dev", {"apiReadTimeoutSeconds": 1800, "apiRateLimitPerSecond": 0})
+    default = plain(commands(before)["vllm-gateway-proxy"].inputs["stdin"])
+    assert "limit_req" not in default and "limit_conn" not in default  # none by default
+    limits = {"apiRateLimitPerSecond": 20, "apiMaxRequestsInFlightPerKey": 8, "apiMaxRequestsInFlightPerAddress": 4}
+    after = run_stack("dev", {"apiReadTimeoutSeconds": 1800, **limits})
     site = plain(commands(after)["vllm-gateway-proxy"].inputs["stdin"])
-    assert "proxy_read_timeout 1800s;" in site and "limit_req" not in site
+    assert "proxy_read_timeout 1800s;" in site and "limit_req zone=vllm_api burst=40 nodelay;" in site
+    assert "limit_conn vllm_api_keys 8;" in site and "limit_conn vllm_api_addresses 4;" in site
     assert changed_commands(before, after) == {"vllm-gateway-proxy"}
 
 
@@ -401,8 +425,9 @@ def test_new_vllm_settings_restart_only_vllm():
     before = run_stack("prod")
     after = run_stack("prod", {"gpuMemoryUtilization": "0.85", "vllmExtraArgs": ["--max-num-seqs", "64"]})
     # --max-num-seqs changes the compiled graphs: a new key of the compile cache, seeded
-    # (prepare, which copies nothing: the same stages) and kept (warmup) on every node.
-    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness"} | on_every_node(
+    # (prepare, which copies nothing: the same stages) and kept (warmup) on every node; and
+    # the streams the gateway holds (components/gateway_capacity.py), no vLLM restart there.
+    assert changed_commands(before, after) == {"vllm-vllm", "vllm-readiness", "vllm-gateway-proxy"} | on_every_node(
         after, "prepare", "warmup"
     )
 
@@ -740,7 +765,7 @@ def test_one_gangs_pool_moves_to_a_new_head_only_after_its_vllm_served_a_complet
     changed, run = replaced({}, {"vllm-head": "10.0.200.1", "vllm-worker-1": "10.0.200.2"})
     assert "vllm-gateway-proxy" in changed and "vllm-readiness" in changed
     proxy = commands(run)["vllm-gateway-proxy"]
-    assert plain(proxy.inputs["create"]).endswith(f"configure --gangs gang0=10.0.200.1:{ports.VLLM_API}")
+    assert plain(proxy.inputs["create"]).endswith(f" --gangs gang0=10.0.200.1:{ports.VLLM_API}")
     assert {"vllm-vllm", "vllm-preflight", "vllm-cluster-ready"} <= depends_on(run, "vllm-gateway-proxy")
     assert "vllm-gateway-proxy" in depends_on(run, "vllm-readiness")
     # What the nodes' bootstrap waits for on the gateway does not wait for the pool.
@@ -755,7 +780,7 @@ def test_with_replicas_a_replaced_gang_switches_at_its_return_after_its_own_comp
     changed, run = replaced({"replicas": 2}, {"vllm-gang1-head": head, "vllm-gang1-worker-1": "10.0.200.2"})
     address = f"{head}:{ports.VLLM_API}"
     named = commands(run)
-    assert "configure --keep-old-heads --gangs " in plain(named["vllm-gateway-proxy"].inputs["create"])
+    assert "configure --keep-old-heads --connections " in plain(named["vllm-gateway-proxy"].inputs["create"])
     assert f"--gang gang1 --address {address} " in plain(named["vllm-gang1-drain"].inputs["create"])
     assert plain(named["vllm-gang1-return"].inputs["create"]).endswith(f"return --gang gang1 --address {address}")
     assert {"vllm-gang1-drain", "vllm-gang1-return", "vllm-gang1-vllm", "vllm-gang1-readiness"} <= changed

@@ -260,6 +260,14 @@ BAD_CONFIGS = [
     ("read timeout in words", {"apiReadTimeoutSeconds": "ten minutes"}, "apiReadTimeoutSeconds", "whole number"),
     ("negative rate limit", {"apiRateLimitPerSecond": -1}, "apiRateLimitPerSecond", "0 turns the limit off"),
     ("rate limit beyond reason", {"apiRateLimitPerSecond": 100000}, "apiRateLimitPerSecond", "10000"),
+    ("negative in-flight limit", {"apiMaxRequestsInFlightPerKey": -1}, "apiMaxRequestsInFlightPerKey", "0 turns"),
+    (
+        "in-flight limit beyond reason",
+        {"apiMaxRequestsInFlightPerAddress": 10**6},
+        "apiMaxRequestsInFlightPerAddress",
+        "100000",
+    ),
+    ("in-flight limit in words", {"apiMaxRequestsInFlightPerKey": "many"}, "apiMaxRequestsInFlightPerKey", "whole"),
     ("placement group with a semicolon", {"placementGroupName": "pg;reboot"}, "placementGroupName", "';'"),
     ("placement group with a space", {"placementGroupName": "my group"}, "placementGroupName", "' '"),
     ("placement group name too long", {"placementGroupName": "p" * 256}, "placementGroupName", "255"),
@@ -487,11 +495,20 @@ def test_an_existing_placement_group_is_taken_by_name():
     assert spec_of(placementGroupName="p" * 255).placement_group_name == "p" * 255
 
 
-def test_the_gateway_limits_default_to_ten_minutes_and_twenty_requests_a_second():
+def test_the_gateway_limits_default_to_ten_minutes_and_no_limit_on_a_client():
+    """Issue 48: 20 requests a second refused 212 of 256 at 64 in flight from one client;
+    by default one client may use the whole stack."""
     spec = spec_of()
-    assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (600, 20)
-    spec = spec_of(apiReadTimeoutSeconds="1800", apiRateLimitPerSecond=0)
-    assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (1800, 0)
+    assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (600, 0)
+    assert (spec.api_max_requests_in_flight_per_key, spec.api_max_requests_in_flight_per_address) == (0, 0)
+    spec = spec_of(
+        apiReadTimeoutSeconds="1800",
+        apiRateLimitPerSecond=20,
+        apiMaxRequestsInFlightPerKey="64",
+        apiMaxRequestsInFlightPerAddress=8,
+    )
+    assert (spec.api_read_timeout_seconds, spec.api_rate_limit_per_second) == (1800, 20)
+    assert (spec.api_max_requests_in_flight_per_key, spec.api_max_requests_in_flight_per_address) == (64, 8)
 
 
 VPC = "vpc-0123456789abcdef0"

@@ -74,6 +74,10 @@ class ClusterSpec:
     # when the key is unset); None only in a spec built by hand, which then means replicas
     # (declared_gangs).
     max_replicas: int | None = None
+    # apiMaxRequestsInFlightPerKey and ...PerAddress: requests in flight at the gateway per
+    # API key and per client address (components/gateway_nginx.py Limits); 0: no limit.
+    api_max_requests_in_flight_per_key: int = 0
+    api_max_requests_in_flight_per_address: int = 0
 
     @property
     def on_stage_volume(self) -> bool:

@@ -1,5 +1,6 @@
 """The gateway: its instance type, how long it waits for a reply (apiReadTimeoutSeconds),
-how many requests a client may send (apiRateLimitPerSecond), the routes it forwards
+how many requests a client may send (apiRateLimitPerSecond) and have in flight
+(apiMaxRequestsInFlightPerKey, apiMaxRequestsInFlightPerAddress), the routes it forwards
 (apiRoutes), and the certificate a user brings for it (tlsCertificate, tlsPrivateKey,
 endpointHostname).
 """
@@ -12,10 +13,12 @@ from dataclasses import dataclass
 
 from components import api_routes
 from components.config_keys import (
+    DEFAULT_API_MAX_REQUESTS_IN_FLIGHT,
     DEFAULT_API_RATE_LIMIT_PER_SECOND,
     DEFAULT_API_READ_TIMEOUT_SECONDS,
     MAX_API_RATE_LIMIT_PER_SECOND,
     MAX_API_READ_TIMEOUT_SECONDS,
+    MAX_API_REQUESTS_IN_FLIGHT,
     NAMESPACE,
 )
 from components.spec.engine_settings import EngineSettings
@@ -46,6 +49,8 @@ class GatewaySettings:
     api_read_timeout_seconds: int
     api_rate_limit_per_second: int
     api_routes: tuple[str, ...]
+    api_max_requests_in_flight_per_key: int = DEFAULT_API_MAX_REQUESTS_IN_FLIGHT
+    api_max_requests_in_flight_per_address: int = DEFAULT_API_MAX_REQUESTS_IN_FLIGHT
 
 
 def _check_api_read_timeout(reader: Reader) -> int:
@@ -68,6 +73,17 @@ def _check_api_rate_limit(reader: Reader) -> int:
         MAX_API_RATE_LIMIT_PER_SECOND,
         DEFAULT_API_RATE_LIMIT_PER_SECOND,
         "requests per second per client; 0 turns the limit off.",
+    )
+
+
+def _check_in_flight(reader: Reader, key: str, who: str) -> int:
+    return _whole_number_within(
+        reader,
+        key,
+        0,
+        MAX_API_REQUESTS_IN_FLIGHT,
+        DEFAULT_API_MAX_REQUESTS_IN_FLIGHT,
+        f"requests in flight per {who}; 0 turns the limit off (one client may use the whole stack).",
     )
 
 
@@ -133,6 +149,8 @@ def check_gateway(reader: Reader, engine: EngineSettings) -> GatewaySettings:
         _check_api_read_timeout(reader),
         _check_api_rate_limit(reader),
         _check_api_routes(reader, engine),
+        _check_in_flight(reader, "apiMaxRequestsInFlightPerKey", "API key"),
+        _check_in_flight(reader, "apiMaxRequestsInFlightPerAddress", "client address"),
     )
 
 
