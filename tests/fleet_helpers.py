@@ -109,9 +109,13 @@ def streams_at_once(cluster, count: int, max_tokens: int = 4, key: str | None = 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # A connection is a descriptor here too: a client holding many raises its own limit.
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, count + 1024)), hard))
+    # A loop of its own, not asyncio.run: that leaves the thread without a current loop, and
+    # the Pulumi mock runtime of a later test in the same process asks for one.
+    loop = asyncio.new_event_loop()
     try:
-        return asyncio.run(_streams(cluster, count, max_tokens, key or cluster.api_key, timeout))
+        return loop.run_until_complete(_streams(cluster, count, max_tokens, key or cluster.api_key, timeout))
     finally:
+        loop.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
