@@ -541,7 +541,8 @@ def _gateway_lines(plan: dict[str, Any]) -> list[str]:
     else:
         verdict = "fits" if load["vcpusNeeded"] <= load["vcpusSustained"] else "TOO SMALL"
         cpu = (
-            f"{load['vcpusNeeded']:g} of the {load['vcpusSustained']:g} vCPU {load['instanceType']} sustains: {verdict}"
+            f"needs {load['vcpusNeeded']:g} vCPU of the {load['vcpusSustained']:g} a {load['instanceType']} sustains: "
+            f"{verdict}"
         )
     return [
         "Gateway (nginx; components/gateway_capacity.py)",

@@ -114,8 +114,9 @@ def spec_capacity(spec) -> GatewayCapacity:
 # for burstable performance instances", baseline utilization per vCPU: t3.micro 10 %,
 # t3.small 20 %, t3.medium 20 %, t4g.small 20 %); above it the type spends CPU credits
 # and, out of them (standard mode) or at a charge (unlimited, T3's default), runs on.
-# A type not in this table: not checked.
-BURSTABLE_BASELINE = {"t3.micro": 0.10, "t3.small": 0.20, "t3.medium": 0.20, "t4g.small": 0.20}
+# A type that is not burstable sustains all of each vCPU (c7i.large). A type not in this
+# table: not checked.
+BURSTABLE_BASELINE = {"t3.micro": 0.10, "t3.small": 0.20, "t3.medium": 0.20, "t4g.small": 0.20, "c7i.large": 1.0}
 BURSTABLE_DOC = "https://docs.aws.amazon.com/ec2/latest/instancetypes/burstable-performance-instances.html"
 # ESTIMATE, not a measurement here: the tokens one running sequence streams a second at a
 # full batch (an inter-token latency of about 33 ms), each one server-sent event that

@@ -91,9 +91,9 @@ MEMORY_SHARE = 0.8
 
 # Memory of the gateway types the planner prices (components/sizing/
 # GATEWAY_PRICE_PER_HOUR), in GiB, from AWS's instance type pages, "Mem (GiB)":
-# https://aws.amazon.com/ec2/instance-types/t3/ and https://aws.amazon.com/ec2/instance-types/t4g/.
-GATEWAY_MEMORY_GIB = {"t3.micro": 1, "t3.small": 2, "t3.medium": 4, "t4g.small": 2}
-GATEWAY_MEMORY_SOURCE = "https://aws.amazon.com/ec2/instance-types/t3/ and /t4g/"
+# https://aws.amazon.com/ec2/instance-types/t3/, .../t4g/ and .../c7i/ (c7i.large: 4 GiB).
+GATEWAY_MEMORY_GIB = {"t3.micro": 1, "t3.small": 2, "t3.medium": 4, "t4g.small": 2, "c7i.large": 4}
+GATEWAY_MEMORY_SOURCE = "https://aws.amazon.com/ec2/instance-types/t3/, /t4g/ and /c7i/"
 
 # --- disk ------------------------------------------------------------------------------------
 

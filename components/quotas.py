@@ -54,9 +54,9 @@ _FAMILY_QUOTAS = {
 }
 
 # The gateway types the stack prices (components/sizing/cost.py): all two vCPUs
-# (https://aws.amazon.com/ec2/instance-types/t3/ and .../t4/: t3.micro, t3.small, t3.medium
-# and t4g.small each 2 vCPUs).
-GATEWAY_VCPUS = {"t3.micro": 2, "t3.small": 2, "t3.medium": 2, "t4g.small": 2}
+# (https://aws.amazon.com/ec2/instance-types/t3/, .../t4/ and .../c7i/: t3.micro, t3.small,
+# t3.medium, t4g.small and c7i.large each 2 vCPUs).
+GATEWAY_VCPUS = {"t3.micro": 2, "t3.small": 2, "t3.medium": 2, "t4g.small": 2, "c7i.large": 2}
 
 
 def quota_of(instance_type: str) -> Quota | None:

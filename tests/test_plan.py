@@ -304,19 +304,30 @@ def test_the_plan_states_the_streams_the_gateway_holds_and_its_nginx_limits(stac
     assert f"worker_connections {sized.worker_connections:,}, worker_rlimit_nofile {sized.open_files:,}" in printed
 
 
-def test_a_gateway_type_too_slow_for_the_stacks_batch_is_a_warning_with_the_fix():
+def _h100_with_gateway(tmp_path, gateway_type: str) -> str:
+    """stacks/Pulumi.h100.yaml with another gatewayInstanceType (it sets c7i.large)."""
+    text = (ROOT / "stacks" / "Pulumi.h100.yaml").read_text()
+    assert "vllm-cluster:gatewayInstanceType: c7i.large\n" in text
+    stack_file = tmp_path / "Pulumi.h100.yaml"
+    stack_file.write_text(text.replace("gatewayInstanceType: c7i.large", f"gatewayInstanceType: {gateway_type}"))
+    return str(stack_file)
+
+
+def test_a_gateway_type_too_slow_for_the_stacks_batch_is_a_warning_with_the_fix(tmp_path):
     """h100: one gang of max_num_seqs 1,024 streams ~30,000 events a second; a t3.small
-    sustains 0.4 vCPU of its 2 (20 % baseline)."""
-    document = plan.build_plan("h100")
+    sustains 0.4 vCPU of its 2 (20 % baseline). The shipped h100 stack therefore runs its
+    gateway on a c7i.large, which the plan finds big enough."""
+    document = plan.build_plan("h100", stack_file=_h100_with_gateway(tmp_path, "t3.small"))
     [warning] = [w for w in document["warnings"] if w.startswith("gatewayInstanceType t3.small sustains")]
     assert "Fix:" in warning and "pulumi config set vllm-cluster:gatewayInstanceType" in warning
     assert "TOO SMALL" in plan.render(document)
-    assert not [w for w in plan.build_plan("dev")["warnings"] if "sustains" in w]
+    for stack in ("dev", "prod", "h100"):
+        assert not [w for w in plan.build_plan(stack)["warnings"] if "sustains" in w], stack
+    assert "a c7i.large sustains: fits" in plan.render(plan.build_plan("h100"))
 
 
 def test_the_gateway_load_of_an_unknown_type_is_not_checked(tmp_path):
-    stack_file = _stack_file(tmp_path, "h100", "vllm-cluster:gatewayInstanceType: c7i.large")
-    document = plan.build_plan("h100", stack_file=stack_file)
+    document = plan.build_plan("h100", stack_file=_h100_with_gateway(tmp_path, "m7g.medium"))
     assert document["gateway"]["load"]["vcpusSustained"] is None
     assert not [w for w in document["warnings"] if "sustains" in w]
-    assert "not checked: c7i.large is not a type the planner knows" in plan.render(document)
+    assert "not checked: m7g.medium is not a type the planner knows" in plan.render(document)

@@ -9,8 +9,16 @@ from dataclasses import dataclass
 from components.catalog import InstanceType
 
 # us-east-1 on-demand list prices (aws.amazon.com/vpc/pricing, /ec2/pricing,
-# /efs/pricing), checked 2026-01-21.
-GATEWAY_PRICE_PER_HOUR = {"t3.small": 0.0208, "t3.micro": 0.0104, "t3.medium": 0.0416, "t4g.small": 0.0168}
+# /efs/pricing), checked 2026-01-21; c7i.large (a gateway that is not burstable, for a
+# stack whose full batch needs more than a t3's baseline: components/gateway_capacity.py)
+# from the same EC2 on-demand page, not checked since: confirm before relying on it.
+GATEWAY_PRICE_PER_HOUR = {
+    "t3.small": 0.0208,
+    "t3.micro": 0.0104,
+    "t3.medium": 0.0416,
+    "t4g.small": 0.0168,
+    "c7i.large": 0.08925,
+}
 NAT_GATEWAY_PER_HOUR = 0.045
 EFS_STANDARD_GB_MONTH = 0.30
 HOURS_PER_MONTH = 730
