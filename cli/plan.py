@@ -903,7 +903,7 @@ def _warm_pool_lines(plan: dict[str, Any]) -> list[str]:
     ebs = f"every gang's EBS ${most * w['stoppedGangHourUsd']:.4f}"
     out = [
         f"Warm pool (maxReplicas {most}, replicas {least}: {_gangs(least)} always on, {warm} warm: kept stopped, "
-        "started when requests queue, stopped again when idle)",
+        "started when requests queue, drained and stopped when the load fits on one gang fewer)",
         f"  all on         ${all_on['hourUsd']:.4f}/h, ${all_on['monthUsd']:,.2f}/month: {_gangs(most)} of "
         f"{w['nodesPerGang']} x {c['instanceType']} ${most * w['gangHourUsd']:.4f} + {ebs} + {shared}",
         f"  replicas on    ${base['hourUsd']:.4f}/h, ${base['monthUsd']:,.2f}/month: "

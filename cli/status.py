@@ -64,11 +64,12 @@ DRAINED = "drained"  # the gateway's word for a gang out of its pool
 # at most, and the SSH login.
 PROMETHEUS_TIMEOUT = 30
 # A gang's role (issue 36): always-on gangs (the first `replicas`) always serve; warm ones
-# are kept stopped and started by the waker when requests queue, stopped again when idle.
+# are kept stopped and started by the waker when requests queue, drained and stopped again
+# when the load fits on one gang fewer (scripts/gateway/vllm-cluster-waker scale_in_decision).
 ALWAYS_ON, WARM = "always-on", "warm"
 ROLES = {
     ALWAYS_ON: "always-on (serves always, never stopped for idleness)",
-    WARM: "warm (started when requests queue, stopped again when idle)",
+    WARM: "warm (started when requests queue, stopped when the load fits on one gang fewer)",
 }
 # The waker's state file on the gateway (scripts/gateway/vllm-cluster-waker STATE_DIR, its
 # header's "Writes"): per gang its record, with the role and why it was last woken or

@@ -936,7 +936,7 @@ def test_each_gang_shows_its_role_and_why_the_waker_last_woke_or_stopped_it():
         "  why         woken: a request while every gang was stopped (2026-12-06 04:00 UTC)",
     ]
     assert block_of(text, "  gang1       STOPPED").splitlines()[1:3] == [
-        "  role        warm (started when requests queue, stopped again when idle)",
+        "  role        warm (started when requests queue, stopped when the load fits on one gang fewer)",
         f"  why         {SCALED_IN} (2026-12-06 05:40 UTC)",
     ]
     # status --json carries them as the report does.
