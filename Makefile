@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := venv
 STACK ?= dev
 
-.PHONY: test test-deps lint bench bench-fleet bench-install bench-replicas bench-model bench-metrics bench-cpu-floor local local-down up destroy pulumi-yaml config-reference clean
+.PHONY: test test-deps lint bench bench-fleet bench-install bench-replicas bench-model bench-metrics bench-gateway-sse bench-cpu-floor local local-down up destroy pulumi-yaml config-reference clean
 
 # pip installs uv (its pin from requirements-dev.txt), and uv the rest: on a new machine
 # about half a minute where pip alone took over a minute. pip stays in the venv for `pulumi install`.
@@ -64,6 +64,11 @@ bench-model: $(VENV)/.installed
 # loopback with the fleet's environment and tiny model (about 3 min).
 bench-metrics: $(VENV)/.installed
 	$(VENV)/bin/python bench/bench_metrics_series.py
+
+# nginx's CPU per server-sent event and memory per TLS stream, on loopback with Debian's
+# nginx (the plan's gateway check, components/gateway_capacity.py; about a minute).
+bench-gateway-sse: $(VENV)/.installed
+	$(VENV)/bin/python bench/bench_gateway_sse.py
 
 # The test suite with the machine's CPU sampled: per module its work, and the floor
 # (work / cores) no schedule of that work could beat here. Run with nothing else busy.
