@@ -24,8 +24,10 @@ QUEUED_PER_RUNNING = 1
 # opens its next request before the last one's connection closed.
 HEADROOM_FACTOR = 2
 # Never fewer streams than this: a stack of one small gang still takes a burst of 1,000+
-# requests in flight (a benchmark, a batch job) without resets; the cost is memory nginx
-# allocates only for connections it opens (worker_connections is a ceiling).
+# requests in flight (a benchmark, a batch job) without resets. The cost: each worker
+# allocates a connection and its read and write events for every worker_connections slot
+# at its start (ngx_event_process_init, about 450 bytes a slot: ~4 MiB a worker here), and
+# the buffers and TLS state of a stream only for connections it opens (KIB_PER_STREAM).
 MIN_STREAMS = 4096
 # A proxied stream holds two connections in its worker: the client's and the upstream's
 # (nginx docs, ngx_core_module worker_connections: "this number includes all connections

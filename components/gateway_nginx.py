@@ -36,11 +36,10 @@ RATE_LIMITED_RETRY_AFTER_SECONDS = 1
 # $binary_remote_addr (ngx_http_limit_conn_module: "One megabyte zone can keep about 32
 # thousand 32-byte states or about 16 thousand 64-byte states").
 LIMIT_ZONE_SIZE = "10m"
-# The site sets no error_log: nginx logs "worker_connections are not enough, reusing
-# connections" at warn on the cycle's log, the main context's error_log
-# (src/core/ngx_connection.c, ngx_drain_connections), which an http-level error_log here
-# would not change; `vllm-cluster-gateway configure` raises nginx.conf's to warn instead,
-# beside the worker_connections it sets (components/gateway_capacity.py).
+# The site sets no error_log, and configure leaves nginx.conf's level as it is (error): a
+# worker out of connections says "worker_connections are not enough" at alert there
+# (src/core/ngx_connection.c, ngx_get_connection); the gateway is sized so that it never
+# does (components/gateway_capacity.py), and warn would add a line per large request body.
 # The probe key's label (components/bootstrap.py api_keys_conf): the stack's readiness
 # check and `vllm-cluster status` send it, and no per-key limit may refuse them.
 PROBE_KEY_LABEL = "probe"
