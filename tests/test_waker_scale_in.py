@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from components import metrics
-from tests.doubles.prometheus_api import CLIENT_FINISHED_QUERY, RUNNING_QUERY, PrometheusQueryDouble
+from tests.doubles.prometheus_api import CLIENT_FINISHED_QUERY, KV_QUERY, RUNNING_QUERY, PrometheusQueryDouble
 from tests.test_waker import (  # noqa: F401 - aws, head, gateway_host: the fixtures
     GANG0,
     GANG1,
@@ -40,7 +40,11 @@ IDLE = MINUTES * 60
 
 
 def test_the_doubles_queries_are_the_ones_the_waker_asks():
-    assert (waker.RUNNING_QUERY, waker.CLIENT_FINISHED_QUERY) == (RUNNING_QUERY, CLIENT_FINISHED_QUERY)
+    assert (waker.RUNNING_QUERY, waker.CLIENT_FINISHED_QUERY, waker.KV_QUERY) == (
+        RUNNING_QUERY,
+        CLIENT_FINISHED_QUERY,
+        KV_QUERY,
+    )
 
 
 # --- the idle clock, pure ------------------------------------------------------------------------
@@ -94,14 +98,17 @@ def rule(replicas=1):
 
 
 def watched(states, *loads, replicas=1, window=None, start=0.0):
-    """A LoadWindow that saw `loads` (running, waiting), or None for a look without figures,
-    one look every POLL from `start` on the pool `states`; and the time of its last look."""
+    """A LoadWindow that saw `loads` (running, waiting[, KV cache summed, most waiting on a
+    gang: by default none, and all the waiting on one gang]), or None for a look without
+    figures, one look every POLL from `start` on the pool `states`; and the time of its
+    last look."""
     window = window or waker.LoadWindow()
-    serving = sum(state == "serving" for state in states.values())
     at = start
     for index, load in enumerate(loads):
         at = start + index * POLL
-        window.observe(at, states, None if load is None else waker.Load(*load), rule(replicas).limit(serving))
+        if load is not None and len(load) == 2:
+            load = (*load, 0.0, load[1])
+        window.observe(at, states, None if load is None else waker.Load(*load), rule(replicas))
     return window, at
 
 
@@ -117,26 +124,25 @@ def decide(states, window, now, replicas=1, idle=None, busy=False):
 
 def test_a_load_that_fits_on_one_gang_fewer_for_the_window_parks_the_last_serving_warm_gang():
     # Three serving, two slots each: one gang fewer runs 4, half of it is 2.
-    window, now = watched(SERVING3, *looks((1, 1)))
+    window, now = watched(SERVING3, *looks((2, 0, 0.4, 0)))
     decision = decide(SERVING3, window, now)
     assert decision.gang == "gang2" and not decision.last
     assert decision.reason == (
-        f"scaled in: the load (at most 1 running + 1 waiting) fit on 2 gangs for {MINUTES} min "
-        "(limit 0.5 x 2 x 2 slots = 2)"
+        f"scaled in: the load (at most 2 running + 0 waiting, KV cache 0.4 of a gang's) fit on 2 gangs for "
+        f"{MINUTES} min (limits 0.5 x 2 x 2 slots = 2, KV cache 0.5 x 2 = 1 gang's)"
     )
     # One look short of the window: not yet.
-    window, now = watched(SERVING3, *looks((1, 1), IDLE - POLL))
+    window, now = watched(SERVING3, *looks((2, 0), IDLE - POLL))
     assert decide(SERVING3, window, now) is None
 
 
 def test_the_limit_is_inclusive_and_one_request_more_at_any_look_starts_the_window_again():
-    """Two serving gangs of two slots: the load may hold 1 request (0.5 x 1 x 2), running or
-    waiting; 2 at one look, even a minute into the window, restarts it."""
+    """Two serving gangs of two slots: the load may hold 1 request (0.5 x 1 x 2); 2 at one
+    look, even a minute into the window, restarts it."""
     assert rule().limit(2) == 1 and rule().limit(3) == 2
-    for load in ((1, 0), (0, 1)):
-        window, now = watched(SERVING2, *looks(load))
-        assert decide(SERVING2, window, now).gang == "gang1", load
-    window, now = watched(SERVING2, (1, 0), (1, 0), (1, 0), (1, 0), (1, 1), *looks((1, 0), IDLE - POLL))
+    window, now = watched(SERVING2, *looks((1, 0)))
+    assert decide(SERVING2, window, now).gang == "gang1"
+    window, now = watched(SERVING2, (1, 0), (1, 0), (1, 0), (1, 0), (2, 0), *looks((1, 0), IDLE - POLL))
     assert decide(SERVING2, window, now) is None
     window, now = watched(SERVING2, (1, 0), window=window, start=now + POLL)
     decision = decide(SERVING2, window, now)
@@ -180,15 +186,59 @@ def test_no_scale_in_right_after_a_scale_out_until_the_window_passed_with_the_ne
 def test_a_look_without_figures_starts_the_window_again():
     """Prometheus down (the waker's forget) or a serving gang's engine not scraped (no
     figures of it: pool_load None): the load then is unknown."""
-    figures = {"gang0": waker.Activity(1, 0, 5)}
+    figures = {"gang0": waker.Activity(1, 0, 5, 0.25)}
     assert waker.pool_load(frozenset({"gang0", "gang1"}), figures) is None
-    both = {**figures, "gang1": waker.Activity(0, 1, 7), "gang9": waker.Activity(9, 9, 0)}
-    assert waker.pool_load(frozenset({"gang0", "gang1"}), both) == waker.Load(1, 1)
+    both = {**figures, "gang1": waker.Activity(0, 1, 7, 0.5), "gang9": waker.Activity(9, 9, 0, 1.0)}
+    assert waker.pool_load(frozenset({"gang0", "gang1"}), both) == waker.Load(1, 1, 0.75, 1)
+    # A serving gang without a KV figure (its engine's gauge not scraped): unknown too.
+    without_kv = {**both, "gang1": waker.Activity(0, 1, 7)}
+    assert waker.pool_load(frozenset({"gang0", "gang1"}), without_kv) is None
     window, now = watched(SERVING2, *looks((0, 0), IDLE / 2), None, *looks((0, 0), IDLE - POLL))
     assert decide(SERVING2, window, now) is None
     window.forget()
     window, now = watched(SERVING2, *looks((0, 0), IDLE - POLL), window=window, start=now + POLL)
     assert decide(SERVING2, window, now) is None
+
+
+def test_a_kv_bound_load_that_two_gangs_serve_without_a_queue_is_not_scaled_in():
+    """Issue 48's review: long prompts fill a gang's KV cache before its slots. Three gangs
+    serve two such requests without a queue, each 0.9 of its gang's cache: within the
+    slots' limit (0.5 x 2 x 2 = 2), but 1.8 gangs' worth of KV cache is above half of two
+    gangs' (1.0), so the gangs left would soon queue, and the scale-out wake the parked one
+    again (a stop/start billed, minutes of queueing, each cycle): no scale-in, however long.
+    The same requests with short prompts (0.2 each) scale in."""
+    window, now = watched(SERVING3, *looks((2, 0, 1.8, 0), 3 * IDLE))
+    assert decide(SERVING3, window, now) is None
+    window, now = watched(SERVING3, *looks((2, 0, 0.4, 0)))
+    assert decide(SERVING3, window, now).gang == "gang2"
+    # The limit is inclusive, as the slots' is: 1.0 gangs' worth on two gangs fewer fits.
+    assert waker.ScaleInRule(1, CAPACITY, FRACTION, IDLE).fits(waker.Load(2, 0, 1.0, 0), 3)
+
+
+def test_a_look_with_any_request_waiting_starts_the_window_again():
+    """A request waiting on a serving gang is an engine that admits no more: the gangs left
+    would queue too. One such look, even with the requests within the slots' limit, restarts
+    the window; with every gang serving and each a queue, nothing is parked."""
+    window, now = watched(SERVING3, *looks((1, 0), IDLE / 2), (1, 1), *looks((1, 0), IDLE - POLL), start=0)
+    assert decide(SERVING3, window, now) is None
+    window, now = watched(SERVING3, (1, 0), window=window, start=now + POLL)
+    assert decide(SERVING3, window, now).gang == "gang2"
+    # A queue on each of the three gangs: never parked.
+    window, now = watched(SERVING3, *looks((0, 3, 0.3, 1), 3 * IDLE))
+    assert decide(SERVING3, window, now) is None
+
+
+def test_a_serving_gang_without_a_kv_figure_starts_the_window_again(two_serving, aws, prometheus):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    idle_out(woken, IDLE / 2)
+    prometheus.kv = {"gang0": 0.0}  # gang1's KV gauge not scraped at this look
+    look(woken)
+    prometheus.kv = {"gang0": 0.0, "gang1": 0.0}
+    idle_out(woken, IDLE - 2 * POLL)
+    assert woken.pool_command.calls == [] and aws.stopped == []
+    idle_out(woken, POLL)
+    assert aws.stopped == GANG1
 
 
 def test_an_always_on_gang_is_never_parked_and_never_fewer_than_replicas_serve():
@@ -263,6 +313,7 @@ def two_serving(tmp_path, aws, prometheus):  # noqa: F811 - the fixture
     prometheus.running = {"gang0": 0, "gang1": 0}
     prometheus.waiting = {"gang0": 0, "gang1": 0}
     prometheus.client_finished = {"gang0": 3, "gang1": 7}
+    prometheus.kv = {"gang0": 0.0, "gang1": 0.0}
 
     def make(**overrides):
         settings = config(
@@ -298,7 +349,8 @@ def idle_out(woken, seconds: float = IDLE):
 
 # What power.json says of a warm gang parked after a window without any request.
 IDLE_WHY = (
-    f"scaled in: the load (at most 0 running + 0 waiting) fit on 1 gang for {MINUTES} min (limit 0.5 x 1 x 2 slots = 1)"
+    f"scaled in: the load (at most 0 running + 0 waiting, KV cache 0 of a gang's) fit on 1 gang for {MINUTES} min "
+    "(limits 0.5 x 1 x 2 slots = 1, KV cache 0.5 x 1 = 0.5 gang's)"
 )
 
 
@@ -341,8 +393,8 @@ def test_a_trickle_below_one_gangs_capacity_scales_a_warm_gang_in_within_the_win
     assert [call[:3] for call in woken.pool_command.of("drain")] == [["drain", "--gang", "gang1"]]
     assert aws.stopped == GANG1
     assert woken.power["gang1"]["why"] == (
-        f"scaled in: the load (at most 1 running + 0 waiting) fit on 1 gang for {MINUTES} min "
-        "(limit 0.5 x 1 x 2 slots = 1)"
+        f"scaled in: the load (at most 1 running + 0 waiting, KV cache 0 of a gang's) fit on 1 gang for {MINUTES} "
+        "min (limits 0.5 x 1 x 2 slots = 1, KV cache 0.5 x 1 = 0.5 gang's)"
     )
 
 
