@@ -336,9 +336,13 @@ def two_serving(tmp_path, aws, prometheus):  # noqa: F811 - the fixture
 
 
 def look(woken, seconds: float = POLL):
+    """One round of the poller; a scale-in's park, on its own thread, followed to its end."""
     woken.clock.now += seconds
     woken.poll()
     woken.scale()
+    if woken.scale_in_park is not None:
+        woken.scale_in_park.join(10)
+        assert not woken.scale_in_park.is_alive()
     woken.return_parked()
 
 
@@ -429,6 +433,50 @@ def test_a_look_at_prometheus_that_fails_or_lacks_a_gang_starts_the_window_again
     assert woken.pool_command.calls == [] and aws.stopped == []
     idle_out(woken, POLL)
     assert aws.stopped == GANG1
+
+
+def test_a_scale_in_drains_on_its_own_thread_and_the_poller_looks_on(two_serving, aws, prometheus):  # noqa: F811
+    """The drain waits up to the API's read timeout for the parked gang's requests: on the
+    poller's thread it stopped every look (wakes not followed, no scale-out) that long.
+    Here the drain blocks until the test lets it: the poller's looks go on meanwhile, gang1
+    counts as not serving (stopping) for them, a second park of it is refused, and a queue
+    on gang0 alone is read against gang0 alone."""
+    make, _ = two_serving
+    woken = make()
+    release, draining = threading.Event(), threading.Event()
+    double = woken.pool_command
+
+    def blocked(argv):
+        if argv[0] == "drain":
+            draining.set()
+            release.wait(10)
+        return double(argv)
+
+    woken.pool_command = blocked
+    idle_out_start = woken.clock.now
+    for _ in range(int(IDLE // POLL) + 1):
+        woken.clock.now += POLL
+        woken.poll()
+        if woken.scale() is not None:
+            break
+    assert woken.clock.now - idle_out_start <= IDLE + POLL and draining.wait(5)
+    try:
+        assert woken.power["gang1"]["parking"] and woken.scale_states()["gang1"] == "stopping"
+        # The poller's next looks run while the drain waits.
+        prometheus.waiting = {"gang0": 3, "gang1": 0}
+        for _ in range(3):
+            woken.clock.now += POLL
+            woken.poll()
+            assert woken.scale() is None
+            woken.return_parked()
+        assert woken.queue.samples[-1].waiting["gang0"] == 3
+        assert woken.park("gang1", "again") == ("left", "a park of it goes on")
+        assert aws.stopped == []
+    finally:
+        release.set()
+    woken.scale_in_park.join(10)
+    assert aws.stopped == GANG1 and woken.power["gang1"]["why"].startswith("scaled in: the load")
+    assert "parking" not in woken.power["gang1"]
 
 
 def test_a_drain_that_fails_stops_nothing_and_says_so(two_serving, aws):  # noqa: F811 - the fixture
