@@ -599,11 +599,12 @@ def test_park_drains_a_warm_gang_with_requests_while_another_gang_serves(two_ser
     make, _ = two_serving
     woken = make()
     woken.figures_wait_seconds = 0
-    prometheus.running, prometheus.waiting = {"gang0": 1, "gang1": 2}, {"gang0": 0, "gang1": 1}
+    # One client's request, on gang1 (the fleet's trickle): it fits on gang0 (0.5 x 1 x 2 = 1).
+    prometheus.running, prometheus.waiting = {"gang0": 0, "gang1": 1}, {"gang0": 0, "gang1": 0}
     outcome = woken.park_idle()
     assert outcome["failed"] == {} and outcome["left"] == {"gang0": "always-on: it always serves"}
     assert outcome["parked"]["gang1"] == (
-        "parked after deploy (drained first: 2 requests running, 1 waiting finished on it, "
+        "parked after deploy (drained first: 1 requests running, 0 waiting finished on it, "
         "new ones went to the other gangs)"
     )
     wait = str(waker.PARK_WAIT_SECONDS)
@@ -613,25 +614,56 @@ def test_park_drains_a_warm_gang_with_requests_while_another_gang_serves(two_ser
     assert aws.stopped == GANG1 and woken.power["gang1"]["why"] == waker.PARKED_AFTER_DEPLOY
 
 
-def test_park_needs_no_figures_while_another_gang_serves(two_serving, aws, prometheus):  # noqa: F811
-    """Whatever runs on a warm gang, the drain lets it finish: with replicas 1 the park does
-    not wait for Prometheus to scrape it."""
+def test_park_leaves_a_warm_gang_the_load_needs(two_serving, aws, prometheus):  # noqa: F811
+    """Issue 48's review: an up starts every gang, and the park after it drained every warm
+    gang whatever the load, at a peak too. Now a warm gang is parked only if the load fits
+    on one gang fewer at that look (the scale-in's test, no window); else it is left, and
+    the scale-in parks it later. A queue, too many requests, a full KV cache or unknown
+    figures each leave it."""
     make, _ = two_serving
     woken = make()
-    woken.figures_wait_seconds = 30
-    prometheus.running = {"gang0": 0}  # gang1's engine not scraped yet
+    woken.figures_wait_seconds = 0
+    later = "the scale-in parks it once the load fits on one gang fewer for idleStopMinutes"
+    for running, waiting, kv in (({"gang0": 2, "gang1": 2}, {}, {}), ({}, {"gang0": 1}, {}), ({}, {}, {"gang1": 0.8})):
+        prometheus.running = {"gang0": 0, "gang1": 0, **running}
+        prometheus.waiting = {"gang0": 0, "gang1": 0, **waiting}
+        prometheus.kv = {"gang0": 0.0, "gang1": 0.0, **kv}
+        outcome = woken.park_idle()
+        assert outcome["parked"] == {} and outcome["left"]["gang1"].startswith("the load needs it: "), outcome
+        assert outcome["left"]["gang1"].endswith(later)
+        if running:
+            assert outcome["left"]["gang1"] == (
+                "the load needs it: 4 running + 0 waiting (at most 0 on a gang), KV cache 0 of a gang's, on 2 "
+                f"gangs; limits 1 requests, no queue, KV cache 0.5 gang's; {later}"
+            )
+    prometheus.kv = {"gang0": 0.0}  # gang1's KV gauge not scraped yet
+    outcome = woken.park_idle()
+    assert outcome["left"]["gang1"].startswith("the load needs it: its figures are unknown")
+    assert woken.pool_command.calls == [] and aws.stopped == []
+    # The load falls: the next park parks it.
+    prometheus.kv = {"gang0": 0.0, "gang1": 0.0}
     outcome = woken.park_idle()
     assert outcome["parked"] == {"gang1": "parked after deploy"} and aws.stopped == GANG1
 
 
+def test_park_counts_a_gang_the_poller_parks_as_not_serving(two_serving, aws, prometheus):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    woken.figures_wait_seconds = 0
+    woken.power["gang1"]["parking"] = {"at": "2026-01-01T00:00:00Z", "reason": "scaled in: the load ..."}
+    outcome = woken.park_idle()
+    assert outcome["left"] == {"gang1": "stopping: not serving", "gang0": "always-on: it always serves"}
+    assert woken.pool_command.calls == []
+
+
 def test_park_leaves_the_last_serving_gang_while_requests_run_on_it(two_serving, aws, prometheus):  # noqa: F811
-    """replicas 0: gang1 is parked (gang0 serves on), then gang0 is the last serving gang,
+    """replicas 0: gang1 is parked (the load fits on gang0), then gang0 is the last serving gang,
     and a request on it would find no other gang: it is left to the idle rule; idle, it
     is parked with --last."""
     make, _ = two_serving
     woken = make(replicas=0)
     woken.figures_wait_seconds = 0
-    prometheus.running = {"gang0": 1, "gang1": 1}
+    prometheus.running = {"gang0": 1, "gang1": 0}
     outcome = woken.park_idle()
     assert list(outcome["parked"]) == ["gang1"] and outcome["failed"] == {}
     assert outcome["left"]["gang0"] == (
