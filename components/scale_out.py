@@ -30,9 +30,20 @@ SCALE_OUT_WAITING_PER_GANG = 0.0
 SCALE_OUT_HOLD_SECONDS = 60
 
 # When the gateway's waker parks a serving warm gang again (issue 48; scripts/gateway/
-# vllm-cluster-waker scale_in_decision): when the load, requests running plus waiting summed
-# over the n serving gangs, stayed at or below SCALE_IN_FRACTION x (n - 1) x max_num_seqs at
-# every look for idleStopMinutes. max_num_seqs is what one gang's engine runs at once
+# vllm-cluster-waker scale_in_decision): when the load fit on one gang fewer at every look
+# for idleStopMinutes, which takes three things at each look: (a) no request waits on any
+# serving gang (none above SCALE_OUT_WAITING_PER_GANG: a queue is an engine that admits no
+# more, and the gangs left would queue more); (b) requests running plus waiting, summed over
+# the n serving gangs, at or below SCALE_IN_FRACTION x (n - 1) x max_num_seqs; and (c) the KV
+# cache projected onto one gang fewer fits: vLLM's vllm:kv_cache_usage_perc (0..1 per engine,
+# "1 means 100 percent usage", vllm/v1/metrics/loggers.py; the waker reads max by gang),
+# summed over the serving gangs, at or below SCALE_IN_FRACTION x (n - 1). (c) is there because
+# a gang's KV cache can fill before max_num_seqs run (long prompts: K running, K below half
+# of max_num_seqs): a load between K x (n - 1) and the slots' limit would otherwise cycle,
+# n gangs serving it without a queue, the scale-in parking one, the others queueing, the
+# scale-out waking it again, a stop/start billed and minutes of queueing every turn. A
+# serving gang without a KV figure, as one without running or waiting figures, leaves the
+# load unknown. max_num_seqs is what one gang's engine runs at once
 # (components/engine_capacity.py, waker.json's gang_max_num_seqs); both figures are vLLM's
 # gauges of its scheduler, set from its stats: len(self.running) and
 # len(self.waiting) (vllm/v1/metrics/loggers.py, PrometheusStatLogger.record:
@@ -42,22 +53,23 @@ SCALE_OUT_HOLD_SECONDS = 60
 #
 # The hysteresis. Scale-out needs requests waiting on the serving gangs, more than 0 per
 # gang at every look for SCALE_OUT_HOLD_SECONDS: their engines admit no more (a full batch
-# of max_num_seqs or a full KV cache, above), a load above what n gangs run, about n x
-# max_num_seqs. Scale-in needs the load at or below half of what one gang fewer runs: after
-# it, the n - 1 gangs left run at most half their slots and nothing waits, so the load must
-# double, and hold for the scale-out's minute, before the waker starts a gang again. A
-# fraction of 1 would leave the gangs full right after a scale-in, and the next request
-# would queue: a wake, idleStopMinutes later a park, and so on, every wake minutes of
-# latency and a stop/start billed. Half, not less: nginx's least_conn balances
-# connections, not engine slots, so one gang can carry more than its share for a while,
-# and an engine's KV cache can fill before max_num_seqs run (long prompts: the scheduler
-# stops admitting when the KV allocation fails, above), which a fraction leaves room for;
-# less than half keeps a gang billed for a load one gang fewer runs without a queue.
+# of max_num_seqs or a full KV cache, above), a load above what n gangs run: n x
+# max_num_seqs requests or n caches full, whichever binds first. Scale-in needs no queue and
+# the load at or below half of what one gang fewer holds, by both measures: after it, the
+# n - 1 gangs left use at most half their slots and half their KV caches and nothing waits,
+# so the load must double against whichever limit binds (slots or KV), and hold for the
+# scale-out's minute, before the waker starts a gang again. A fraction of 1 would leave the
+# gangs full right after a scale-in, and the next request would queue: a wake,
+# idleStopMinutes later a park, and so on, every wake minutes of latency and a stop/start
+# billed. Half, not less: nginx's least_conn balances connections, not engine slots or
+# cache, so one gang can carry more than its share for a while, and a KV cache's use grows
+# as its requests generate, which a fraction leaves room for; less than half keeps a gang
+# billed for a load one gang fewer runs without a queue.
 #
 # The window is idleStopMinutes (no constant of its own): the time the user chose after
 # which a stop now and a wake at the next request are worth it, which is exactly what a
 # scale-in trades (the next peak waits the hold and a wake: `plan` prints it). A look with
-# a load above the limit, a look without figures (Prometheus down, a serving gang's engine
+# a request waiting, a load above either limit, a look without figures (Prometheus down, a serving gang's engine
 # not scraped), a gang that starts or stops serving, and a gang on its way up (a wake
 # asked) all start the window again: no scale-in right after a scale-out until the new
 # gang has served for the whole window. The last serving gang (replicas 0) keeps the idle

@@ -226,7 +226,7 @@ def test_a_sustained_queue_starts_exactly_one_warm_gang(warm_pool, aws, promethe
         assert look(woken) is None
     assert woken.states() == {"gang0": "serving", "gang1": "serving"}
     assert len(starts(aws)) == 1
-    assert set(prometheus.queries) == {WAITING_QUERY, RUNNING_QUERY, CLIENT_FINISHED_QUERY}
+    assert set(prometheus.queries) == {WAITING_QUERY, RUNNING_QUERY, CLIENT_FINISHED_QUERY, waker.KV_QUERY}
 
 
 def test_a_short_burst_starts_no_gang(warm_pool, aws, prometheus):  # noqa: F811

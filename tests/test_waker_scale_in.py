@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from components import metrics
-from tests.doubles.prometheus_api import CLIENT_FINISHED_QUERY, RUNNING_QUERY, PrometheusQueryDouble
+from tests.doubles.prometheus_api import CLIENT_FINISHED_QUERY, KV_QUERY, RUNNING_QUERY, PrometheusQueryDouble
 from tests.test_waker import (  # noqa: F401 - aws, head, gateway_host: the fixtures
     GANG0,
     GANG1,
@@ -40,7 +40,11 @@ IDLE = MINUTES * 60
 
 
 def test_the_doubles_queries_are_the_ones_the_waker_asks():
-    assert (waker.RUNNING_QUERY, waker.CLIENT_FINISHED_QUERY) == (RUNNING_QUERY, CLIENT_FINISHED_QUERY)
+    assert (waker.RUNNING_QUERY, waker.CLIENT_FINISHED_QUERY, waker.KV_QUERY) == (
+        RUNNING_QUERY,
+        CLIENT_FINISHED_QUERY,
+        KV_QUERY,
+    )
 
 
 # --- the idle clock, pure ------------------------------------------------------------------------
@@ -94,14 +98,17 @@ def rule(replicas=1):
 
 
 def watched(states, *loads, replicas=1, window=None, start=0.0):
-    """A LoadWindow that saw `loads` (running, waiting), or None for a look without figures,
-    one look every POLL from `start` on the pool `states`; and the time of its last look."""
+    """A LoadWindow that saw `loads` (running, waiting[, KV cache summed, most waiting on a
+    gang: by default none, and all the waiting on one gang]), or None for a look without
+    figures, one look every POLL from `start` on the pool `states`; and the time of its
+    last look."""
     window = window or waker.LoadWindow()
-    serving = sum(state == "serving" for state in states.values())
     at = start
     for index, load in enumerate(loads):
         at = start + index * POLL
-        window.observe(at, states, None if load is None else waker.Load(*load), rule(replicas).limit(serving))
+        if load is not None and len(load) == 2:
+            load = (*load, 0.0, load[1])
+        window.observe(at, states, None if load is None else waker.Load(*load), rule(replicas))
     return window, at
 
 
@@ -117,26 +124,25 @@ def decide(states, window, now, replicas=1, idle=None, busy=False):
 
 def test_a_load_that_fits_on_one_gang_fewer_for_the_window_parks_the_last_serving_warm_gang():
     # Three serving, two slots each: one gang fewer runs 4, half of it is 2.
-    window, now = watched(SERVING3, *looks((1, 1)))
+    window, now = watched(SERVING3, *looks((2, 0, 0.4, 0)))
     decision = decide(SERVING3, window, now)
     assert decision.gang == "gang2" and not decision.last
     assert decision.reason == (
-        f"scaled in: the load (at most 1 running + 1 waiting) fit on 2 gangs for {MINUTES} min "
-        "(limit 0.5 x 2 x 2 slots = 2)"
+        f"scaled in: the load (at most 2 running + 0 waiting, KV cache 0.4 of a gang's) fit on 2 gangs for "
+        f"{MINUTES} min (limits 0.5 x 2 x 2 slots = 2, KV cache 0.5 x 2 = 1 gang's)"
     )
     # One look short of the window: not yet.
-    window, now = watched(SERVING3, *looks((1, 1), IDLE - POLL))
+    window, now = watched(SERVING3, *looks((2, 0), IDLE - POLL))
     assert decide(SERVING3, window, now) is None
 
 
 def test_the_limit_is_inclusive_and_one_request_more_at_any_look_starts_the_window_again():
-    """Two serving gangs of two slots: the load may hold 1 request (0.5 x 1 x 2), running or
-    waiting; 2 at one look, even a minute into the window, restarts it."""
+    """Two serving gangs of two slots: the load may hold 1 request (0.5 x 1 x 2); 2 at one
+    look, even a minute into the window, restarts it."""
     assert rule().limit(2) == 1 and rule().limit(3) == 2
-    for load in ((1, 0), (0, 1)):
-        window, now = watched(SERVING2, *looks(load))
-        assert decide(SERVING2, window, now).gang == "gang1", load
-    window, now = watched(SERVING2, (1, 0), (1, 0), (1, 0), (1, 0), (1, 1), *looks((1, 0), IDLE - POLL))
+    window, now = watched(SERVING2, *looks((1, 0)))
+    assert decide(SERVING2, window, now).gang == "gang1"
+    window, now = watched(SERVING2, (1, 0), (1, 0), (1, 0), (1, 0), (2, 0), *looks((1, 0), IDLE - POLL))
     assert decide(SERVING2, window, now) is None
     window, now = watched(SERVING2, (1, 0), window=window, start=now + POLL)
     decision = decide(SERVING2, window, now)
@@ -180,15 +186,59 @@ def test_no_scale_in_right_after_a_scale_out_until_the_window_passed_with_the_ne
 def test_a_look_without_figures_starts_the_window_again():
     """Prometheus down (the waker's forget) or a serving gang's engine not scraped (no
     figures of it: pool_load None): the load then is unknown."""
-    figures = {"gang0": waker.Activity(1, 0, 5)}
+    figures = {"gang0": waker.Activity(1, 0, 5, 0.25)}
     assert waker.pool_load(frozenset({"gang0", "gang1"}), figures) is None
-    both = {**figures, "gang1": waker.Activity(0, 1, 7), "gang9": waker.Activity(9, 9, 0)}
-    assert waker.pool_load(frozenset({"gang0", "gang1"}), both) == waker.Load(1, 1)
+    both = {**figures, "gang1": waker.Activity(0, 1, 7, 0.5), "gang9": waker.Activity(9, 9, 0, 1.0)}
+    assert waker.pool_load(frozenset({"gang0", "gang1"}), both) == waker.Load(1, 1, 0.75, 1)
+    # A serving gang without a KV figure (its engine's gauge not scraped): unknown too.
+    without_kv = {**both, "gang1": waker.Activity(0, 1, 7)}
+    assert waker.pool_load(frozenset({"gang0", "gang1"}), without_kv) is None
     window, now = watched(SERVING2, *looks((0, 0), IDLE / 2), None, *looks((0, 0), IDLE - POLL))
     assert decide(SERVING2, window, now) is None
     window.forget()
     window, now = watched(SERVING2, *looks((0, 0), IDLE - POLL), window=window, start=now + POLL)
     assert decide(SERVING2, window, now) is None
+
+
+def test_a_kv_bound_load_that_two_gangs_serve_without_a_queue_is_not_scaled_in():
+    """Issue 48's review: long prompts fill a gang's KV cache before its slots. Three gangs
+    serve two such requests without a queue, each 0.9 of its gang's cache: within the
+    slots' limit (0.5 x 2 x 2 = 2), but 1.8 gangs' worth of KV cache is above half of two
+    gangs' (1.0), so the gangs left would soon queue, and the scale-out wake the parked one
+    again (a stop/start billed, minutes of queueing, each cycle): no scale-in, however long.
+    The same requests with short prompts (0.2 each) scale in."""
+    window, now = watched(SERVING3, *looks((2, 0, 1.8, 0), 3 * IDLE))
+    assert decide(SERVING3, window, now) is None
+    window, now = watched(SERVING3, *looks((2, 0, 0.4, 0)))
+    assert decide(SERVING3, window, now).gang == "gang2"
+    # The limit is inclusive, as the slots' is: 1.0 gangs' worth on two gangs fewer fits.
+    assert waker.ScaleInRule(1, CAPACITY, FRACTION, IDLE).fits(waker.Load(2, 0, 1.0, 0), 3)
+
+
+def test_a_look_with_any_request_waiting_starts_the_window_again():
+    """A request waiting on a serving gang is an engine that admits no more: the gangs left
+    would queue too. One such look, even with the requests within the slots' limit, restarts
+    the window; with every gang serving and each a queue, nothing is parked."""
+    window, now = watched(SERVING3, *looks((1, 0), IDLE / 2), (1, 1), *looks((1, 0), IDLE - POLL), start=0)
+    assert decide(SERVING3, window, now) is None
+    window, now = watched(SERVING3, (1, 0), window=window, start=now + POLL)
+    assert decide(SERVING3, window, now).gang == "gang2"
+    # A queue on each of the three gangs: never parked.
+    window, now = watched(SERVING3, *looks((0, 3, 0.3, 1), 3 * IDLE))
+    assert decide(SERVING3, window, now) is None
+
+
+def test_a_serving_gang_without_a_kv_figure_starts_the_window_again(two_serving, aws, prometheus):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    idle_out(woken, IDLE / 2)
+    prometheus.kv = {"gang0": 0.0}  # gang1's KV gauge not scraped at this look
+    look(woken)
+    prometheus.kv = {"gang0": 0.0, "gang1": 0.0}
+    idle_out(woken, IDLE - 2 * POLL)
+    assert woken.pool_command.calls == [] and aws.stopped == []
+    idle_out(woken, POLL)
+    assert aws.stopped == GANG1
 
 
 def test_an_always_on_gang_is_never_parked_and_never_fewer_than_replicas_serve():
@@ -263,6 +313,7 @@ def two_serving(tmp_path, aws, prometheus):  # noqa: F811 - the fixture
     prometheus.running = {"gang0": 0, "gang1": 0}
     prometheus.waiting = {"gang0": 0, "gang1": 0}
     prometheus.client_finished = {"gang0": 3, "gang1": 7}
+    prometheus.kv = {"gang0": 0.0, "gang1": 0.0}
 
     def make(**overrides):
         settings = config(
@@ -285,9 +336,13 @@ def two_serving(tmp_path, aws, prometheus):  # noqa: F811 - the fixture
 
 
 def look(woken, seconds: float = POLL):
+    """One round of the poller; a scale-in's park, on its own thread, followed to its end."""
     woken.clock.now += seconds
     woken.poll()
     woken.scale()
+    if woken.scale_in_park is not None:
+        woken.scale_in_park.join(10)
+        assert not woken.scale_in_park.is_alive()
     woken.return_parked()
 
 
@@ -298,7 +353,8 @@ def idle_out(woken, seconds: float = IDLE):
 
 # What power.json says of a warm gang parked after a window without any request.
 IDLE_WHY = (
-    f"scaled in: the load (at most 0 running + 0 waiting) fit on 1 gang for {MINUTES} min (limit 0.5 x 1 x 2 slots = 1)"
+    f"scaled in: the load (at most 0 running + 0 waiting, KV cache 0 of a gang's) fit on 1 gang for {MINUTES} min "
+    "(limits 0.5 x 1 x 2 slots = 1, KV cache 0.5 x 1 = 0.5 gang's)"
 )
 
 
@@ -341,8 +397,8 @@ def test_a_trickle_below_one_gangs_capacity_scales_a_warm_gang_in_within_the_win
     assert [call[:3] for call in woken.pool_command.of("drain")] == [["drain", "--gang", "gang1"]]
     assert aws.stopped == GANG1
     assert woken.power["gang1"]["why"] == (
-        f"scaled in: the load (at most 1 running + 0 waiting) fit on 1 gang for {MINUTES} min "
-        "(limit 0.5 x 1 x 2 slots = 1)"
+        f"scaled in: the load (at most 1 running + 0 waiting, KV cache 0 of a gang's) fit on 1 gang for {MINUTES} "
+        "min (limits 0.5 x 1 x 2 slots = 1, KV cache 0.5 x 1 = 0.5 gang's)"
     )
 
 
@@ -377,6 +433,50 @@ def test_a_look_at_prometheus_that_fails_or_lacks_a_gang_starts_the_window_again
     assert woken.pool_command.calls == [] and aws.stopped == []
     idle_out(woken, POLL)
     assert aws.stopped == GANG1
+
+
+def test_a_scale_in_drains_on_its_own_thread_and_the_poller_looks_on(two_serving, aws, prometheus):  # noqa: F811
+    """The drain waits up to the API's read timeout for the parked gang's requests: on the
+    poller's thread it stopped every look (wakes not followed, no scale-out) that long.
+    Here the drain blocks until the test lets it: the poller's looks go on meanwhile, gang1
+    counts as not serving (stopping) for them, a second park of it is refused, and a queue
+    on gang0 alone is read against gang0 alone."""
+    make, _ = two_serving
+    woken = make()
+    release, draining = threading.Event(), threading.Event()
+    double = woken.pool_command
+
+    def blocked(argv):
+        if argv[0] == "drain":
+            draining.set()
+            release.wait(10)
+        return double(argv)
+
+    woken.pool_command = blocked
+    idle_out_start = woken.clock.now
+    for _ in range(int(IDLE // POLL) + 1):
+        woken.clock.now += POLL
+        woken.poll()
+        if woken.scale() is not None:
+            break
+    assert woken.clock.now - idle_out_start <= IDLE + POLL and draining.wait(5)
+    try:
+        assert woken.power["gang1"]["parking"] and woken.scale_states()["gang1"] == "stopping"
+        # The poller's next looks run while the drain waits.
+        prometheus.waiting = {"gang0": 3, "gang1": 0}
+        for _ in range(3):
+            woken.clock.now += POLL
+            woken.poll()
+            assert woken.scale() is None
+            woken.return_parked()
+        assert woken.queue.samples[-1].waiting["gang0"] == 3
+        assert woken.park("gang1", "again") == ("left", "a park of it goes on")
+        assert aws.stopped == []
+    finally:
+        release.set()
+    woken.scale_in_park.join(10)
+    assert aws.stopped == GANG1 and woken.power["gang1"]["why"].startswith("scaled in: the load")
+    assert "parking" not in woken.power["gang1"]
 
 
 def test_a_drain_that_fails_stops_nothing_and_says_so(two_serving, aws):  # noqa: F811 - the fixture
@@ -499,11 +599,12 @@ def test_park_drains_a_warm_gang_with_requests_while_another_gang_serves(two_ser
     make, _ = two_serving
     woken = make()
     woken.figures_wait_seconds = 0
-    prometheus.running, prometheus.waiting = {"gang0": 1, "gang1": 2}, {"gang0": 0, "gang1": 1}
+    # One client's request, on gang1 (the fleet's trickle): it fits on gang0 (0.5 x 1 x 2 = 1).
+    prometheus.running, prometheus.waiting = {"gang0": 0, "gang1": 1}, {"gang0": 0, "gang1": 0}
     outcome = woken.park_idle()
     assert outcome["failed"] == {} and outcome["left"] == {"gang0": "always-on: it always serves"}
     assert outcome["parked"]["gang1"] == (
-        "parked after deploy (drained first: 2 requests running, 1 waiting finished on it, "
+        "parked after deploy (drained first: 1 requests running, 0 waiting finished on it, "
         "new ones went to the other gangs)"
     )
     wait = str(waker.PARK_WAIT_SECONDS)
@@ -513,25 +614,56 @@ def test_park_drains_a_warm_gang_with_requests_while_another_gang_serves(two_ser
     assert aws.stopped == GANG1 and woken.power["gang1"]["why"] == waker.PARKED_AFTER_DEPLOY
 
 
-def test_park_needs_no_figures_while_another_gang_serves(two_serving, aws, prometheus):  # noqa: F811
-    """Whatever runs on a warm gang, the drain lets it finish: with replicas 1 the park does
-    not wait for Prometheus to scrape it."""
+def test_park_leaves_a_warm_gang_the_load_needs(two_serving, aws, prometheus):  # noqa: F811
+    """Issue 48's review: an up starts every gang, and the park after it drained every warm
+    gang whatever the load, at a peak too. Now a warm gang is parked only if the load fits
+    on one gang fewer at that look (the scale-in's test, no window); else it is left, and
+    the scale-in parks it later. A queue, too many requests, a full KV cache or unknown
+    figures each leave it."""
     make, _ = two_serving
     woken = make()
-    woken.figures_wait_seconds = 30
-    prometheus.running = {"gang0": 0}  # gang1's engine not scraped yet
+    woken.figures_wait_seconds = 0
+    later = "the scale-in parks it once the load fits on one gang fewer for idleStopMinutes"
+    for running, waiting, kv in (({"gang0": 2, "gang1": 2}, {}, {}), ({}, {"gang0": 1}, {}), ({}, {}, {"gang1": 0.8})):
+        prometheus.running = {"gang0": 0, "gang1": 0, **running}
+        prometheus.waiting = {"gang0": 0, "gang1": 0, **waiting}
+        prometheus.kv = {"gang0": 0.0, "gang1": 0.0, **kv}
+        outcome = woken.park_idle()
+        assert outcome["parked"] == {} and outcome["left"]["gang1"].startswith("the load needs it: "), outcome
+        assert outcome["left"]["gang1"].endswith(later)
+        if running:
+            assert outcome["left"]["gang1"] == (
+                "the load needs it: 4 running + 0 waiting (at most 0 on a gang), KV cache 0 of a gang's, on 2 "
+                f"gangs; limits 1 requests, no queue, KV cache 0.5 gang's; {later}"
+            )
+    prometheus.kv = {"gang0": 0.0}  # gang1's KV gauge not scraped yet
+    outcome = woken.park_idle()
+    assert outcome["left"]["gang1"].startswith("the load needs it: its figures are unknown")
+    assert woken.pool_command.calls == [] and aws.stopped == []
+    # The load falls: the next park parks it.
+    prometheus.kv = {"gang0": 0.0, "gang1": 0.0}
     outcome = woken.park_idle()
     assert outcome["parked"] == {"gang1": "parked after deploy"} and aws.stopped == GANG1
 
 
+def test_park_counts_a_gang_the_poller_parks_as_not_serving(two_serving, aws, prometheus):  # noqa: F811
+    make, _ = two_serving
+    woken = make()
+    woken.figures_wait_seconds = 0
+    woken.power["gang1"]["parking"] = {"at": "2026-01-01T00:00:00Z", "reason": "scaled in: the load ..."}
+    outcome = woken.park_idle()
+    assert outcome["left"] == {"gang1": "stopping: not serving", "gang0": "always-on: it always serves"}
+    assert woken.pool_command.calls == []
+
+
 def test_park_leaves_the_last_serving_gang_while_requests_run_on_it(two_serving, aws, prometheus):  # noqa: F811
-    """replicas 0: gang1 is parked (gang0 serves on), then gang0 is the last serving gang,
+    """replicas 0: gang1 is parked (the load fits on gang0), then gang0 is the last serving gang,
     and a request on it would find no other gang: it is left to the idle rule; idle, it
     is parked with --last."""
     make, _ = two_serving
     woken = make(replicas=0)
     woken.figures_wait_seconds = 0
-    prometheus.running = {"gang0": 1, "gang1": 1}
+    prometheus.running = {"gang0": 1, "gang1": 0}
     outcome = woken.park_idle()
     assert list(outcome["parked"]) == ["gang1"] and outcome["failed"] == {}
     assert outcome["left"]["gang0"] == (

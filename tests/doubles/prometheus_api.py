@@ -6,7 +6,8 @@ answered with an instant vector in Prometheus's JSON envelope
 "VALUE"]}]}}), or {"status": "error", "errorType", "error"} with HTTP 400 for a query it
 does not know. It evaluates the waker's queries only, each from per-gang figures the test sets: `sum by
 (gang) (vllm:num_requests_waiting)` from `waiting`, `sum by (gang)
-(vllm:num_requests_running)` from `running`, and the client requests finished (vLLM's
+(vllm:num_requests_running)` from `running`, `max by (gang) (vllm:kv_cache_usage_perc)` from
+`kv`, and the client requests finished (vLLM's
 finished requests less those that asked for at most one token) from `client_finished`;
 `down` makes it answer 503, as Prometheus does while it replays its WAL and is not ready.
 `extra` adds series as a node could make them appear (labels of its own choosing)."""
@@ -21,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 WAITING_QUERY = "sum by (gang) (vllm:num_requests_waiting)"
 RUNNING_QUERY = "sum by (gang) (vllm:num_requests_running)"
+KV_QUERY = "max by (gang) (vllm:kv_cache_usage_perc)"
 CLIENT_FINISHED_QUERY = (
     'sum by (gang) (vllm:request_success_total) - sum by (gang) (vllm:request_params_max_tokens_bucket{le="1.0"})'
 )
@@ -33,6 +35,8 @@ class PrometheusQueryDouble:
         self.waiting: dict[str, float] = {}
         self.running: dict[str, float] = {}
         self.client_finished: dict[str, float] = {}
+        # gang -> share of its KV cache in use, 0..1.
+        self.kv: dict[str, float] = {}
         # query -> [(labels, value)]: series beyond the figures above.
         self.extra: dict[str, list[tuple[dict, float]]] = {}
         self.down = False
@@ -78,7 +82,12 @@ class PrometheusQueryDouble:
         self.port = self.server.server_address[1]
 
     def figures(self) -> dict[str, dict[str, float]]:
-        return {WAITING_QUERY: self.waiting, RUNNING_QUERY: self.running, CLIENT_FINISHED_QUERY: self.client_finished}
+        return {
+            WAITING_QUERY: self.waiting,
+            RUNNING_QUERY: self.running,
+            CLIENT_FINISHED_QUERY: self.client_finished,
+            KV_QUERY: self.kv,
+        }
 
     @property
     def url(self) -> str:
